@@ -1,0 +1,63 @@
+"""Shared test helpers: run bridge.py as users do (a subprocess), in temp dirs."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+BRIDGE = REPO / "bridge.py"
+FIXTURES = REPO / "fixtures"
+PYTHON = sys.executable
+
+_SECRETISH = ("KEY", "TOKEN", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL")
+
+
+def clean_env(**extra):
+    """os.environ without BRIDGE_* settings and secret-looking variables, plus `extra`."""
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("BRIDGE_") and not any(s in k.upper() for s in _SECRETISH)}
+    env.update({k: str(v) for k, v in extra.items()})
+    return env
+
+
+def run_bridge(*args, cwd=None, input=None, env=None, timeout=60):
+    """Run `python bridge.py ARGS...` and return the CompletedProcess (text mode)."""
+    return subprocess.run(
+        [PYTHON, str(BRIDGE), *map(str, args)], cwd=cwd, input=input,
+        env=clean_env() if env is None else env, capture_output=True, text=True,
+        timeout=timeout, stdin=None if input is not None else subprocess.DEVNULL)
+
+
+def process_running(pid):
+    """True if `pid` exists and is not a zombie waiting for a reaper (for orphan checks)."""
+    try:
+        with open("/proc/%d/stat" % pid) as handle:
+            return handle.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+def git(repo, *args, check=True):
+    return subprocess.run(["git", "-C", str(repo), *args], check=check,
+                          capture_output=True, text=True).stdout
+
+
+def make_git_repo(path):
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    git(path, "init", "-q", "-b", "main")
+    git(path, "config", "user.name", "Test User")
+    git(path, "config", "user.email", "test@example.com")
+    git(path, "config", "commit.gpgsign", "false")
+    (path / "README.md").write_text("# test repo\n")
+    git(path, "add", "README.md")
+    git(path, "commit", "-q", "-m", "initial")
+    return path
+
+
+@pytest.fixture
+def git_repo(tmp_path):
+    """A fresh git repository on `main` with one commit."""
+    return make_git_repo(tmp_path / "repo")

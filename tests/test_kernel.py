@@ -1,0 +1,262 @@
+"""The kernel pieces every bridge shares, exercised through real files and processes.
+
+Most behaviour is tested through the CLI in the bridge test files; these tests
+pin the kernel's own promises (atomic writes, JSONL, locks, subprocess timeouts,
+git safety, config errors) by importing bridge.py as a module.
+"""
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+import pytest
+
+from conftest import BRIDGE, PYTHON, git, process_running, run_bridge
+
+spec = importlib.util.spec_from_file_location("bridge", BRIDGE)
+bridge = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(bridge)
+
+
+def test_version_and_help():
+    out = run_bridge("--version")
+    assert out.returncode == 0 and out.stdout.startswith("bridge.py ")
+    out = run_bridge("--help")
+    assert out.returncode == 0 and "COMMAND" in out.stdout
+
+
+def test_no_command_is_usage_error():
+    out = run_bridge()
+    assert out.returncode == 2
+
+
+def test_atomic_write_replaces_and_keeps_mode(tmp_path):
+    target = tmp_path / "sub" / "file.txt"
+    bridge.atomic_write(target, "one")
+    os.chmod(target, 0o600)
+    bridge.atomic_write(target, b"two")
+    assert target.read_text() == "two"
+    assert (target.stat().st_mode & 0o777) == 0o600
+    assert [p.name for p in target.parent.iterdir()] == ["file.txt"]  # no temp left
+
+
+def test_atomic_write_replaces_symlink_not_target(tmp_path):
+    victim = tmp_path / "victim"
+    victim.write_text("keep")
+    link = tmp_path / "link"
+    link.symlink_to(victim)
+    bridge.atomic_write(link, "new")
+    assert victim.read_text() == "keep"
+    assert not link.is_symlink() and link.read_text() == "new"
+
+
+def test_read_json_file_names_line_and_column(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{\n  "a": 1,\n  "b": }\n')
+    with pytest.raises(bridge.BridgeError) as err:
+        bridge.read_json_file(bad, "task")
+    assert "line 3 column" in err.value.message and "task" in err.value.message
+
+
+def test_scan_jsonl_counts_complete_lines_only(tmp_path):
+    path = tmp_path / "x.jsonl"
+    path.write_bytes(b'{"a":1}\nnot json\n' + b'{"big":"' + b"x" * 3_000_000 + b'"}\n{"torn":')
+    lines = list(bridge.scan_jsonl(path))
+    assert [line.number for line in lines] == [1, 2, 3]
+    assert lines[0].record == {"a": 1}
+    assert lines[1].record is None and "line 2" in lines[1].error
+    assert len(lines[2].record["big"]) == 3_000_000
+    assert bridge.count_complete_lines(path) == 3
+    assert [line.number for line in bridge.scan_jsonl(path, start=2)] == [3]
+    assert list(bridge.scan_jsonl(tmp_path / "missing")) == []
+
+
+def test_append_jsonl_concurrent_processes_never_interleave(tmp_path):
+    path = tmp_path / "log.jsonl"
+    script = textwrap.dedent("""
+        import importlib.util, sys
+        spec = importlib.util.spec_from_file_location("bridge", %r)
+        b = importlib.util.module_from_spec(spec); spec.loader.exec_module(b)
+        for i in range(200):
+            b.append_jsonl(sys.argv[1], {"w": sys.argv[2], "i": i, "pad": "p" * 5000})
+    """ % str(BRIDGE))
+    procs = [subprocess.Popen([PYTHON, "-c", script, str(path), str(w)]) for w in range(6)]
+    assert all(p.wait(timeout=60) == 0 for p in procs)
+    records = [line.record for line in bridge.scan_jsonl(path)]
+    assert len(records) == 1200 and all(r is not None for r in records)
+    for w in range(6):
+        assert [r["i"] for r in records if r["w"] == str(w)] == list(range(200))
+
+
+def test_append_refuses_symlink(tmp_path):
+    victim = tmp_path / "victim"
+    victim.write_text("")
+    (tmp_path / "link.jsonl").symlink_to(victim)
+    with pytest.raises(OSError):
+        bridge.append_jsonl(tmp_path / "link.jsonl", {"a": 1})
+    assert victim.read_text() == ""
+
+
+def test_safe_name():
+    assert bridge.safe_name("fo-1.a_b") == "fo-1.a_b"
+    for bad in ("..", ".", "a/b", "", "a b", "x\n"):
+        with pytest.raises(bridge.BridgeError):
+            bridge.safe_name(bad)
+
+
+HOLD = textwrap.dedent("""
+    import importlib.util, sys, time
+    spec = importlib.util.spec_from_file_location("bridge", %r)
+    b = importlib.util.module_from_spec(spec); spec.loader.exec_module(b)
+    lock = b.FileLock(sys.argv[1], meta={"role": "test"})
+    print("acquired" if lock.acquire() else "busy", flush=True)
+    time.sleep(float(sys.argv[2]))
+""")
+
+
+def test_filelock_excludes_other_process_and_recovers_after_kill(tmp_path):
+    path = tmp_path / "locks" / "w.lock"
+    holder = subprocess.Popen([PYTHON, "-c", HOLD % str(BRIDGE), str(path), "30"],
+                              stdout=subprocess.PIPE, text=True)
+    assert holder.stdout.readline().strip() == "acquired"
+    lock = bridge.FileLock(path)
+    assert lock.acquire() is False
+    assert lock.holder["pid"] == holder.pid and lock.holder["role"] == "test"
+    assert bridge.FileLock.probe(path)[0] == "held"
+    assert bridge.holder_is_dead(lock.holder) is False
+    holder.kill()
+    holder.wait()
+    assert bridge.holder_is_dead(bridge.FileLock.read(path)) is True
+    assert bridge.FileLock.probe(path)[0] == "free"
+    assert lock.acquire() is True
+    assert lock.recovered["pid"] == holder.pid  # the crashed holder is reported
+    lock.heartbeat()
+    lock.release()
+    assert path.exists()  # never deleted: deleting an flock'd file breaks exclusion
+    assert bridge.FileLock.read(path)["released_at"]
+    again = bridge.FileLock(path)
+    assert again.acquire() and again.recovered is None
+    again.release()
+
+
+def test_holder_is_dead_only_when_provable():
+    me = bridge.process_identity()
+    assert bridge.holder_is_dead(me) is False
+    assert bridge.holder_is_dead(dict(me, host="elsewhere", pid=999999)) is False
+    assert bridge.holder_is_dead(dict(me, start_ticks="1")) is True  # pid reused
+    assert bridge.holder_is_dead(dict(me, boot_id="other-boot")) is True
+
+
+def test_acquire_flock_times_out_against_flock1_style_holder(tmp_path):
+    path = tmp_path / "q.lock"
+    fd = bridge.acquire_flock(path, timeout=1)
+    script = ("import importlib.util,sys;s=importlib.util.spec_from_file_location('b',%r);"
+              "b=importlib.util.module_from_spec(s);s.loader.exec_module(b);"
+              "print(b.acquire_flock(sys.argv[1], timeout=0.3))") % str(BRIDGE)
+    out = subprocess.run([PYTHON, "-c", script, str(path)], capture_output=True, text=True)
+    assert out.stdout.strip() == "None"
+    bridge.release_flock(fd)
+    out = subprocess.run([PYTHON, "-c", script, str(path)], capture_output=True, text=True)
+    assert out.stdout.strip().isdigit()
+
+
+def test_run_command_captures_and_reports(tmp_path):
+    res = bridge.run_command([sys.executable, "-c", "import sys; print('out'); print('err', file=sys.stderr); sys.exit(3)"])
+    assert (res.exit_code, res.stdout, res.stderr, res.timed_out) == (3, "out\n", "err\n", False)
+    assert res.describe() == "exit 3"
+    res = bridge.run_command(["definitely-not-a-command-xyz"])
+    assert res.exit_code == 127 and "cannot start" in res.error
+    res = bridge.run_command("cat", shell=True, stdin_data="piped")
+    assert res.stdout == "piped"
+    res = bridge.run_command([sys.executable, "-c", "import sys; sys.stdout.write('x' * 100000)"], cap_bytes=1000)
+    assert len(res.stdout) == 1000 and res.dropped_bytes == 99000
+
+
+def test_run_command_stdin_is_closed():
+    res = bridge.run_command([sys.executable, "-c", "import sys; print(repr(sys.stdin.read()))"], timeout=10)
+    assert res.stdout.strip() == "''"
+
+
+def test_run_command_timeout_kills_grandchildren(tmp_path):
+    pidfile = tmp_path / "grandchild.pid"
+    script = ("sh -c 'echo $$ > %s; trap \"\" TERM; sleep 60' & sleep 60" % pidfile)
+    started = time.monotonic()
+    res = bridge.run_command(script, shell=True, timeout=1, kill_grace=0.5)
+    assert res.timed_out and res.exit_code is None and "timed out" in res.describe()
+    assert time.monotonic() - started < 15
+    grandchild = int(pidfile.read_text())
+    time.sleep(0.2)
+    assert not process_running(grandchild)
+
+
+def test_run_command_does_not_hang_on_grandchild_holding_pipes():
+    started = time.monotonic()
+    res = bridge.run_command("sleep 30 & echo parent-done", shell=True, timeout=60)
+    assert res.exit_code == 0 and "parent-done" in res.stdout
+    assert time.monotonic() - started < 15
+
+
+def test_git_hooks_never_fire_and_index_untouched(git_repo):
+    hook = git_repo / ".git" / "hooks" / "pre-commit"
+    marker = git_repo.parent / "hook-fired"
+    hook.write_text("#!/bin/sh\ntouch %s\nexit 1\n" % marker)
+    hook.chmod(0o755)
+    g = bridge.Git(git_repo)
+    base = g.head()
+    (git_repo / "new.txt").write_text("untracked\n")
+    (git_repo / "README.md").write_text("changed\n")
+    (git_repo / ".ai-handoff").mkdir()
+    (git_repo / ".ai-handoff" / "x").write_text("queue\n")
+    index_before = (git_repo / ".git" / "index").read_bytes()
+    patch = g.diff_from(base, exclude=(".ai-handoff",))
+    assert "new.txt" in patch and "README.md" in patch and ".ai-handoff" not in patch
+    assert (git_repo / ".git" / "index").read_bytes() == index_before
+    assert "2 files changed" in g.shortstat_from(base, exclude=(".ai-handoff",))
+    g.run("add", "-A")
+    g.run("commit", "-q", "-m", "agent commit")
+    assert not marker.exists()
+    assert "new.txt" in g.diff_from(base, exclude=(".ai-handoff",))  # commits since base included
+    assert g.current_branch() == "main"
+    statuses = dict((e[1], e[0]) for e in g.status_porcelain())
+    assert statuses == {}
+    (git_repo / "a b.txt").write_text("space\n")
+    assert g.status_porcelain() == [("??", "a b.txt")]
+
+
+def test_git_toplevel_walks_up(tmp_path, git_repo):
+    deep = git_repo / "a" / "b"
+    deep.mkdir(parents=True)
+    assert bridge.git_toplevel(deep) == str(git_repo)
+    assert bridge.git_toplevel(tmp_path) is None
+
+
+def test_config_layers_and_errors(tmp_path, monkeypatch):
+    cfg_path = tmp_path / "bridge.config.json"
+    cfg_path.write_text(json.dumps({"redaction_patterns": ["abc"], "nonsense": 1}))
+    config = bridge.load_config(tmp_path, env={})
+    assert config["redaction_patterns"] == ["abc"] and config["nonsense"] == 1
+    cfg_path.write_text(json.dumps({"redaction_patterns": "abc"}))
+    with pytest.raises(bridge.BridgeError) as err:
+        bridge.load_config(tmp_path, env={})
+    assert "redaction_patterns must be a list" in err.value.message
+    cfg_path.write_text("{\n oops\n}")
+    with pytest.raises(bridge.BridgeError) as err:
+        bridge.load_config(tmp_path, env={})
+    assert "line 2" in err.value.message
+    with pytest.raises(bridge.BridgeError):
+        bridge.load_config(tmp_path, path=tmp_path / "missing.json", env={})
+
+
+def test_message_reader_both_framings():
+    import io
+    stream = io.BytesIO(bridge.frame_message({"id": 1}) + b"\r\n" +
+                        bridge.frame_message({"id": 2}, "content-length") +
+                        b"Content-Length: 9\r\nContent-Type: x\r\n\r\n{\"id\":3}\n")
+    reader = bridge.MessageReader(stream)
+    assert json.loads(reader.read()) == {"id": 1} and reader.framing == "line"
+    assert json.loads(reader.read()) == {"id": 2} and reader.framing == "content-length"
+    assert json.loads(reader.read()) == {"id": 3}
+    assert reader.read() is None
