@@ -6,6 +6,7 @@ import base64
 import hashlib
 import json
 import os
+import re
 import shutil
 import socket
 import struct
@@ -53,8 +54,13 @@ def http_request(port, path="/", method="GET", headers=None, timeout=5):
     lines += ["%s: %s" % kv for kv in (headers or {}).items()]
     sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
     data = b""
-    while not data.startswith(b"HTTP/1.1 101 ") or b"\r\n\r\n" not in data:
-        chunk = sock.recv(65536)             # read to EOF, or only the head of an upgrade
+    while True:  # to EOF, to Content-Length, or only the head of an upgrade
+        head, sep, body = data.partition(b"\r\n\r\n")
+        length = re.search(rb"(?im)^content-length:\s*(\d+)", head)
+        if sep and (data.startswith(b"HTTP/1.1 101 ") or length and
+                    len(body) >= int(length.group(1))):
+            break
+        chunk = sock.recv(65536)
         if not chunk:
             break
         data += chunk
@@ -587,3 +593,98 @@ def test_harness_script_serves_until_killed():
     finally:
         proc.terminate()
         proc.wait(10)
+
+
+# ---- the dashboard in a real headless browser ----
+
+def find_browser():
+    for name in (os.environ.get("BRIDGE_TEST_CHROMIUM"), "chromium", "chromium-browser",
+                 "google-chrome", "google-chrome-stable"):
+        if name and shutil.which(name):
+            return shutil.which(name)
+    return None
+
+
+class Browser:
+    """Headless Chromium driven over the DevTools protocol with the raw client above."""
+
+    def __init__(self, exe, url, tmp):
+        self.proc = subprocess.Popen(
+            [exe, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+             "--disable-background-networking", "--disable-component-update", "--disable-sync",
+             "--disable-dev-shm-usage", "--user-data-dir=%s" % tmp, "--remote-debugging-port=0",
+             url], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+        active, deadline = Path(tmp) / "DevToolsActivePort", time.time() + 30
+        while not (active.exists() and active.read_text().count("\n") >= 1):
+            assert self.proc.poll() is None, self.proc.stderr.read().decode()[-2000:]
+            assert time.time() < deadline, "chromium did not open its DevTools port"
+            time.sleep(0.1)
+        port = int(active.read_text().split()[0])
+        while True:
+            _, _, body = http_request(port, "/json/list", headers={"Connection": "close"})
+            pages = [t for t in json.loads(body) if t["type"] == "page"]
+            if pages:
+                break
+            assert time.time() < deadline, "no page target"
+            time.sleep(0.1)
+        self.ws = WsClient(port, pages[0]["webSocketDebuggerUrl"].split(str(port), 1)[1])
+        self.seq = 0
+
+    def evaluate(self, expression):
+        self.seq += 1
+        self.ws.send_frame(1, json.dumps({"id": self.seq, "method": "Runtime.evaluate", "params": {
+            "expression": expression, "returnByValue": True}}))
+        while True:
+            data, fin = b"", False
+            while not fin:
+                fin, _, part = self.ws.recv_frame()
+                data += part
+            msg = json.loads(data)
+            if msg.get("id") == self.seq:
+                return msg["result"]["result"].get("value")
+
+    def wait_for(self, expression, what, timeout=20):
+        deadline = time.time() + timeout
+        while time.time() < deadline:
+            value = self.evaluate(expression)
+            if value:
+                return value
+            time.sleep(0.1)
+        raise AssertionError("dashboard never showed %s; page: %s" % (what, self.evaluate(
+            "document.body.innerText")))
+
+    def close(self):
+        import signal
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+        self.proc.wait(10)
+
+
+def test_dashboard_in_headless_chromium(make_harness, tmp_path):
+    exe = find_browser()
+    if not exe:
+        pytest.skip("no Chromium found (apt-get install chromium, or set BRIDGE_TEST_CHROMIUM)")
+    harness = make_harness(token="dash-token-123", interval=0.2)
+    browser = Browser(exe, "http://127.0.0.1:%d/?token=dash-token-123" % harness.port, tmp_path)
+    try:
+        text = "document.getElementById(%r).textContent"
+        browser.wait_for(text % "conn" + " === 'events live, control live'", "both sockets live")
+        browser.wait_for(text % "state" + " === 'ready'", "the doctor state")
+        browser.wait_for(text % "generation" + " === '1'", "the generation")
+        browser.wait_for(text % "log" + ".includes('doctor:ready')", "the event log")
+        browser.wait_for(text % "rateIn" + " !== '-'", "message rates")   # two stats events
+        browser.wait_for(text % "messages" + ".includes(' / ')", "message counts")
+        assert ("bridge:stats", {}) in harness.actions          # asked for stats on connect
+        browser.evaluate("document.querySelector('button[data-action=\"doctor:restart\"]').click()")
+        browser.wait_for(text % "ack" + ".includes('doctor:restart: ok')", "the ack")
+        browser.wait_for(text % "generation" + " === '2'", "the new generation")
+        browser.wait_for(text % "log" + ".includes('doctor:crashed')", "the crash event")
+        browser.wait_for(text % "restarts" + " === '1'", "the restart count")
+        assert ("doctor:restart", {}) in harness.actions
+        browser.evaluate("document.querySelector('button[data-action=\"bridge:pause\"]').click()")
+        browser.wait_for(text % "ack" + ".includes('bridge:pause: ok')", "the pause ack")
+        browser.wait_for(text % "state" + " === 'paused'", "the paused state")
+    finally:
+        browser.close()
