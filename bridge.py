@@ -1184,8 +1184,6 @@ WS_GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 OBS_MAX_MESSAGE = 1 << 20  # a larger client message is closed with 1009
 OBS_MAX_CONNECTIONS = 64
 OBS_HISTORY = 200  # recent events replayed to each new /events client
-OBS_ACTIONS = ("doctor:restart", "doctor:kill", "bridge:pause", "bridge:resume", "bridge:stats",
-               "bridge:shutdown")
 
 
 def ws_frame(opcode, payload=b""):
@@ -1691,10 +1689,9 @@ function onEvent(ev) {
           (ev.data === undefined || ev.data === null ? "" : JSON.stringify(ev.data)).slice(0, 400),
           t.split(":")[1]);
   if (t.startsWith("doctor:")) setState(t.slice(7));
-  if (t === "bridge:pause" || t === "bridge:resume") setState(t === "bridge:pause" ? "paused" : "running");
   if (typeof d === "object") set("generation", d.generation);
   if (t === "bridge:stats") {
-    if (d.state) setState(d.state);
+    if (d.state) setState(d.paused ? "paused" : d.state);
     set("restarts", d.doctorRestarts);
     if (d.uptime !== undefined) set("uptime", Math.round(d.uptime) + " s");
     set("messages", d.messagesIn + " / " + d.messagesOut);

@@ -37,7 +37,7 @@ class Harness:
                  max_queue=1000, interval=None, on_action=None):
         self.bridge = bridge or load_bridge()
         self.actions, self.logs = [], []
-        self.generation, self.restarts, self.messages, self.state = 1, 0, 0, "ready"
+        self.generation, self.restarts, self.messages, self.paused = 1, 0, 0, False
         self.started = time.time()
         self.interval, self.on_action = interval, on_action
         self.stopped = threading.Event()
@@ -74,7 +74,7 @@ class Harness:
                 "doctorUptime": 1.0, "messagesIn": self.messages, "messagesOut": self.messages,
                 "bytesIn": 100 * self.messages, "bytesOut": 90 * self.messages,
                 "dashboardClients": self.server.client_count, "generation": self.generation,
-                "state": self.state}
+                "state": "ready", "paused": self.paused}
 
     def control(self, action, params):
         self.actions.append((action, params))
@@ -97,10 +97,8 @@ class Harness:
             self.generation += 1
             self.server.publish("doctor:restarting", {"generation": self.generation})
             self.server.publish("doctor:ready", {"generation": self.generation})
-        elif action == "bridge:pause":
-            self.state = "paused"
-        elif action == "bridge:resume":
-            self.state = "ready"
+        elif action in ("bridge:pause", "bridge:resume"):
+            self.paused = action == "bridge:pause"
         elif action == "bridge:stats":
             stats = self.stats()
             self.server.publish("bridge:stats", stats)
