@@ -1176,9 +1176,9 @@ def find_root(root=None):
 
 # ---- 5b. observability: WebSocket server and dashboard ----
 #
-# Threads, not asyncio: one accept thread, and per connection a reader (HTTP head, then frames)
-# plus a writer draining a bounded queue. publish() only appends to those queues, so a slow or
-# stuck dashboard is dropped instead of ever slowing the relay.
+# RFC 6455 on plain threads: one accept thread, and per connection a reader (HTTP head, then
+# frames) plus a writer draining a bounded queue. publish() only appends to those queues, so a
+# slow or stuck dashboard is dropped instead of ever slowing the relay.
 
 WS_GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 OBS_MAX_MESSAGE = 1 << 20  # a larger client message is closed with 1009
@@ -1188,34 +1188,31 @@ OBS_HISTORY = 200  # recent events replayed to each new /events client
 
 def ws_frame(opcode, payload=b""):
     """One unmasked, unfragmented server frame (RFC 6455 section 5.2)."""
-    import struct
     n = len(payload)
-    if n < 126:
-        return struct.pack("!BB", 0x80 | opcode, n) + payload
-    if n < 65536:
-        return struct.pack("!BBH", 0x80 | opcode, 126, n) + payload
-    return struct.pack("!BBQ", 0x80 | opcode, 127, n) + payload
+    size = bytes([n]) if n < 126 else (b"\x7e" + n.to_bytes(2, "big") if n < 65536
+                                        else b"\x7f" + n.to_bytes(8, "big"))
+    return bytes([0x80 | opcode]) + size + payload
 
 
 def ws_close_frame(code, reason=""):
     return ws_frame(0x8, code.to_bytes(2, "big") + reason.encode("utf-8")[:123])
 
 
-def ws_unmask(data, mask):
-    """XOR with the 4-byte key as one big integer: fast enough for 1 MiB without a loop."""
-    n = len(data)
-    key = (mask * (n // 4 + 1))[:n]
-    return (int.from_bytes(data, "big") ^ int.from_bytes(key, "big")).to_bytes(n, "big")
-
-
 def ws_text_frame(obj):
-    """A text frame holding obj as compact JSON; anything unserialisable becomes its str()."""
+    """obj as compact JSON in a text frame; anything unserialisable becomes its str()."""
     text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"), default=str)
     return ws_frame(0x1, text.encode("utf-8", "replace"))
 
 
+def ws_unmask(data, mask):
+    """XOR with the 4-byte key as one big integer: a 1 MiB payload without a Python loop."""
+    n = len(data)
+    key = int.from_bytes((mask * (n // 4 + 1))[:n], "big")
+    return (int.from_bytes(data, "big") ^ key).to_bytes(n, "big")
+
+
 class WsFail(Exception):
-    """The peer broke the protocol: send a close frame with `code` and drop the connection."""
+    """The peer broke the protocol: close with `code` (RFC 6455 section 7.4)."""
 
     def __init__(self, code, reason):
         Exception.__init__(self, reason)
@@ -1223,7 +1220,7 @@ class WsFail(Exception):
 
 
 class ObsConnection:
-    """One client socket. The reader thread owns the socket's life; the writer only sends."""
+    """One client socket. Its reader thread owns the socket's life; the writer only sends."""
 
     def __init__(self, server, sock, addr):
         import collections
@@ -1231,38 +1228,34 @@ class ObsConnection:
         self.server, self.sock, self.addr = server, sock, "%s:%s" % addr[:2]
         self.path, self.buf, self.writer = None, bytearray(), None
         self.out, self.cond = collections.deque(), threading.Condition()
-        self.closing = False  # a close frame is queued: no data frame may follow it
+        self.closing = False  # a close frame (or the end) is queued: nothing may follow it
 
     def push(self, frame, close=False):
-        """Queue a frame without blocking; False when the queue is full (the client is too slow)."""
+        """Queue a frame without blocking; False when the queue is full (the client is slow)."""
         with self.cond:
             if self.closing:
                 return True
             if len(self.out) >= self.server.max_queue and not close:
                 return False
-            self.out.append(frame)
-            if close:
-                self.closing = True
-                self.out.append(None)
+            self.out.extend((frame, None) if close else (frame,))
+            self.closing = close
             self.cond.notify()
         return True
 
-    def send(self, frame):
-        if not self.push(frame):
-            self.kill("send queue full")
-
     def kill(self, why):
-        """Drop the connection now (never blocks): shutdown wakes both threads."""
+        """Drop the connection now, never blocking: shutdown() wakes both threads."""
         import socket
-        self.server.log("observability: dropping %s%s client %s: %s" % (
-            self.path or "", "", self.addr, why))
+        self.server.log("observability: dropping client %s %s: %s" % (self.addr, self.path, why))
         with self.cond:
             self.closing = True
             self.out.clear()
             self.out.append(None)
             self.cond.notify()
+        self.shutdown(socket.SHUT_RDWR)
+
+    def shutdown(self, how):
         try:
-            self.sock.shutdown(socket.SHUT_RDWR)
+            self.sock.shutdown(how)
         except OSError:
             pass
 
@@ -1273,16 +1266,13 @@ class ObsConnection:
                 while not self.out:
                     self.cond.wait()
                 frame = self.out.popleft()
-            if frame is None:
-                break
             try:
+                if frame is None:
+                    break
                 self.sock.sendall(frame)
             except OSError:
                 break
-        try:
-            self.sock.shutdown(socket.SHUT_WR)
-        except OSError:
-            pass
+        self.shutdown(socket.SHUT_WR)
 
     def recv(self, n):
         while len(self.buf) < n:
@@ -1295,9 +1285,10 @@ class ObsConnection:
         return data
 
     def run(self):
+        import socket
         import threading
         try:
-            self.sock.settimeout(10)
+            self.sock.settimeout(10)  # for the request head only
             if self.handshake():
                 self.sock.settimeout(None)
                 self.writer = threading.Thread(target=self.write_loop, daemon=True)
@@ -1305,50 +1296,45 @@ class ObsConnection:
                 self.server.attach(self)
                 self.frames()
         except WsFail as e:
-            self.server.log("observability: closing %s client %s: %d %s" % (
-                self.path, self.addr, e.code, e.reason))
+            self.server.log("observability: closing %s %s: %d %s" % (
+                self.addr, self.path, e.code, e.reason))
             self.push(ws_close_frame(e.code, e.reason), close=True)
         except (OSError, EOFError):
             pass
         finally:
-            self.finish()
-
-    def finish(self):
-        """Detach, flush the writer, then read until the peer closes so our last frame is not
-        lost to a TCP reset (RFC 6455 section 7.1.1: the server closes the TCP connection first)."""
-        import socket
-        self.server.detach(self)
-        self.push(None, close=True)
-        try:
+            self.server.detach(self)
+            self.push(None, close=True)
+            # Linger: read until the peer closes, so our last frame is not lost to a TCP reset.
             if self.writer:
                 self.writer.join(2)
             else:
-                self.sock.shutdown(socket.SHUT_WR)
-            self.sock.settimeout(0.5)
-            deadline = time.monotonic() + 1
-            while time.monotonic() < deadline and self.sock.recv(65536):
+                self.shutdown(socket.SHUT_WR)
+            try:
+                self.sock.settimeout(0.5)
+                deadline = time.monotonic() + 1
+                while time.monotonic() < deadline and self.sock.recv(65536):
+                    pass
+            except OSError:
                 pass
-        except OSError:
-            pass
-        self.sock.close()
+            self.sock.close()
 
     def http(self, status, body, ctype="text/plain; charset=utf-8", extra=""):
-        """Answer a plain HTTP request (the page, or a refusal) and end the connection."""
+        """Answer a plain HTTP request (the page, or a refusal); the connection then ends."""
         from http import HTTPStatus
-        data = body.encode("utf-8")
         if status >= 400:
             self.server.log("observability: %d for %s: %s" % (status, self.addr, body))
-        self.sock.sendall(("HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n"
-                           "Cache-Control: no-store\r\nX-Content-Type-Options: nosniff\r\n"
-                           "X-Frame-Options: DENY\r\nReferrer-Policy: no-referrer\r\n%s"
-                           "Connection: close\r\n\r\n" % (
-                               status, HTTPStatus(status).phrase, ctype, len(data), extra)
-                           ).encode("latin-1") + data)
+        data = body.encode("utf-8")
+        self.sock.sendall((
+            "HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\nConnection: close\r\n"
+            "Cache-Control: no-store\r\nX-Content-Type-Options: nosniff\r\nX-Frame-Options: DENY"
+            "\r\nReferrer-Policy: no-referrer\r\n%s\r\n" % (
+                status, HTTPStatus(status).phrase, ctype, len(data), extra)).encode() + data)
         return False
 
     def handshake(self):
-        """Read the request head; serve the page, refuse, or upgrade. True once upgraded."""
+        """Read the request head; serve the page, refuse, or upgrade (True) (RFC 6455 4.2)."""
         import base64
+        import binascii
         import hashlib
         from urllib.parse import parse_qs, urlsplit
         while b"\r\n\r\n" not in self.buf:
@@ -1361,13 +1347,12 @@ class ObsConnection:
         head, _, rest = bytes(self.buf).partition(b"\r\n\r\n")
         self.buf = bytearray(rest)  # a client may send its first frame right behind the head
         lines = head.decode("latin-1").split("\r\n")
-        parts = lines[0].split(" ")
-        headers = {}
+        parts, headers = lines[0].split(" "), {}
         for line in lines[1:]:
             name, sep, value = line.partition(":")
+            headers[name.strip().lower()] = value.strip()
             if not sep or not name.strip():
                 return self.http(400, "malformed header line")
-            headers[name.strip().lower()] = value.strip()
         if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
             return self.http(400, "malformed request line")
         url = urlsplit(parts[1])
@@ -1375,26 +1360,25 @@ class ObsConnection:
         if refused:
             return self.http(*refused)
         if url.path not in ("/", "/index.html", "/events", "/control"):
-            return self.http(404, "no such endpoint: /, /events and /control exist")
+            return self.http(404, "no such endpoint; there are /, /events and /control")
         if parts[0] != "GET":
             return self.http(405, "only GET is allowed", extra="Allow: GET\r\n")
         if url.path in ("/", "/index.html"):
             return self.http(200, DASHBOARD_HTML, "text/html; charset=utf-8")
-        conn_tokens = [t.strip().lower() for t in headers.get("connection", "").split(",")]
-        if headers.get("upgrade", "").lower() != "websocket" or "upgrade" not in conn_tokens:
+        tokens = [t.strip().lower() for t in headers.get("connection", "").split(",")]
+        if headers.get("upgrade", "").lower() != "websocket" or "upgrade" not in tokens:
             return self.http(400, "expected a WebSocket upgrade on " + url.path)
         if headers.get("sec-websocket-version") != "13":
             return self.http(426, "WebSocket version 13 required",
                              extra="Sec-WebSocket-Version: 13\r\n")
         key = headers.get("sec-websocket-key", "")
         try:
-            valid = len(base64.b64decode(key, validate=True)) == 16
-        except ValueError:
-            valid = False
-        if not valid:
+            if len(base64.b64decode(key, validate=True)) != 16:
+                raise ValueError
+        except (ValueError, binascii.Error):
             return self.http(400, "bad Sec-WebSocket-Key")
         accept = base64.b64encode(hashlib.sha1((key + WS_GUID).encode()).digest()).decode()
-        # No Sec-WebSocket-Extensions or -Protocol in the reply: compression is declined.
+        # No Sec-WebSocket-Extensions or -Protocol in the reply: compression etc. is declined.
         self.sock.sendall(("HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\n"
                            "Connection: Upgrade\r\nSec-WebSocket-Accept: %s\r\n\r\n" % accept
                            ).encode())
@@ -1402,7 +1386,7 @@ class ObsConnection:
         return True
 
     def frames(self):
-        """Read frames until close (RFC 6455 sections 5.2-5.5); WsFail on any violation."""
+        """Read frames until a close (RFC 6455 sections 5.2-5.5); WsFail on any violation."""
         import codecs
         message, kind, decoder = None, 0, None
         while not self.closing:
@@ -1418,69 +1402,66 @@ class ObsConnection:
                 raise WsFail(1002, "control frames must be unfragmented and at most 125 bytes")
             if n >= 126:
                 n = int.from_bytes(self.recv(2 if n == 126 else 8), "big")
-            if opcode < 8:
-                if (opcode == 0) != (message is not None):
-                    raise WsFail(1002, "continuation frame without a message" if opcode == 0
-                                 else "new message inside a fragmented one")
-                if n + len(message or b"") > self.server.max_message:
-                    raise WsFail(1009, "message larger than %d bytes" % self.server.max_message)
+            if opcode < 8 and (opcode == 0) != (message is not None):
+                raise WsFail(1002, "continuation frame without a message" if opcode == 0
+                             else "new message inside a fragmented one")
+            if opcode < 8 and n + len(message or b"") > self.server.max_message:
+                raise WsFail(1009, "message larger than %d bytes" % self.server.max_message)
             mask = self.recv(4)
             data = ws_unmask(self.recv(n), mask)
             if opcode == 8:
                 return self.on_close(data)
-            if opcode == 9:
-                self.send(ws_frame(0xA, data))
-                continue
-            if opcode == 10:
-                continue  # unsolicited pongs are allowed
+            if opcode == 9 and not self.push(ws_frame(0xA, data)):
+                return self.kill("send queue full")
+            if opcode >= 8:
+                continue  # pongs need no answer
             if opcode:
                 message, kind = bytearray(), opcode
                 decoder = codecs.getincrementaldecoder("utf-8")() if opcode == 1 else None
             message += data
-            if decoder:
-                try:  # incremental: fails as soon as the prefix cannot be UTF-8 any more
+            try:  # incremental: fails as soon as the prefix can no longer be UTF-8
+                if decoder:
                     decoder.decode(data, final=bool(fin))
-                except UnicodeDecodeError:
-                    raise WsFail(1007, "invalid UTF-8 in text message")
+            except UnicodeDecodeError:
+                raise WsFail(1007, "invalid UTF-8 in a text message")
             if fin:
                 self.on_message(kind, bytes(message))
                 message = None
 
     def on_close(self, data):
-        code = 1000
-        if data:
-            code = int.from_bytes(data[:2], "big") if len(data) >= 2 else 0
-            if not (1000 <= code <= 1014 and code not in (1004, 1005, 1006)
-                    or 3000 <= code <= 4999):
-                raise WsFail(1002, "invalid close code")
-            try:
-                data[2:].decode("utf-8")
-            except UnicodeDecodeError:
-                raise WsFail(1007, "invalid UTF-8 in close reason")
+        """Echo the peer's close code; a bad code or reason is itself a protocol error."""
+        code = int.from_bytes(data[:2], "big") if len(data) >= 2 else (1000 if not data else 0)
+        if not (1000 <= code <= 1014 and code not in (1004, 1005, 1006) or 3000 <= code <= 4999):
+            raise WsFail(1002, "invalid close code")
+        try:
+            data[2:].decode("utf-8")
+        except UnicodeDecodeError:
+            raise WsFail(1007, "invalid UTF-8 in the close reason")
         self.push(ws_close_frame(code), close=True)
 
     def on_message(self, kind, payload):
         if self.path != "/control":
-            return  # /events is one-way; what a client says there is ignored
+            return  # /events is one-way: what a client says there is ignored
         if kind != 1:
             raise WsFail(1003, "/control takes JSON text messages")
-        self.send(ws_text_frame(self.server.command(payload.decode("utf-8"))))
+        if not self.push(ws_text_frame(self.server.command(payload.decode("utf-8")))):
+            self.kill("send queue full")
 
 
 class ObservabilityServer:
-    """WebSocket server for dashboards: `/events` streams {ts, type, data}, `/control` takes
+    """Dashboards' WebSocket server: `/events` streams {ts, type, data}, `/control` takes
     {id, action, params} and acks each by id, GET / serves DASHBOARD_HTML. Loopback unless a
-    token is set; foreign browser Origins get 403. See the README section "proxy observability"."""
+    token is set; a foreign browser Origin gets 403 (README: "Observability")."""
 
     def __init__(self, host, port, token=None, allowed_origins=(), control=None, log=None,
                  max_queue=1000, enabled=True):
         import collections
         import threading
         self.host, self.port, self.token = host or "127.0.0.1", int(port), token or None
-        self.allowed_origins = {o.lower().rstrip("/") for o in allowed_origins or ()}
+        self.allowed = {o.lower().rstrip("/") for o in allowed_origins or ()}
         self.control, self.max_queue, self.enabled = control, max(1, int(max_queue)), enabled
-        self.log = log or warn
-        self.max_message, self.listener, self.origins = OBS_MAX_MESSAGE, None, set()
+        self.log, self.max_message = log or warn, OBS_MAX_MESSAGE
+        self.listener, self.origins = None, ()
         self.lock, self.conns, self.events = threading.Lock(), set(), set()
         self.history = collections.deque(maxlen=OBS_HISTORY)
 
@@ -1489,27 +1470,27 @@ class ObservabilityServer:
         return len(self.events)
 
     def start(self):
-        """Bind and serve from a daemon thread. False (with a log line) instead of raising."""
+        """Bind and serve from a daemon thread; False (and a log line why) instead of raising."""
         import ipaddress
         import socket
         import threading
-        if not self.enabled:
-            self.log("observability: disabled")
-            return False
         host = self.host.strip("[]")
         try:
             loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
         except ValueError:
             loopback = False
+        if not self.enabled:
+            self.log("observability: disabled")
+            return False
         if not loopback and not self.token:
             self.log("observability: refusing to listen on non-loopback host %s without a token "
-                     "(set BRIDGE_OBS_TOKEN); the proxy runs without a dashboard" % host)
+                     "(set BRIDGE_OBS_TOKEN); running without the dashboard" % host)
             return False
         try:
             family = socket.getaddrinfo(host, self.port, type=socket.SOCK_STREAM)[0][0]
             listener = socket.create_server((host, self.port), family=family)
         except (OSError, OverflowError, ValueError) as e:
-            self.log("observability: cannot listen on %s:%s (%s); the proxy runs without a "
+            self.log("observability: cannot listen on %s:%s (%s); running without the "
                      "dashboard" % (host, self.port, e))
             return False
         self.port = listener.getsockname()[1]
@@ -1518,10 +1499,8 @@ class ObservabilityServer:
         self.origins = {"http://%s:%d" % (h, self.port) for h in
                         ([name, "127.0.0.1", "localhost", "[::1]"] if loopback else [name])}
         self.listener = listener
-        threading.Thread(target=self.accept_loop, args=(listener,), name="bridge-obs",
-                         daemon=True).start()
-        self.log("observability: dashboard on http://%s:%d/ (ws /events, /control)" % (
-            name, self.port))
+        threading.Thread(target=self.accept_loop, args=(listener,), daemon=True).start()
+        self.log("observability: dashboard on http://%s:%d/" % (name, self.port))
         return True
 
     def accept_loop(self, listener):
@@ -1538,35 +1517,34 @@ class ObservabilityServer:
             conn = ObsConnection(self, sock, addr)
             with self.lock:
                 full = len(self.conns) >= OBS_MAX_CONNECTIONS
-                if not full:
-                    self.conns.add(conn)
+                self.conns.add(conn)
             if full:
+                self.conns.discard(conn)
                 sock.close()
-                continue
-            threading.Thread(target=conn.run, daemon=True).start()
+            else:
+                threading.Thread(target=conn.run, daemon=True).start()
 
     def refuse(self, headers, query):
-        """(status, reason) when a request must be refused: foreign Origin, missing token."""
+        """(status, body, ...) for a request to refuse (foreign Origin, no token), else None."""
         import hmac
-        origin = headers.get("origin")
-        own = set(self.origins)
+        origin, own = headers.get("origin"), self.allowed.union(self.origins)
         if self.token and headers.get("host"):
-            own.add("http://" + headers["host"].lower())  # any name, but only with the token
-        if origin is not None and origin.lower().rstrip("/") not in own | self.allowed_origins:
-            return 403, "origin %s not allowed" % origin[:200]
+            own = own | {"http://" + headers["host"].lower()}  # any name, but only with the token
+        if origin is not None and origin.lower().rstrip("/") not in own:
+            return 403, "origin %s is not allowed" % origin[:200]
         if self.token:
             auth = headers.get("authorization", "")
-            offered = [auth[7:].strip()] if auth[:7].lower() == "bearer " else []
-            offered += query.get("token", [])
+            offered = query.get("token", []) + ([auth[7:].strip()] if auth[:7].lower() == "bearer "
+                                                else [])
             if not any(hmac.compare_digest(t.encode(), self.token.encode()) for t in offered):
-                return 401, "token required", "text/plain; charset=utf-8", \
-                    "WWW-Authenticate: Bearer\r\n"
+                return 401, "token required", "text/plain", "WWW-Authenticate: Bearer\r\n"
         return None
 
     def attach(self, conn):
         if conn.path == "/events":
             with self.lock:
-                for event in list(self.history)[-(self.max_queue // 2):]:
+                recent = list(self.history)
+                for event in recent[max(0, len(recent) - self.max_queue // 2):]:
                     conn.push(ws_text_frame(event))
                 self.events.add(conn)
 
@@ -1576,7 +1554,7 @@ class ObservabilityServer:
             self.events.discard(conn)
 
     def publish(self, event_type, data=None):
-        """Fan an event out to /events clients; never blocks, drops clients that cannot keep up."""
+        """Fan an event out to /events clients; never blocks; drops clients that fall behind."""
         event = {"ts": int(time.time() * 1000), "type": event_type, "data": data}
         with self.lock:
             self.history.append(event)
@@ -1584,8 +1562,7 @@ class ObservabilityServer:
                 return
             frame = ws_text_frame(event)
             slow = [conn for conn in self.events if not conn.push(frame)]
-            for conn in slow:
-                self.events.discard(conn)
+            self.events.difference_update(slow)
         for conn in slow:
             conn.kill("send queue full (slow client)")
 
@@ -1594,12 +1571,13 @@ class ObservabilityServer:
         try:
             msg = json.loads(text)
         except ValueError as e:
-            return {"type": "ack", "id": None, "ok": False, "error": "invalid JSON: %s" % e}
+            msg = "invalid JSON: %s" % e
         if not isinstance(msg, dict):
-            return {"type": "ack", "id": None, "ok": False, "error": "command must be an object"}
+            return {"type": "ack", "id": None, "ok": False,
+                    "error": msg if isinstance(msg, str) else "command must be an object"}
         action, params = msg.get("action"), msg.get("params")
         ack = {"type": "ack", "id": msg.get("id"), "action": action, "ok": False}
-        if msg.get("id") is None or msg.get("id") == "":
+        if msg.get("id") in (None, ""):
             ack["error"] = "missing id"
         elif not isinstance(action, str) or not action:
             ack["error"] = "missing action"
@@ -1623,7 +1601,7 @@ class ObservabilityServer:
         return ack
 
     def stop(self):
-        """Close the listener and every client (close 1001), dropping those that do not answer."""
+        """Close the listener and every client (close 1001); drop those that do not answer."""
         self.listener, listener = None, self.listener
         if listener:
             listener.close()
@@ -1647,7 +1625,8 @@ h1{font-size:1.3em}#conn{font-size:.7em;color:#777}
 .cards{display:flex;flex-wrap:wrap;gap:.6em}
 .card{background:#fff;border:1px solid #ddd;border-radius:6px;padding:.5em .9em;min-width:7em}
 .card b{display:block;font-size:1.4em}
-.ready,.running{color:#080}.crashed,.fatal,.killed{color:#b00}.paused,.restarting,.starting{color:#a60}
+.ready,.running{color:#080}.crashed,.fatal,.killed{color:#b00}
+.paused,.restarting,.starting,.stopping{color:#a60}
 #log{font:12px ui-monospace,monospace;background:#fff;border:1px solid #ddd;height:26em;
 overflow:auto;padding:.4em;white-space:pre-wrap;word-break:break-all}
 button{margin:.6em .3em .6em 0;padding:.3em .8em}
@@ -1706,14 +1685,17 @@ function onEvent(ev) {
 }
 function onAck(a) {
   const text = "ack " + a.id + " " + (a.action || "") + ": " +
-               (a.ok ? "ok " + JSON.stringify(a.result === undefined ? {} : a.result) : "error " + a.error);
+               (a.ok ? "ok " + JSON.stringify(a.result === undefined ? {} : a.result)
+                     : "error " + a.error);
   $("ack").textContent = text; $("ack").className = a.ok ? "ready" : "crashed";
   logLine(new Date().toLocaleTimeString() + " " + text, a.ok ? "" : "crashed");
 }
 function send(action) {
   if ((action === "bridge:shutdown" || action === "doctor:kill") &&
       !confirm(action + ": are you sure?")) return;
-  if (!control || control.readyState !== 1) { $("ack").textContent = "control channel not connected"; return; }
+  if (!control || control.readyState !== 1) {
+    $("ack").textContent = "control channel not connected"; return;
+  }
   control.send(JSON.stringify({id: "ui-" + (++seq), action: action, params: {}}));
 }
 function connect(path, onMessage) {
@@ -1721,7 +1703,9 @@ function connect(path, onMessage) {
   ws.onopen = () => { live[path] = true; status();
     if (path === "/control") { control = ws; send("bridge:stats"); } };
   ws.onmessage = e => { try { onMessage(JSON.parse(e.data)); } catch (x) { console.error(x); } };
-  ws.onclose = () => { live[path] = false; status(); setTimeout(() => connect(path, onMessage), 2000); };
+  ws.onclose = () => {
+    live[path] = false; status(); setTimeout(() => connect(path, onMessage), 2000);
+  };
 }
 function status() {
   set("conn", Object.keys(live).map(p => p.slice(1) + (live[p] ? " live" : " down")).join(", "));
