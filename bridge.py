@@ -1520,6 +1520,11 @@ class ObservabilityServer:
                 self.conns.add(conn)
             if full:
                 self.conns.discard(conn)
+                try:
+                    sock.settimeout(1)
+                    conn.http(503, "too many connections")
+                except OSError:
+                    pass
                 sock.close()
             else:
                 threading.Thread(target=conn.run, daemon=True).start()

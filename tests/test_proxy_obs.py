@@ -688,3 +688,14 @@ def test_dashboard_in_headless_chromium(make_harness, tmp_path):
         browser.wait_for(text % "state" + " === 'paused'", "the paused state")
     finally:
         browser.close()
+
+
+def test_connection_limit(harness):
+    held = [WsClient(harness.port, "/events") for _ in range(BRIDGE_MODULE.OBS_MAX_CONNECTIONS)]
+    status, _, body = http_request(harness.port, "/")
+    assert status == 503, body
+    held.pop().close()
+    deadline = time.time() + 5
+    while http_request(harness.port, "/")[0] != 200:
+        assert time.time() < deadline
+        time.sleep(0.05)
