@@ -209,6 +209,10 @@ def test_malformed_request_and_endless_head(harness):
     assert sock.recv(100).startswith(b"HTTP/1.1 400")
     sock.close()
     sock = socket.create_connection(("127.0.0.1", harness.port), timeout=5)
+    sock.sendall(b"GET / HTTP/1.1\r\nno colon here\r\n\r\n")
+    assert sock.recv(100).startswith(b"HTTP/1.1 400")
+    sock.close()
+    sock = socket.create_connection(("127.0.0.1", harness.port), timeout=5)
     try:
         sock.sendall(b"GET / HTTP/1.1\r\nX: " + b"a" * 20000)
     except OSError:
@@ -477,6 +481,11 @@ def test_non_loopback_needs_a_token():
     server = BRIDGE_MODULE.ObservabilityServer("0.0.0.0", 0, log=logs.append)
     assert server.start() is False
     assert "refusing" in logs[0] and "BRIDGE_OBS_TOKEN" in logs[0]
+    assert BRIDGE_MODULE.ObservabilityServer("dashboard.example", 0, log=logs.append).start() is False
+    assert "refusing" in logs[1]
+    localhost = BRIDGE_MODULE.ObservabilityServer("localhost", 0, log=logs.append)
+    assert localhost.start() is True
+    localhost.stop()
     server = BRIDGE_MODULE.ObservabilityServer("0.0.0.0", 0, token="t" * 20, log=logs.append)
     assert server.start() is True
     try:
