@@ -854,7 +854,8 @@ def kill_process_group(proc, grace=5.0):
 
 
 def run_command(cmd, cwd=None, env=None, timeout=None, shell=False, stdin_data=None,
-                cap_bytes=64 << 20, on_tick=None, tick_sec=10.0, kill_grace=5.0):
+                cap_bytes=64 << 20, on_tick=None, tick_sec=10.0, kill_grace=5.0,
+                on_start=None):
     """Run a command to completion and return a CommandResult. Never raises for the child.
 
     - `cmd` is an argv list, or a string run by /bin/sh when shell=True.
@@ -867,6 +868,7 @@ def run_command(cmd, cwd=None, env=None, timeout=None, shell=False, stdin_data=N
     - When the child exits but a grandchild still holds its pipes open, the group
       is killed after a short wait instead of hanging.
     - on_tick(elapsed_seconds) is called every tick_sec while it runs (progress lines).
+    - on_start(proc) is called once the child runs (to record or signal its group).
     """
     import subprocess
     import threading
@@ -882,6 +884,8 @@ def run_command(cmd, cwd=None, env=None, timeout=None, shell=False, stdin_data=N
         return CommandResult(cmd, exit_code=127, stderr="cannot start %s: %s" % (
             name, exc.strerror or exc), error="cannot start %s: %s" % (name, exc.strerror or exc))
 
+    if on_start:
+        on_start(proc)
     chunks = {"stdout": [], "stderr": []}
     dropped = [0]
 
