@@ -616,7 +616,6 @@ CONFIG_DEFAULTS = {
     "return_to_base": True,
     "poll_sec": 1.0,
     "progress_sec": 10.0,
-    "ignore_paths": [],
     "executor": {"command": ["opencode", "run", "{prompt}"], "env": {}},
     "bead": {"command": None, "timeout_sec": 30},
     # ---- end watch ----
@@ -1588,7 +1587,7 @@ class Watcher:
             config.get("continue_on_failure", False))
         self.continue_on_failure = bool(config.get("continue_on_failure", False))
         self.protected = list(config.get("protected_branches") or [])
-        self.exclude = [HANDOFF_DIR] + [p for p in config.get("ignore_paths") or [] if isinstance(p, str)]
+        self.exclude = [HANDOFF_DIR]
         self.progress_sec = float(config.get("progress_sec", 10) or 10)
         command = config_get(config, "executor.command") or []
         if isinstance(command, str) or not command or not all(isinstance(a, str) for a in command):
@@ -1640,6 +1639,8 @@ class Watcher:
             self.say("took over the worker lock of %s (it no longer runs)" % describe_holder(
                 self.worker.recovered))
         self.git_dir = self.git.run("rev-parse", "--absolute-git-dir").stdout.strip()
+        for line in handoff_init(self.root):  # idempotent: makes sure git ignores .ai-handoff/
+            self.say(line)
         self.beads = Beads(self.root, self.config)
         previous = self.install_signals()
         beat = self.start_heartbeat(ttl)
@@ -1997,7 +1998,9 @@ class Watcher:
             if os.path.exists(real_index):
                 shutil.copyfile(real_index, temp_index)  # git's stat cache: a fast add -A
             env = {"GIT_INDEX_FILE": temp_index}
-            self.git.run("add", "-A", *spec, env=env)
+            # No pathspec for add: .ai-handoff/ is excluded through info/exclude
+            # (an exclude pathspec naming an ignored path makes `git add` exit 1).
+            self.git.run("add", "-A", env=env)
             out = self.git.run("diff", "--cached", "--binary", "--shortstat", "-p",
                                base or EMPTY_TREE, *spec, env=env).stdout
         finally:
@@ -2012,8 +2015,7 @@ class Watcher:
 
     def commit_all(self, message):
         """Commit everything but .ai-handoff/ on the current branch; the new sha or None."""
-        spec = ["--", "."] + [":(exclude)%s" % p for p in self.exclude]
-        self.git.run("add", "-A", *spec)
+        self.git.run("add", "-A")  # .ai-handoff/ is in info/exclude (see run())
         result = self.git.run("commit", "-q", "--no-verify", "-m", message, check=False)
         if not result.ok and "tell me who you are" in (result.stderr + result.stdout).lower():
             result = self.git.run("-c", "user.name=bridge.py", "-c", "user.email=bridge@localhost",
@@ -2085,7 +2087,8 @@ class Watcher:
         # 6. confirmation gate: before any git change
         if task["requires_confirmation"] and not task.get("approved_at"):
             snap = self.git_snapshot()
-            git_state.update(branch=snap["current_branch"], base_commit=snap["head"],
+            git_state.update(branch=snap["current_branch"], base_branch=snap["current_branch"],
+                             base_commit=snap["head"],
                              dirty_before=snap["dirty"], status_before=snap["status"],
                              status_porcelain=snap["status"])
             result.update(status="needs_confirmation", exit_path="needs_confirmation",
