@@ -1243,6 +1243,8 @@ def handoff_init(root):
     handoff = Handoff(root)
     done = []
     for name in HANDOFF_SUBDIRS:
+        if os.path.lexists(handoff.dir(name)) and not os.path.isdir(handoff.dir(name)):
+            raise BridgeError("%s exists but is not a directory" % handoff.dir(name), EXIT_FAILED)
         if not os.path.isdir(handoff.dir(name)):
             os.makedirs(handoff.dir(name), exist_ok=True)
             done.append("created %s/%s/" % (HANDOFF_DIR, name))
@@ -2091,6 +2093,7 @@ class Watcher:
                              base_commit=snap["head"],
                              dirty_before=snap["dirty"], status_before=snap["status"],
                              status_porcelain=snap["status"])
+            result["bead"]["skipped"] = "not created before approval"
             result.update(status="needs_confirmation", exit_path="needs_confirmation",
                           reason="requires_confirmation",
                           detail="waiting in pending/; run `bridge.py approve %s`" % task_id)
