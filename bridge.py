@@ -1793,10 +1793,11 @@ class Watcher:
             if task is None:
                 safe = task_id if TASK_ID_RE.match(task_id) else "invalid-" + random_hex()
                 target = move_no_clobber(path, self.handoff.dir("failed"), os.path.basename(path))
-                self.write_result(safe, {"status": "failed", "exit_path": "failed",
-                                         "reason": "stale_lock_recovered",
-                                         "detail": "stale (%s) and its task file is unreadable; "
-                                                   "moved to %s" % (why, self.handoff.rel(target))})
+                result = self.new_result(None, safe)
+                result.update(status="failed", exit_path="failed", reason="stale_lock_recovered",
+                              detail="stale (%s) and its task file is unreadable; moved to %s"
+                              % (why, self.handoff.rel(target)))
+                self.write_result(safe, result)
                 return
             result = self.new_result(task)
             result["lock"] = {"recovered_from": meta, "why": why, "orphan_agent_killed": killed}
@@ -1899,28 +1900,34 @@ class Watcher:
         task_id = stem if TASK_ID_RE.match(stem) else "invalid-%s" % random_hex()
         target = move_no_clobber(path, self.handoff.dir("failed"), os.path.basename(path))
         snapshot = exc.raw if isinstance(exc.raw, dict) else None
-        result = {
-            "id": task_id, "status": "failed", "exit_path": "skipped", "reason": "schema_invalid",
-            "detail": "the task file was refused; moved to %s" % self.handoff.rel(target),
-            "errors": exc.errors,
-            "attempt": snapshot.get("attempt") if snapshot and isinstance(snapshot.get("attempt"), int) else None,
-            "task_file": self.handoff.rel(target),
-            "task_snapshot": snapshot,
-        }
+        result = self.new_result(snapshot, task_id)
+        result.update(status="failed", exit_path="skipped", reason="schema_invalid",
+                      detail="the task file was refused; moved to %s" % self.handoff.rel(target),
+                      errors=exc.errors, task_file=self.handoff.rel(target), task_snapshot=snapshot)
+        result["bead"]["skipped"] = "the task was refused"
         if os.path.exists(self.handoff.path("results", task_id + ".json")):
             archive_result(self.handoff, task_id, "superseded by a schema_invalid refusal")
         self.write_result(task_id, result)
         self.say("%s: schema_invalid: %s" % (task_id, "; ".join(exc.errors)[:400]))
         return "skipped"
 
-    def new_result(self, task):
+    def new_result(self, task, task_id=None):
+        """Every field of the result schema, so each exit path writes them all.
+
+        `task` may be a refused (partial) task or None.
+        """
+        task = task if isinstance(task, dict) else {}
+        attempt = task.get("attempt", 1)
+        policy = task.get("retry_policy") if isinstance(task.get("retry_policy"), dict) else {}
+        title = task.get("bead_title")
         return {
-            "id": task["id"], "status": None, "exit_path": None, "reason": None, "detail": "",
-            "attempt": task["attempt"],
-            "max_attempts": task["retry_policy"]["max_attempts"],
+            "id": task_id or task.get("id"), "status": None, "exit_path": None, "reason": None,
+            "detail": "",
+            "attempt": attempt if isinstance(attempt, int) and not isinstance(attempt, bool) else None,
+            "max_attempts": policy.get("max_attempts", 1),
             "approved_at": task.get("approved_at"),
             "started_at": now_iso(),
-            "bead": {"title": task["bead_title"], "id": None, "raw_output": None,
+            "bead": {"title": title if isinstance(title, str) else None, "id": None, "raw_output": None,
                      "skipped": None, "error": None},
             "git": {"base_branch": None, "branch": None, "branch_created": False,
                     "base_commit": None, "head_commit": None, "dirty_before": None,
@@ -2207,9 +2214,9 @@ class Watcher:
         # 11. audit 2
         self.audit_into(task_id, result, "post")
         self.post_state(result)
-        if self.stopping and failed is None and len(result["commands"]) and result["commands"][-1].get("skipped"):
-            raise Stop("failed", "verify_failed", "the watcher received %s during verification"
-                       % self.stopping)
+        if self.stopping:
+            raise Stop("failed", "verify_failed", "the watcher received %s during verification; "
+                       "the verification was stopped" % self.stopping)
         if failed is not None:
             raise Stop("failed", "verify_failed", "`%s` %s" % (failed[0][:200], failed[1].describe()))
         # 12-13. success: commit on the task branch, return to base, close the bead
@@ -2289,8 +2296,9 @@ class Watcher:
         if not self.continue_on_failure or git_state.get("branch") is None:
             return
         try:
-            if git_state.get("branch") != git_state.get("base_branch") or self.git_snapshot()["dirty"]:
-                if self.git_snapshot()["dirty"]:
+            dirty = self.git_snapshot()["dirty"]
+            if git_state.get("branch") != git_state.get("base_branch") or dirty:
+                if dirty:
                     git_state["wip_commit"] = self.commit_all(
                         "WIP(bridge): %s FAILED (%s) - NOT verified, kept for inspection\n\n%s\n" % (
                             task["id"], result["reason"], result["detail"][:500]))

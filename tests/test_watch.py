@@ -375,6 +375,7 @@ def test_schema_invalid_files_are_refused_listed_and_moved(queue, tmp_path):
     assert out.returncode == 0, out.stderr  # skipped does not stop the queue
     for stem in ("link", "notjson", "latin1", "types", "other-name", "bad..id", "missing"):
         r = queue.result(stem)
+        assert SEED_RESULT_KEYS <= set(r) and SEED_GIT_KEYS <= set(r["git"]), stem
         assert (r["status"], r["exit_path"], r["reason"]) == ("failed", "skipped", "schema_invalid"), stem
         assert r["errors"], stem
     assert "symlink" in queue.result("link")["errors"][0]
@@ -708,3 +709,34 @@ def test_status_reports_counts_and_recent_failures(queue):
     report = json.loads(queue.bridge("status", "--json").stdout)
     assert report["queued"] == 1 and report["results"] == {"failed": 1}
     assert report["recent_failures"][0]["id"] == "st1" and report["worker"] is None
+
+
+def test_sweep_age_rule_for_locks_not_provably_dead(queue):
+    """A task lock from another host is stale only after max(timeout_sec*2, 2h)."""
+    for task_id, age in (("old", 3 * 3600), ("young", 60)):
+        task = queue.task(task_id, timeout_sec=60)
+        (queue.handoff / "running" / (task_id + ".json")).write_text(json.dumps(task))
+        beat = time.time() - age
+        (queue.handoff / "locks" / (task_id + ".lock")).write_text(json.dumps(
+            {"pid": 12345, "host": "another-host", "task_id": task_id, "created_ts": beat,
+             "heartbeat_ts": beat, "mode": "flock"}))
+    out = queue.watch()
+    assert out.returncode == 0, out.stderr
+    r = queue.result("old")
+    assert r["reason"] == "stale_lock_recovered" and "older than 7200s" in r["detail"]
+    assert r["lock"]["recovered_from"]["host"] == "another-host"
+    assert not (queue.handoff / "results" / "young.json").exists()
+    assert queue.names("running") == ["young.json"] and "not provably stale" in out.stderr
+
+
+def test_worker_lock_heartbeat_is_refreshed(git_repo, tmp_path):
+    queue = Queue(git_repo, tmp_path, worker_lock_ttl_sec=4)  # heartbeat every 1 s
+    watcher = queue.popen_watch()
+    lock = queue.handoff / "locks" / "__worker__.lock"
+    assert wait_for(lambda: lock.exists() and '"pid": %d' % watcher.pid in lock.read_text())
+    first = json.loads(lock.read_text())["heartbeat_ts"]
+    assert wait_for(lambda: json.loads(lock.read_text())["heartbeat_ts"] > first, 5)
+    meta = json.loads(lock.read_text())
+    assert {"pid", "created_at", "host", "heartbeat_at"} <= set(meta)
+    watcher.terminate()
+    assert watcher.wait(10) == 0
