@@ -1606,6 +1606,7 @@ class Watcher:
         self.git_dir = None
         self.beads = None
         self.counts = {}
+        self.beat_lock = None  # serialises heartbeats with lock releases (fd reuse)
 
     # -- small helpers --
 
@@ -1644,15 +1645,18 @@ class Watcher:
         for line in handoff_init(self.root):  # idempotent: makes sure git ignores .ai-handoff/
             self.say(line)
         self.beads = Beads(self.root, self.config)
+        import threading
+        self.beat_lock = threading.Lock()
         previous = self.install_signals()
         beat = self.start_heartbeat(ttl)
         try:
             self.sweep()
             self.loop()
         finally:
-            beat.set()
+            with self.beat_lock:
+                beat.set()
+                self.worker.release()
             self.restore_signals(previous)
-            self.worker.release()
         if self.stopped_on_failure:
             return EXIT_FAILED
         return EXIT_OK
@@ -1690,13 +1694,16 @@ class Watcher:
 
         def beat():
             while not done.wait(interval):
-                try:
-                    self.worker.heartbeat()
-                    lock = self.task_lock
-                    if lock is not None:
-                        lock.heartbeat()
-                except (OSError, TypeError, AttributeError):
-                    pass  # released between the check and the write
+                with self.beat_lock:
+                    if done.is_set():
+                        return
+                    try:
+                        self.worker.heartbeat()
+                        lock = self.task_lock
+                        if lock is not None:
+                            lock.heartbeat()
+                    except OSError as exc:
+                        self.say("heartbeat failed: %s" % exc)
         threading.Thread(target=beat, name="bridge-heartbeat", daemon=True).start()
         return done
 
@@ -1738,6 +1745,14 @@ class Watcher:
 
     def sweep(self):
         """Recover tasks left in running/ by a watcher that died, before new work."""
+        for name in os.listdir(self.git_dir):  # throwaway indexes of a crashed watcher
+            if name.startswith("bridge-index."):
+                pid = name.split(".")[1]
+                if pid.isdigit() and holder_is_dead({"pid": int(pid), "host": os.uname().nodename}):
+                    try:
+                        os.unlink(os.path.join(self.git_dir, name))
+                    except OSError:
+                        pass
         running = self.handoff.dir("running")
         for name in list_task_files(running):
             task_id = name[:-5]
@@ -1865,7 +1880,8 @@ class Watcher:
         task_id = task["id"]
         existing = read_result(self.handoff, task_id)
         if os.path.exists(self.handoff.path("results", task_id + ".json")):
-            if existing is None or existing.get("attempt", 1) == task["attempt"]:
+            done_attempt = (existing or {}).get("attempt", 1)
+            if existing is None or not isinstance(done_attempt, int) or done_attempt >= task["attempt"]:
                 if task_id not in self.warned:
                     self.warned.add(task_id)
                     self.say("%s already has a result for attempt %s: skipped (idempotency); use "
@@ -1890,9 +1906,10 @@ class Watcher:
             os.rename(path, running)
             return self.execute(task, running)
         finally:
-            self.task_lock = None
+            with self.beat_lock:
+                self.task_lock = None
+                lock.release()
             self.child = None
-            lock.release()
             self.drop_lock_file(lock.path)
 
     def refuse(self, path, stem, exc):
@@ -2036,6 +2053,15 @@ class Watcher:
                               EXIT_FAILED)
         return self.git.head()
 
+    def note_in_task_lock(self, **fields):
+        """Record fields in the task lock's metadata (read by a later crash recovery)."""
+        with self.beat_lock:
+            lock = self.task_lock
+            if lock is not None:
+                lock.extra.update(fields)
+                lock.meta.update(fields)
+                lock.heartbeat()
+
     def progress(self, task_id, step):
         def tick(elapsed):
             self.say("%s: %s still running (%ds)" % (task_id, step, int(elapsed)))
@@ -2046,10 +2072,8 @@ class Watcher:
         def started(proc):
             self.child = proc
             if step == "agent" and self.task_lock is not None:
-                self.task_lock.extra["agent"] = {"pid": proc.pid,
-                                                 "start_ticks": _start_ticks(proc.pid)}
-                self.task_lock.meta["agent"] = self.task_lock.extra["agent"]
-                self.task_lock.heartbeat()
+                agent = {"pid": proc.pid, "start_ticks": _start_ticks(proc.pid)}
+                self.note_in_task_lock(agent=agent)
         try:
             return run_command(cmd, cwd=self.root, env=env, timeout=task["timeout_sec"],
                                shell=shell, on_tick=self.progress(task["id"], step),
@@ -2144,10 +2168,7 @@ class Watcher:
                 raise Stop("blocked", "branch_checkout_failed", "git checkout -b %s failed: %s" % (
                     branch, made.stderr.strip()[-300:]))
         git_state["branch"] = branch
-        if self.task_lock is not None:  # what crash recovery needs to park the work
-            self.task_lock.extra.update(branch=branch, base_branch=base_branch)
-            self.task_lock.meta.update(branch=branch, base_branch=base_branch)
-            self.task_lock.heartbeat()
+        self.note_in_task_lock(branch=branch, base_branch=base_branch)  # for crash recovery
         # 7. bead
         self.bead_create(task, result)
         # 8. the editing agent
