@@ -1978,34 +1978,40 @@ class Watcher:
         self.counts[result.get("exit_path")] = self.counts.get(result.get("exit_path"), 0) + 1
 
     def git_snapshot(self):
-        """HEAD, branch and porcelain status (excluding .ai-handoff/) in two git calls."""
-        state = {}
-        rev = self.git.run("rev-parse", "HEAD", "--symbolic-full-name", "HEAD", check=False)
-        lines = rev.stdout.split()
-        if rev.ok and len(lines) == 2:
-            state["head"] = lines[0]
-            state["current_branch"] = lines[1][11:] if lines[1].startswith("refs/heads/") else None
-        else:
-            state["head"] = None
-            state["current_branch"] = self.git.current_branch()
-        status = self.git.run("status", "--porcelain=v1", "-z", "--untracked-files=all",
+        """HEAD, branch and porcelain status (.ai-handoff/ excluded) in ONE git call.
+
+        `status --porcelain=v2 --branch` carries the HEAD commit and branch in its
+        header; entries are rendered back to the familiar v1 `XY path` lines.
+        """
+        result = self.git.run("status", "--porcelain=v2", "-z", "--branch", "--untracked-files=all",
                               "--", ".", *[":(exclude)%s" % p for p in self.exclude], check=False)
-        if status.ok:
-            entries = [field for field in status.stdout.split("\0") if field]
-            # porcelain -z: "XY path", renames followed by their origin as a bare field
-            lines, skip = [], False
-            for field in entries:
-                if skip:
-                    lines[-1] += " <- " + field
-                    skip = False
-                    continue
-                lines.append(field)
-                skip = field[:1] in "RC" and len(field) > 3
-            state["status"] = "".join(line + "\n" for line in lines)
-            state["dirty"] = bool(lines)
-        else:
-            state["status"] = "git status failed: %s" % status.stderr.strip()[-300:]
-            state["dirty"] = True  # fail closed
+        if not result.ok:
+            return {"head": self.git.head(), "current_branch": self.git.current_branch(),
+                    "status": "git status failed: %s" % result.stderr.strip()[-300:],
+                    "dirty": True}  # fail closed
+        state = {"head": None, "current_branch": None}
+        lines, fields, index = [], result.stdout.split("\0"), 0
+        while index < len(fields):
+            field = fields[index]
+            index += 1
+            if field.startswith("# branch.oid "):
+                oid = field[13:]
+                state["head"] = None if oid == "(initial)" else oid
+            elif field.startswith("# branch.head "):
+                name = field[14:]
+                state["current_branch"] = None if name == "(detached)" else name
+            elif field[:2] in ("1 ", "u "):
+                parts = field.split(" ", 8 if field[0] == "1" else 10)
+                lines.append("%s %s" % (parts[1].replace(".", " "), parts[-1]))
+            elif field[:2] == "2 ":
+                parts = field.split(" ", 9)
+                origin = fields[index] if index < len(fields) else ""
+                index += 1
+                lines.append("%s %s -> %s" % (parts[1].replace(".", " "), origin, parts[-1]))
+            elif field[:2] in ("? ", "! "):
+                lines.append("%s %s" % (field[0] * 2, field[2:]))
+        state["status"] = "".join(line + "\n" for line in lines)
+        state["dirty"] = bool(lines)
         return state
 
     def in_progress_operation(self):
