@@ -941,6 +941,23 @@ def run_command(cmd, cwd=None, env=None, timeout=None, shell=False, stdin_data=N
     timed_out = False
     deadline = None if timeout is None else started + timeout
     next_tick = started + tick_sec
+    # First wait on the output readers: Thread.join blocks on a lock, while
+    # Popen.wait(timeout) polls with sleeps, which costs milliseconds on every
+    # short command (git). The readers end when the child closes its pipes.
+    while any(reader.is_alive() for reader in readers) and proc.poll() is None:
+        now = time.monotonic()
+        if deadline is not None and now >= deadline:
+            break
+        if on_tick and now >= next_tick:
+            next_tick = now + tick_sec
+            on_tick(now - started)
+        wait = 0.5
+        if deadline is not None:
+            wait = min(wait, max(0.0, deadline - now))
+        for reader in readers:
+            if reader.is_alive():
+                reader.join(wait)
+                break
     while True:
         now = time.monotonic()
         wait = 0.5 if on_tick else 3600.0
