@@ -1447,6 +1447,13 @@ def cap_text(text, cap_bytes, task_id):
     return TRUNCATED_MARKER % task_id + "\n" + tail
 
 
+def dropped_note(result):
+    """Log note for output beyond run_command's in-memory cap (never silently lost)."""
+    if not result.dropped_bytes:
+        return ""
+    return " (%d more bytes of output were not kept: over the capture cap)" % result.dropped_bytes
+
+
 def result_history(handoff, task_id):
     """Archived results of earlier attempts/gates of a task, oldest first."""
     return [line.record for line in scan_jsonl(handoff.history_path(task_id)) if line.record]
@@ -1674,6 +1681,8 @@ class Watcher:
                 beat.set()
                 self.worker.release()
             self.restore_signals(previous)
+        if self.counts:
+            self.say("done: %s" % ", ".join("%s %d" % item for item in sorted(self.counts.items())))
         if self.stopped_on_failure:
             return EXIT_FAILED
         return EXIT_OK
@@ -2217,8 +2226,8 @@ class Watcher:
                    BRIDGE_ROOT=self.root)
         self.say("%s: running the editing agent (%s)" % (task_id, self.executor[0]))
         ran = self.run_child(argv, task, "agent", env=env)
-        self.log(task_id, "--- agent: %s\n--- stdout\n%s\n--- stderr\n%s\n--- agent %s\n" % (
-            " ".join(self.executor), ran.stdout, ran.stderr, ran.describe()))
+        self.log(task_id, "--- agent: %s\n--- stdout\n%s\n--- stderr\n%s\n--- agent %s%s\n" % (
+            " ".join(self.executor), ran.stdout, ran.stderr, ran.describe(), dropped_note(ran)))
         result["executor"] = {
             "argv": [self.redact(a)[:500] for a in self.executor],
             "exit_code": ran.exit_code, "timed_out": ran.timed_out, "signal": ran.signal,
@@ -2245,8 +2254,8 @@ class Watcher:
             self.say("%s: verify %d/%d: %s" % (task_id, index + 1, len(task["commands_to_run"]),
                                                 self.redact(command)[:200]))
             done = self.run_child(command, task, "verify %d" % (index + 1), shell=True)
-            self.log(task_id, "--- verify: %s\n--- stdout\n%s\n--- stderr\n%s\n--- %s\n" % (
-                command, done.stdout, done.stderr, done.describe()))
+            self.log(task_id, "--- verify: %s\n--- stdout\n%s\n--- stderr\n%s\n--- %s%s\n" % (
+                command, done.stdout, done.stderr, done.describe(), dropped_note(done)))
             result["commands"].append({
                 "cmd": command, "exit_code": done.exit_code, "timed_out": done.timed_out,
                 "duration_ms": int(done.duration * 1000),
