@@ -1843,27 +1843,32 @@ class Watcher:
             result = self.new_result(task)
             result["lock"] = {"recovered_from": meta, "why": why, "orphan_agent_killed": killed}
             git_state = result["git"]
-            git_state.update(self.git_snapshot())
-            base_branch = meta.get("base_branch")
-            branch = meta.get("branch")
-            git_state["branch"] = git_state.get("current_branch")
-            if branch and git_state.get("current_branch") == branch and branch != base_branch:
+            snap = self.git_snapshot()
+            base_branch, branch = meta.get("base_branch"), meta.get("branch")
+            git_state.update(base_branch=base_branch, branch=snap["current_branch"],
+                             head_commit=snap["head"], status_after_verify=snap["status"],
+                             dirty_after_verify=snap["dirty"])
+            parking = ""
+            if branch and snap["current_branch"] == branch and branch != base_branch:
                 # Park the interrupted work on its branch so the next task (or the
                 # retry) starts clean; nothing is reverted.
-                if git_state.get("dirty"):
-                    git_state["wip_commit"] = self.commit_all(
-                        "WIP(bridge): %s interrupted (stale_lock_recovered, attempt %s) - NOT verified"
-                        % (task_id, task["attempt"]))
-                if base_branch and self.config.get("return_to_base", True):
-                    back = self.git.run("checkout", "-q", base_branch, check=False)
-                    git_state["returned_to_base"] = back.ok
+                try:
+                    if snap["dirty"]:
+                        git_state["wip_commit"] = self.commit_all(
+                            "WIP(bridge): %s interrupted (stale_lock_recovered, attempt %s) - "
+                            "NOT verified" % (task_id, task["attempt"]))
+                    if base_branch and self.config.get("return_to_base", True):
+                        back = self.git.run("checkout", "-q", base_branch, check=False)
+                        git_state["returned_to_base"] = back.ok
+                except BridgeError as exc:
+                    parking = "; parking the interrupted work failed: %s" % exc.message
             retry = task["attempt"] < task["retry_policy"]["max_attempts"]
             detail = "task lock was stale (%s); %s" % (
                 why, "re-queued as attempt %d" % (task["attempt"] + 1) if retry
                 else "attempts exhausted (%d of %d); moved to failed/" % (
                     task["attempt"], task["retry_policy"]["max_attempts"]))
             result.update(status="failed", exit_path="failed", reason="stale_lock_recovered",
-                          detail=detail)
+                          detail=detail + parking)
             bead_id = bead_id_from_meta(self.handoff, task_id)
             if bead_id and self.beads.argv:
                 error = self.beads.block(bead_id, "stale lock recovered: " + why)
@@ -2346,6 +2351,17 @@ class Watcher:
         if result["status"] == "blocked":
             return
         git_state = result["git"]
+        if result.get("executor") is None and git_state.get("branch_created"):
+            # Failed before the agent ran (e.g. bead_failed): nothing to inspect, so
+            # leave no trace in git: back to base and the empty branch removed.
+            try:
+                self.return_to_base(result)
+                if git_state.get("returned_to_base"):
+                    self.git.run("branch", "-d", git_state["branch"], check=False)
+                    git_state["branch_created"] = False
+            except (BridgeError, Stop) as exc:
+                result["detail"] += "; and returning to base failed: %s" % exc
+            return
         if not self.continue_on_failure or git_state.get("branch") is None:
             return
         try:

@@ -501,6 +501,7 @@ def test_beads_failures_and_absence(git_repo, tmp_path):
     r = queue.result("f1")
     assert (r["status"], r["reason"]) == ("failed", "bead_failed") and "exclusive lock" in r["detail"]
     assert r["executor"] is None  # the agent never ran
+    assert branch(queue.repo) == "main" and "feat/ai/f1" not in git(queue.repo, "branch", "--list")
     queue.env = clean_env(BD_FIXTURE_STATE=tmp_path / "bd2.json", BD_FIXTURE_HANG="10")
     queue.put(queue.task("f2"))
     started = time.monotonic()
@@ -642,6 +643,8 @@ def test_kill_9_then_restart_recovers_with_a_result(queue, tmp_path):
     assert out.returncode == 0, out.stderr
     r = queue.result("crash")
     assert (r["status"], r["exit_path"], r["reason"]) == ("failed", "failed", "stale_lock_recovered")
+    assert SEED_RESULT_KEYS <= set(r) and SEED_GIT_KEYS <= set(r["git"])
+    assert r["git"]["wip_commit"] and r["git"]["returned_to_base"] is True
     assert "no longer runs" in r["detail"] and "moved to failed/" in r["detail"]
     assert r["lock"]["recovered_from"]["task_id"] == "crash"
     assert queue.names("running") == [] and queue.names("failed") == ["crash.json"]
