@@ -743,3 +743,24 @@ def test_worker_lock_heartbeat_is_refreshed(git_repo, tmp_path):
     assert {"pid", "created_at", "host", "heartbeat_at"} <= set(meta)
     watcher.terminate()
     assert watcher.wait(10) == 0
+
+
+def test_detached_head_runs_on_a_task_branch_and_returns(queue):
+    base = head(queue.repo)
+    git(queue.repo, "checkout", "-q", "--detach")
+    queue.put(queue.task("det"))
+    assert queue.watch().returncode == 0
+    r = queue.result("det")
+    assert r["status"] == "success" and r["git"]["branch"] == "feat/ai/det"
+    assert r["git"]["base_branch"] is None and r["git"]["returned_to_base"] is True
+    assert git(queue.repo, "symbolic-ref", "-q", "HEAD", check=False) == ""  # detached again
+    assert head(queue.repo) == base
+
+
+def test_make_demo_script_runs_and_prints_every_result():
+    out = subprocess.run(["bash", str(FIXTURES / "demo.sh")], capture_output=True, text=True,
+                         env=clean_env(), timeout=120, stdin=subprocess.DEVNULL)
+    assert out.returncode == 0, out.stderr[-2000:]
+    for expected in ("reason verified", "reason verify_failed", "reason requires_confirmation",
+                     "approved 2026-01-15_03_remove-readme", "demo done."):
+        assert expected in out.stdout, expected
