@@ -1099,7 +1099,9 @@ class Git:
             if os.path.exists(real_index):
                 shutil.copyfile(real_index, temp_index)  # keeps git's stat cache: fast add -A
             env = {"GIT_INDEX_FILE": temp_index}
-            self.run("add", "-A", *(self._pathspec(exclude) or ["--", "."]), env=env)
+            # Exclusions go on the diff only: an exclude pathspec naming an ignored
+            # path (e.g. .ai-handoff/ in info/exclude) makes `git add` exit 1.
+            self.run("add", "-A", "--", ".", env=env)
             return self.run("diff", "--cached", *diff_args, base or EMPTY_TREE,
                             *self._pathspec(exclude), env=env).stdout
         finally:
