@@ -1032,6 +1032,7 @@ class Git:
         self.root = os.fspath(root)
         self.timeout = timeout
         self.env = dict(os.environ, GIT_TERMINAL_PROMPT="0", GIT_OPTIONAL_LOCKS="0")
+        self._git_dir = None
 
     def run(self, *args, check=True, env=None, stdin_data=None, timeout=None):
         cmd = ["git", "-c", "core.hooksPath=/dev/null", *args]
@@ -1042,6 +1043,12 @@ class Git:
             raise BridgeError("git %s failed (%s): %s" % (
                 " ".join(args[:3]), result.describe(), result.stderr.strip()[-500:]), EXIT_FAILED)
         return result
+
+    def git_dir(self):
+        """The absolute .git directory (asked once per Git object)."""
+        if self._git_dir is None:
+            self._git_dir = self.run("rev-parse", "--absolute-git-dir").stdout.strip()
+        return self._git_dir
 
     def head(self):
         """The commit HEAD points at, or None on an unborn branch."""
@@ -1092,7 +1099,7 @@ class Git:
         BASE None means the empty tree (an unborn branch).
         """
         import shutil
-        git_dir = self.run("rev-parse", "--absolute-git-dir").stdout.strip()
+        git_dir = self.git_dir()
         temp_index = os.path.join(git_dir, "bridge-index.%d.%s" % (os.getpid(), random_hex()))
         real_index = os.path.join(git_dir, "index")
         try:
