@@ -1674,7 +1674,7 @@ class Watcher:
         if self.worker.recovered:
             self.say("took over the worker lock of %s (it no longer runs)" % describe_holder(
                 self.worker.recovered))
-        self.git_dir = self.git.run("rev-parse", "--absolute-git-dir").stdout.strip()
+        self.git_dir = self.git.git_dir()
         for line in handoff_init(self.root):  # idempotent: makes sure git ignores .ai-handoff/
             self.say(line)
         self.beads = Beads(self.root, self.config)
@@ -2061,25 +2061,8 @@ class Watcher:
         return None
 
     def audit(self, base):
-        """(patch, shortstat) from base to the work tree through a throwaway index."""
-        import shutil
-        temp_index = os.path.join(self.git_dir, "bridge-index.%d.%s" % (os.getpid(), random_hex()))
-        real_index = os.path.join(self.git_dir, "index")
-        spec = ["--", "."] + [":(exclude)%s" % p for p in self.exclude]
-        try:
-            if os.path.exists(real_index):
-                shutil.copyfile(real_index, temp_index)  # git's stat cache: a fast add -A
-            env = {"GIT_INDEX_FILE": temp_index}
-            # No pathspec for add: .ai-handoff/ is excluded through info/exclude
-            # (an exclude pathspec naming an ignored path makes `git add` exit 1).
-            self.git.run("add", "-A", env=env)
-            out = self.git.run("diff", "--cached", "--binary", "--shortstat", "-p",
-                               base or EMPTY_TREE, *spec, env=env).stdout
-        finally:
-            try:
-                os.unlink(temp_index)
-            except OSError:
-                pass
+        """(patch, shortstat) from base to the work tree: one temp-index diff (kernel)."""
+        out = self.git.worktree_diff(base, self.exclude, "--binary", "--shortstat", "-p")
         if not out:
             return "", ""
         stat, _, patch = out.partition("\n\n")
