@@ -637,7 +637,14 @@ CONFIG_DEFAULTS = {
     # ---- end watch ----
 
     # ---- seam (seed 001) ----
-    "seam": {},
+    "seam": {
+        # how the Stop-hook reason and the wake prompt tell an agent to run bridge.py
+        "command": "python3 scripts/bridge.py",
+        # `wake --host codex`: argv run per parked session ({session_id} replaced),
+        # the prompt on stdin; killed (with its process group) after the timeout
+        "wake_command": ["codex", "exec", "resume", "{session_id}", "-"],
+        "wake_timeout_sec": 1800,
+    },
     # ---- end seam ----
 
     # ---- relay (seed 002) ----
@@ -1187,7 +1194,1250 @@ def find_root(root=None):
 # =============================================================================
 # 3. SEAM - the _bridge/ verbs (seed 001)
 # =============================================================================
-# (built on the `seam` branch)
+#
+# The `_bridge/` directory is a file seam between agents (Claude Code, Codex, Pi)
+# and a captain's Bridge UI. The formats are those of Spacedock's Go verbs
+# (`spacedock bridge ...`, the [PR445] generation in reference/seam.md): a Bridge
+# reading what this writes, or writing what this reads, cannot tell the
+# difference - compact JSON in Go's key order with Go's escaping, one record per
+# line. Where the sources disagree, issue 6 decided:
+#
+#   1. A torn last line (no newline yet) is not counted and not delivered.
+#      Lines of any length are read; a malformed line consumes its number.
+#   2. drain appends an `acting` ack for what it returns, but only a terminal
+#      ack (any other status) counts as delivered for drain, check and wake:
+#      an agent that crashes between drain and its real ack gets the intent
+#      again (at-least-once).
+#   3. Every verb resolves one `_bridge/`: --repo-root if given, else the
+#      nearest enclosing git root of the payload's cwd or the working directory
+#      (a linked worktree is its own root).
+#   4. Slugs and ids match [A-Za-z0-9._-]+ and are never . or ..; session ids
+#      that reach an argv may not start with "-".
+#   5. Records are appended with one write(); whole-file state (cursor,
+#      heartbeat, markers) is replaced atomically.
+#
+# `egress emit` runs on every tool call of every agent, so it imports nothing
+# beyond fcntl and never goes through argparse: seam_main() is its entry point.
+
+SEAM_DIR = "_bridge"
+SEAM_VERBS = ("egress", "inbox", "initiate", "alert", "feed", "wake")
+EVENTS_MAX_LINES, EVENTS_KEEP_LINES = 2000, 1000
+INITIATE_MAX_LINES, INITIATE_KEEP_LINES = 2000, 1000
+
+# Intent kind -> the kind of the reply that acknowledges it (ackKindFor).
+ACK_KINDS = {"tell": "reply", "conn": "conn-ack", "decision": "decision-ack",
+             "permission-decision": "permission-ack"}
+
+# Pi's native lifecycle names -> the canonical (Claude) hook names.
+PI_EVENTS = {
+    "session_start": "SessionStart", "session_shutdown": "Stop", "turn_end": "Stop",
+    "agent_start": "SubagentStart", "agent_end": "SubagentStop",
+    "turn_start": "UserPromptSubmit", "tool_execution_start": "PostToolUse",
+    "tool_execution_end": "PostToolUse", "tool_call": "PostToolUse",
+    "tool_result": "PostToolUse",
+}
+
+# The session id each host exports to its tools, after the neutral SD_SESSION_ID.
+HOST_SESSION_ENV = {"claude": "CLAUDE_CODE_SESSION_ID", "codex": "CODEX_THREAD_ID"}
+
+ZERO_TIME = "0001-01-01T00:00:00Z"
+
+
+class SeamFailure(Exception):
+    """A seam verb cannot go on; the CLI prints `message` inside the verb's JSON
+    answer (`answer`, when the verb has already built one)."""
+
+    def __init__(self, message, answer=None):
+        super().__init__(message)
+        self.message = message
+        self.answer = answer
+
+
+# ---- Go-compatible encoding and time ------------------------------------------
+
+def go_json(obj):
+    """JSON as Go's encoding/json writes it: compact, raw UTF-8, but <, >, &,
+    U+2028 and U+2029 escaped, and lone surrogates replaced by U+FFFD."""
+    text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+    if "<" in text or ">" in text or "&" in text:
+        text = text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+    if "\u2028" in text or "\u2029" in text:
+        text = text.replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = "".join("\ufffd" if "\ud800" <= ch <= "\udfff" else ch for ch in text)
+    return text
+
+
+def go_line(obj):
+    """One JSONL record as bytes, newline included (what Go's json.Encoder emits)."""
+    return (go_json(obj) + "\n").encode("utf-8")
+
+
+_RFC3339 = None
+
+
+def parse_rfc3339(text):
+    """Parse an RFC 3339 time as Go's time.Parse(RFC3339) does, or return None.
+
+    Returns (unix_seconds, nanos_digits, offset_seconds, wall) where `wall` holds
+    the original date and clock fields, so the time can be rendered back with
+    its own offset (render_rfc3339_nano) or ordered (unix_seconds, nanos).
+    """
+    global _RFC3339
+    if not isinstance(text, str):
+        return None
+    if _RFC3339 is None:
+        _RFC3339 = re.compile(r"(\d{4})-(\d\d)-(\d\d)T(\d\d):(\d\d):(\d\d)(?:\.(\d{1,9}))?"
+                              r"(Z|([+-])(\d\d):(\d\d))\Z")
+    match = _RFC3339.match(text)
+    if not match:
+        return None
+    year, month, day, hour, minute, second = (int(match.group(i)) for i in range(1, 7))
+    if not (1 <= month <= 12 and 1 <= day <= _days_in_month(year, month)
+            and hour < 24 and minute < 60 and second < 60):
+        return None
+    offset = 0
+    if match.group(8) != "Z":
+        oh, om = int(match.group(10)), int(match.group(11))
+        if oh >= 24 or om >= 60:
+            return None
+        offset = (oh * 3600 + om * 60) * (1 if match.group(9) == "+" else -1)
+    days = _days_from_civil(year, month, day)
+    unix = days * 86400 + hour * 3600 + minute * 60 + second - offset
+    frac = (match.group(7) or "").ljust(9, "0")
+    return (unix, frac, offset, (year, month, day, hour, minute, second))
+
+
+def render_rfc3339_nano(parsed):
+    """Go's t.Format(time.RFC3339Nano) of a parse_rfc3339 result (None = zero time)."""
+    if parsed is None:
+        return ZERO_TIME
+    _, frac, offset, wall = parsed
+    text = "%04d-%02d-%02dT%02d:%02d:%02d" % wall
+    frac = frac.rstrip("0")
+    if frac:
+        text += "." + frac
+    if offset == 0:
+        return text + "Z"
+    sign = "+" if offset > 0 else "-"
+    offset = abs(offset)
+    return text + "%s%02d:%02d" % (sign, offset // 3600, offset % 3600 // 60)
+
+
+def _days_in_month(year, month):
+    if month == 2:
+        return 29 if year % 4 == 0 and (year % 100 != 0 or year % 400 == 0) else 28
+    return 30 if month in (4, 6, 9, 11) else 31
+
+
+def _days_from_civil(year, month, day):
+    """Days since 1970-01-01 of a proleptic Gregorian date (H. Hinnant's algorithm)."""
+    year -= month <= 2
+    era = (year if year >= 0 else year - 399) // 400
+    yoe = year - era * 400
+    doy = (153 * (month + (-3 if month > 2 else 9)) + 2) // 5 + day - 1
+    doe = yoe * 365 + yoe // 4 - yoe // 100 + doy
+    return era * 146097 + doe - 719468
+
+
+# ---- ids, roots and files -------------------------------------------------------
+
+def is_safe_id(text):
+    """The seam's id rule: [A-Za-z0-9._-]+, not . or .. (safe_name without raising)."""
+    return isinstance(text, str) and bool(_SAFE_NAME.match(text)) and text not in (".", "..")
+
+
+def is_safe_session_id(text):
+    """A session id that may become a `codex exec resume` argv word: safe, no leading -."""
+    return is_safe_id(text) and not text.startswith("-")
+
+
+def clean_slugs(values):
+    """Trimmed, safe, de-duplicated and sorted slugs (Go's cleanSlugs)."""
+    out = set()
+    for value in values or ():
+        if isinstance(value, str) and is_safe_id(value.strip()):
+            out.add(value.strip())
+    return sorted(out)
+
+
+def seam_root(repo_root=None, start=None):
+    """The root whose `_bridge/` a verb uses (decision 3)."""
+    if repo_root:
+        return os.path.abspath(repo_root)
+    start = os.path.abspath(start or os.getcwd())
+    return git_toplevel(start) or start
+
+
+def bridge_dir(root, create=False):
+    """ROOT/_bridge, refusing a `_bridge` that exists but is not a directory."""
+    path = os.path.join(root, SEAM_DIR)
+    if os.path.lexists(path) and not os.path.isdir(path):
+        raise SeamFailure("%s exists and is not a directory" % path)
+    if create:
+        try:
+            os.makedirs(path, exist_ok=True)
+        except OSError as exc:
+            raise SeamFailure("cannot create %s: %s" % (path, exc.strerror or exc))
+    return path
+
+
+def seam_append(path, data):
+    """Append `data` (bytes, whole lines) with one write(), safe against trimming.
+
+    Appenders hold a shared flock while they write and check they still hold the
+    file that is at `path`; a trim holds it exclusively while it reads and
+    renames. So no appended line is lost to a concurrent trim, and appenders
+    never wait for each other. A symlink at `path` is refused (ELOOP).
+    """
+    import fcntl
+    flags = (os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
+             | getattr(os, "O_NOFOLLOW", 0))
+    for _ in range(50):
+        try:
+            fd = os.open(path, flags, 0o644)
+        except FileNotFoundError:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            fd = os.open(path, flags, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH)
+            try:
+                current = os.lstat(path).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                current = False
+            if current:
+                _write_all(fd, data)
+                return
+        finally:
+            os.close(fd)
+    raise OSError("%s keeps being replaced while appending" % path)
+
+
+def seam_trim(path, max_lines, keep_lines, protect=None):
+    """Keep the last `keep_lines` complete lines of `path` once it has more than `max_lines`.
+
+    `protect(head_lines)` may return lines from before the kept tail that must
+    survive (open gate reviews); they are kept in order ahead of the tail. The
+    new file replaces the old one atomically under an exclusive flock (see
+    seam_append). Returns True when the file was trimmed.
+    """
+    import fcntl
+    keep_lines = min(keep_lines, max_lines)
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            if os.lstat(path).st_ino != os.fstat(fd).st_ino:
+                return False  # another process trimmed it first
+        except FileNotFoundError:
+            return False
+        chunks = []
+        while True:
+            block = os.read(fd, 1 << 20)
+            if not block:
+                break
+            chunks.append(block)
+        data = b"".join(chunks)
+        lines = data.split(b"\n")
+        partial = lines.pop()  # b"" when the file ends with a newline
+        if len(lines) <= max_lines:
+            return False
+        head, tail = lines[:len(lines) - keep_lines], lines[len(lines) - keep_lines:]
+        kept = (protect(head, tail) if protect else []) + tail
+        atomic_write(path, b"".join(line + b"\n" for line in kept) + partial, mode=0o644)
+        return True
+    finally:
+        os.close(fd)
+
+
+def write_state(path, obj):
+    """Replace a small state file (heartbeat, cursor) atomically with a Go-encoded line."""
+    atomic_write(path, go_line(obj), mode=0o644)
+
+
+def read_cursor(bdir, slug):
+    """The committed cursor of `slug`: a decimal count of processed inbox lines.
+
+    Missing, unreadable, negative or non-numeric means 0. When the slug has no
+    cursor file yet, the legacy shared `.inbox-cursor` is read instead (drain
+    and commit then adopt it into the slug's file).
+    """
+    if not is_safe_id(slug):
+        return 0
+    text = _read_small(os.path.join(bdir, ".inbox-cursor." + slug))
+    if text is None:
+        text = _read_small(os.path.join(bdir, ".inbox-cursor"))
+    if text and text.isascii() and text.isdigit():
+        return int(text)
+    return 0
+
+
+def adopt_cursor(bdir, slug):
+    """Copy the legacy `.inbox-cursor` into `.inbox-cursor.<slug>` if the latter is missing."""
+    target = os.path.join(bdir, ".inbox-cursor." + slug)
+    legacy = os.path.join(bdir, ".inbox-cursor")
+    if os.path.lexists(target) or not os.path.isfile(legacy):
+        return
+    try:
+        with open(legacy, "rb") as handle:
+            atomic_write(target, handle.read(4096), mode=0o644)
+    except OSError:
+        pass  # nothing adopted: the cursor reads the legacy file anyway
+
+
+def one_line_summary(text, limit):
+    """Go's oneLineSummary: trim, runs of whitespace/control become one space,
+    stop once the UTF-8 length reaches `limit` bytes, trim again."""
+    out, size, gap = [], 0, False
+    for ch in (text or "").strip():
+        code = ord(ch)
+        if ch.isspace() or code < 0x20 or 0x7f <= code <= 0x9f:
+            gap = True
+            continue
+        if gap and out:
+            out.append(" ")
+            size += 1
+        gap = False
+        if size >= limit:
+            break
+        out.append(ch)
+        size += len(ch.encode("utf-8", "replace"))
+        if size >= limit:
+            break
+    return "".join(out).strip()
+
+
+def _session_from_env(host, env=None):
+    env = os.environ if env is None else env
+    name = HOST_SESSION_ENV.get(host)
+    return env.get("SD_SESSION_ID") or (env.get(name, "") if name else "")
+
+
+def _seam_redactor(root):
+    """The kernel redactor with this root's redaction_patterns (never fails the verb)."""
+    try:
+        return get_redactor(load_config(root))
+    except BridgeError:
+        return get_redactor(None)
+
+
+# ---- egress: events.jsonl and session markers --------------------------------------
+
+def _payload_str(obj, key):
+    """A string field of a hook payload; a missing, null or wrong-typed one is ""."""
+    value = obj.get(key) if isinstance(obj, dict) else None
+    return value if isinstance(value, str) else ""
+
+
+def _actor_id(host, payload):
+    """actorIDFor: who the event is about, or "" when no safe id is available."""
+    explicit = _payload_str(payload, "actor_id")
+    if explicit:
+        return explicit if is_safe_id(explicit) else ""
+    session = _payload_str(payload, "session_id")
+    agent = _payload_str(payload, "agent_id")
+    if host == "claude":
+        return session if is_safe_id(session) else ""
+    if is_safe_id(session) and is_safe_id(agent):
+        return session + "." + agent
+    if is_safe_id(session):
+        return session
+    return agent if is_safe_id(agent) else ""
+
+
+def egress_emit(data, host_flag="", repo_root=None, debug=None):
+    """Record one hook payload (bytes) as an event; returns what was done, for debugging.
+
+    Observe-only: every reason not to write is returned as text, never raised,
+    except OSError from writing (the caller swallows it too).
+    """
+    try:
+        payload = json.loads(data.decode("utf-8", "replace"))
+    except ValueError as exc:
+        return "payload is not JSON: %s" % exc
+    if not isinstance(payload, dict):
+        return "payload is not a JSON object"
+    host = (host_flag or _payload_str(payload, "host")).strip().lower()
+    hook_event = _payload_str(payload, "hook_event_name")
+    event = _payload_str(payload, "event") or hook_event
+    if host == "pi":
+        event = PI_EVENTS.get(event.lower(), event)
+    cwd = _payload_str(payload, "cwd") or os.getcwd()
+    if not host or not event or not cwd:
+        return "nothing to record: host, event and cwd are required"
+    cwd = os.path.abspath(cwd)
+    if not os.path.isdir(cwd):
+        return "cwd %s is not a directory" % cwd
+    root = seam_root(repo_root, cwd)
+    bdir = bridge_dir(root)
+    detail = payload.get("detail") if isinstance(payload.get("detail"), dict) else {}
+    ts = _payload_str(payload, "timestamp") or _payload_str(payload, "ts") or utc_iso()
+    actor = _actor_id(host, payload)
+    record = {
+        "timestamp": ts, "ts": ts, "host": host, "event": event,
+        "session_id": _payload_str(payload, "session_id"),
+        "agent_id": _payload_str(payload, "agent_id"),
+        "agent_type": _payload_str(payload, "agent_type"),
+        "actor_id": actor,
+        "detail": {"tool": _payload_str(detail, "tool") or _payload_str(payload, "tool_name"),
+                   "source": _payload_str(detail, "source") or _payload_str(payload, "source")},
+    }
+    events = os.path.join(bdir, "events.jsonl")
+    seam_append(events, go_line(record))
+    try:
+        size = os.lstat(events).st_size
+    except OSError:
+        size = 0
+    if size > EVENTS_MAX_LINES:  # fewer bytes than lines is impossible: skip the count
+        if count_complete_lines(events) > EVENTS_MAX_LINES:
+            seam_trim(events, EVENTS_MAX_LINES, EVENTS_KEEP_LINES)
+    done = "event appended"
+    marker = _marker_for(host, hook_event, payload, detail, actor, cwd)
+    if marker:
+        done += "; " + write_marker(bdir, marker)
+    return done
+
+
+def _marker_for(host, hook_event, payload, detail, actor, cwd):
+    """The session marker this event calls for, or None (section 4 of the reference)."""
+    if not actor:
+        return None
+    agent_id = _payload_str(payload, "agent_id")
+    if not agent_id and "ensign" not in _payload_str(payload, "agent_type").lower():
+        return None  # only a child actor (an ensign) has an entity of its own
+    path = _payload_str(payload, "entity_path")
+    if not path and host == "claude" and hook_event == "PostToolUse" \
+            and _payload_str(payload, "tool_name") == "Read":
+        path = (_payload_str(payload.get("tool_input"), "file_path")
+                or _payload_str(payload, "file_path") or _payload_str(detail, "file_path"))
+    if not path:
+        return None
+    found = derive_entity(cwd, path)
+    if not found:
+        return None
+    workflow, entity = found
+    return {"host": host, "session_id": _payload_str(payload, "session_id"),
+            "agent_id": agent_id, "actor_id": actor, "entity": entity, "workflow": workflow}
+
+
+def write_marker(bdir, marker):
+    """Create sessions/<actor_id>.json unless it exists: the first write wins.
+
+    The content is written to a temporary file and hard-linked into place, so a
+    reader never sees a half-written marker and an existing one is never replaced.
+    """
+    sessions = os.path.join(bdir, "sessions")
+    if os.path.islink(sessions):
+        return "sessions/ is a symlink: no marker written"
+    os.makedirs(sessions, exist_ok=True)
+    final = os.path.join(sessions, marker["actor_id"] + ".json")
+    if os.path.lexists(final):
+        return "marker exists (first write wins)"
+    tmp = os.path.join(sessions, ".%s.%s.tmp" % (marker["actor_id"][:80], random_hex()))
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
+    try:
+        try:
+            _write_all(fd, go_line(marker))
+        finally:
+            os.close(fd)
+        os.link(tmp, final)
+        return "marker written"
+    except FileExistsError:
+        return "marker exists (first write wins)"
+    finally:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+
+
+def _entity_slug(rest):
+    """The entity slug of the path segments below a workflow's state root, or None."""
+    if rest and rest[0] == ".spacedock-state":
+        rest = rest[1:]
+    if len(rest) == 1 and rest[0].endswith(".md") and rest[0] != "README.md":
+        slug = rest[0][:-3]
+    elif len(rest) == 2 and rest[1] == "index.md":
+        slug = rest[0]
+    else:
+        return None
+    return slug if is_safe_id(slug) else None
+
+
+def _readme_state(path):
+    """The `state:` value of a README.md's YAML front matter, or None."""
+    try:
+        import stat
+        if not stat.S_ISREG(os.lstat(path).st_mode):
+            return None
+        with open(path, "rb") as handle:
+            text = handle.read(65536).decode("utf-8", "replace")
+    except OSError:
+        return None
+    lines = text.splitlines()
+    if not lines or lines[0].strip() != "---":
+        return None
+    for line in lines[1:]:
+        if line.strip() == "---":
+            return None
+        if line.startswith("state:"):
+            return line[6:].strip().strip("\"'")
+    return None
+
+
+def derive_entity(cwd, path):
+    """(workflow, entity) for an entity file path inside `cwd`, or None (DeriveEntity)."""
+    if not path.strip() or not cwd:
+        return None
+    clean = os.path.normpath(path)
+    if "_archive" in clean.split(os.sep):
+        return None
+    cwd = os.path.abspath(cwd)
+    full = os.path.abspath(clean if os.path.isabs(clean) else os.path.join(cwd, clean))
+    rel = os.path.relpath(full, cwd)
+    if rel in (".", "..") or rel.startswith(".." + os.sep):
+        return None
+    segs = rel.split(os.sep)
+    # (a) the legacy layout docs/spacedock/<workflow>/...
+    for i in range(len(segs) - 3):
+        if segs[i] == "docs" and segs[i + 1] == "spacedock":
+            slug = _entity_slug(segs[i + 3:])
+            if slug and is_safe_id(segs[i + 2]):
+                return segs[i + 2], slug
+            break
+    # (b) a README.md whose front matter names a split-root state directory
+    directory = os.path.dirname(full)
+    while True:
+        state = _readme_state(os.path.join(directory, "README.md"))
+        if state and state != "$inline" and not os.path.isabs(state):
+            state_root = os.path.normpath(os.path.join(directory, state))
+            inside = os.path.relpath(state_root, directory)
+            if inside != ".." and not inside.startswith(".." + os.sep):
+                below = os.path.relpath(full, state_root)
+                if below != ".." and not below.startswith(".." + os.sep):
+                    slug = _entity_slug(below.split(os.sep))
+                    workflow = os.path.basename(directory)
+                    if slug and is_safe_id(workflow):
+                        return workflow, slug
+        if directory == cwd or len(directory) <= len(cwd):
+            break
+        directory = os.path.dirname(directory)
+    # (c) a .spacedock-state directory below its workflow directory
+    for i, seg in enumerate(segs):
+        if seg == ".spacedock-state" and i >= 1:
+            slug = _entity_slug(segs[i + 1:])
+            if slug and is_safe_id(segs[i - 1]):
+                return segs[i - 1], slug
+            break
+    return None
+
+
+# ---- inbox: reading intent, routing, replies -----------------------------------------
+
+_INBOX_STRINGS = ("id", "kind", "text", "target", "entity", "field", "value", "verdict",
+                  "request_id")
+
+
+def parse_intent(obj):
+    """An inbox record as Go decodes it, or None when Go would reject the line.
+
+    A field of the wrong type, or a `ts` that is present but not RFC 3339, drops
+    the record (its line still counts). Returns a dict with the fields, the raw
+    `ts` string and the parsed time under "_ts".
+    """
+    if not isinstance(obj, dict):
+        return None
+    rec = {}
+    for key in _INBOX_STRINGS:
+        value = obj.get(key)
+        if value is not None and not isinstance(value, str):
+            return None
+        rec[key] = value or ""
+    raw_ts = obj.get("ts")
+    if raw_ts is None:
+        rec["ts"], rec["_ts"] = "", None
+    else:
+        parsed = parse_rfc3339(raw_ts)
+        if parsed is None:
+            return None
+        rec["ts"], rec["_ts"] = raw_ts, parsed
+    granted = obj.get("granted")
+    if granted is not None and not isinstance(granted, bool):
+        return None
+    rec["granted"] = granted
+    for key in ("target_set", "directives"):
+        value = obj.get(key)
+        if value is not None and not (isinstance(value, list)
+                                      and all(isinstance(v, str) for v in value)):
+            return None
+        rec[key] = value or []
+    return rec
+
+
+def discover_slugs(bdir):
+    """Workflow slugs that have a heartbeat file fo.<slug>.json."""
+    try:
+        names = os.listdir(bdir)
+    except OSError:
+        return []
+    return clean_slugs(name[3:-5] for name in names
+                       if name.startswith("fo.") and name.endswith(".json"))
+
+
+def intent_targets(rec, members, bdir):
+    """targetsFor: the slugs an intent is addressed to."""
+    if rec["target_set"]:
+        return clean_slugs(rec["target_set"])
+    target = rec["target"].strip()
+    if target in ("", "all"):
+        return clean_slugs(members) if members else discover_slugs(bdir)
+    return clean_slugs([target])
+
+
+def reply_key(line, id_or_ts, kind, target):
+    return "%d\0%s\0%s\0%s" % (line, id_or_ts, kind, target)
+
+
+def intent_key(line, rec, target):
+    return reply_key(line, rec["id"] or render_rfc3339_nano(rec["_ts"]), rec["kind"], target)
+
+
+def load_reply_keys(bdir, lines):
+    """(terminal, acting): replyKey sets of the acks in fo-replies.jsonl for inbox `lines`.
+
+    Only lines that mention one of the wanted `in_reply_to_line` numbers are
+    parsed, found with one regex over the file's bytes, so a long reply history
+    costs a memory scan, not 100,000 json.loads calls. A reply counts only if it
+    is well formed as loadReplies requires (schema 1, safe target, line > 0,
+    intent kind); status `acting` goes to the second set (decision 2).
+    """
+    terminal, acting = set(), set()
+    if not lines:
+        return terminal, acting
+    try:
+        with open(os.path.join(bdir, "fo-replies.jsonl"), "rb") as handle:
+            data = handle.read()
+    except OSError:
+        return terminal, acting
+    numbers = b"|".join(str(n).encode() for n in sorted(set(lines), reverse=True))
+    pattern = re.compile(rb'"in_reply_to_line"[ \t\r\n]*:[ \t\r\n]*(?:' + numbers + rb")(?![0-9.eE])")
+    starts = set()
+    for match in pattern.finditer(data):
+        start = data.rfind(b"\n", 0, match.start()) + 1
+        if start in starts:
+            continue
+        starts.add(start)
+        end = data.find(b"\n", match.end())
+        if end < 0:
+            break  # a torn last line is not there yet
+        try:
+            reply = json.loads(data[start:end])
+        except ValueError:
+            continue
+        key = _reply_record_key(reply)
+        if key is not None:
+            (acting if reply.get("status") == "acting" else terminal).add(key)
+    return terminal, acting
+
+
+def _reply_record_key(reply):
+    """The replyKey of one fo-replies record, or None when loadReplies would skip it."""
+    if not isinstance(reply, dict):
+        return None
+    schema, line = reply.get("schema"), reply.get("in_reply_to_line")
+    if type(schema) is not int or schema != 1 or type(line) is not int or line <= 0:
+        return None
+    target, kind = reply.get("target"), reply.get("intent_kind")
+    rid, rts, status = reply.get("in_reply_to_id"), reply.get("in_reply_to_ts"), reply.get("status")
+    if not isinstance(target, str) or not is_safe_id(target.strip()) or target.strip() != target:
+        return None
+    if not isinstance(kind, str) or not kind:
+        return None
+    if (rid is not None and not isinstance(rid, str)) or (status is not None and not isinstance(status, str)):
+        return None
+    parsed = None
+    if rts is not None:
+        parsed = parse_rfc3339(rts)
+        if parsed is None:
+            return None
+    return reply_key(line, rid or render_rfc3339_nano(parsed), kind, target)
+
+
+def pending_intents(bdir, slugs, members=None):
+    """Undelivered intent per slug: {slug: [(line, rec)]}, plus the inbox's line count.
+
+    A record is pending for a slug when its line is past the slug's cursor, it
+    is addressed to the slug (`members` None means each slug alone), and no
+    terminal ack answers it. Only the lines past the lowest cursor are parsed.
+    Returns (pending, high_water, acting_keys).
+    """
+    inbox = os.path.join(bdir, "inbox.jsonl")
+    cursors = {slug: read_cursor(bdir, slug) for slug in slugs}
+    start = min(cursors.values()) if cursors else 0
+    candidates = {slug: [] for slug in slugs}
+    high_water = None
+    for item in scan_jsonl(inbox, start):
+        high_water = item.number
+        rec = parse_intent(item.record) if item.record is not None else None
+        if rec is None:
+            continue
+        for slug in slugs:
+            if item.number <= cursors[slug]:
+                continue
+            if slug in intent_targets(rec, [slug] if members is None else members, bdir):
+                candidates[slug].append((item.number, rec))
+    if high_water is None:
+        high_water = count_complete_lines(inbox)
+    lines = {line for found in candidates.values() for line, _ in found}
+    terminal, acting = load_reply_keys(bdir, lines)
+    pending = {slug: [(line, rec) for line, rec in found
+                      if intent_key(line, rec, slug) not in terminal]
+               for slug, found in candidates.items()}
+    return pending, high_water, cursors, acting
+
+
+def reply_record(kind, target, line, intent_kind, status, rid="", rts="", extra=()):
+    """An fo-replies.jsonl record in Go's key order; empty optional fields are omitted."""
+    rec = {"schema": 1, "ts": utc_iso(), "kind": kind, "target": target}
+    if rid:
+        rec["in_reply_to_id"] = rid
+    rec["in_reply_to_line"] = line
+    if rts:
+        rec["in_reply_to_ts"] = rts
+    rec["intent_kind"] = intent_kind
+    rec["status"] = status
+    for key, value in extra:
+        if value not in ("", None):
+            rec[key] = value
+    return rec
+
+
+# ---- inbox verbs ---------------------------------------------------------------
+
+def inbox_drain(root, slug, host="", session_id=None, members=None):
+    """Return the intent pending for `slug` (peek: the cursor does not move).
+
+    Stamps the heartbeat fo.<slug>.json first (the roster sees the FO alive even
+    with an empty inbox) and appends one `acting` ack per returned record that
+    has none yet.
+    """
+    out = {"status": "ok", "slug": slug}
+    if host:
+        out["host"] = host
+    out.update(cursor=0, high_water=0, count=0, heartbeat=False, records=[])
+    if not is_safe_id(slug):
+        out.update(status="failed", records=None, error="invalid or missing --slug")
+        return out
+    if session_id is None:
+        session_id = _session_from_env(host)
+    if session_id and not is_safe_session_id(session_id):
+        out.update(status="failed", error="invalid session id %r" % session_id)
+        return out
+    bdir = bridge_dir(root, create=True)
+    beat = {"session_id": session_id}
+    if host:
+        beat["host"] = host
+    beat.update(ts=utc_iso(), state="idle")
+    try:
+        write_state(os.path.join(bdir, "fo.%s.json" % slug), beat)
+        out["heartbeat"] = True
+    except OSError as exc:
+        out["error"] = "heartbeat not written: %s" % (exc.strerror or exc)
+    if not os.path.exists(os.path.join(bdir, "inbox.jsonl")):
+        out["status"] = "no-inbox"
+        return out
+    adopt_cursor(bdir, slug)
+    pending, high_water, cursors, acting = pending_intents(
+        bdir, [slug], members if members else [slug])
+    out.update(cursor=cursors[slug], high_water=high_water)
+    acks = []
+    for line, rec in pending[slug]:
+        item = {"line": line, "id": rec["id"], "ts": rec["ts"], "kind": rec["kind"]}
+        for key in ("text", "granted", "target", "target_set", "entity", "field", "value",
+                    "verdict", "directives", "request_id"):
+            if rec[key] not in ("", None, []):
+                item[key] = rec[key]
+        out["records"].append(item)
+        ack_kind = ACK_KINDS.get(rec["kind"])
+        if ack_kind and intent_key(line, rec, slug) not in acting:
+            acks.append(reply_record(ack_kind, slug, line, rec["kind"], "acting", rec["id"],
+                                     rec["ts"], (("request_id", rec["request_id"]),
+                                                 ("session_id", session_id), ("host", host))))
+    out["count"] = len(out["records"])
+    if acks:
+        try:
+            seam_append(os.path.join(bdir, "fo-replies.jsonl"),
+                        b"".join(go_line(ack) for ack in acks))
+        except OSError as exc:
+            out["error"] = "acting acks not written: %s" % (exc.strerror or exc)
+    return out
+
+
+def inbox_ack(root, opts):
+    """Append one reply to fo-replies.jsonl for an intent, after checking it exists.
+
+    Loud guard: the ack must name the inbox line, its kind and a correlator
+    (--id or --ts), and they must match what is on that line; otherwise
+    nothing is written and the error says which part disagrees.
+    """
+    slug, host = opts.get("slug", ""), opts.get("host", "").strip().lower()
+    if not is_safe_id(slug):
+        raise SeamFailure("invalid or missing --slug")
+    line_text = opts.get("line", "")
+    if not (line_text.isascii() and line_text.isdigit() and int(line_text) > 0):
+        raise SeamFailure("--line must be a positive integer, got %r" % line_text)
+    line = int(line_text)
+    kind = opts.get("kind", "")
+    if kind not in ACK_KINDS:
+        raise SeamFailure("unknown --kind (want tell|conn|decision|permission-decision)")
+    status = opts.get("status", "").strip()
+    if not status:
+        raise SeamFailure("--status is required")
+    rid, rts = opts.get("id", ""), opts.get("ts", "")
+    if not rid and not rts:
+        raise SeamFailure("ack has no correlator: pass --id (from the drained record) or --ts")
+    if rid and not is_safe_id(rid):
+        raise SeamFailure("--id %r must match [A-Za-z0-9._-]+" % rid)
+    if rts and parse_rfc3339(rts) is None:
+        raise SeamFailure("--ts %r is not an RFC 3339 time" % rts)
+    session_id = opts["session-id"] if "session-id" in opts else _session_from_env(host)
+    if session_id and not is_safe_session_id(session_id):
+        raise SeamFailure("invalid session id %r" % session_id)
+    bdir = bridge_dir(root)
+    rec = None
+    for item in scan_jsonl(os.path.join(bdir, "inbox.jsonl"), line - 1):
+        rec = parse_intent(item.record) if item.record is not None else False
+        break
+    if rec is None:
+        raise SeamFailure("inbox line %d does not exist (%s has %d complete lines)" % (
+            line, os.path.join(SEAM_DIR, "inbox.jsonl"),
+            count_complete_lines(os.path.join(bdir, "inbox.jsonl"))))
+    if rec is False:
+        raise SeamFailure("inbox line %d is not a valid intent record" % line)
+    if rid and rec["id"] != rid:
+        raise SeamFailure("--id %s does not match inbox line %d (id %r)" % (rid, line, rec["id"]))
+    if rts and render_rfc3339_nano(parse_rfc3339(rts)) != render_rfc3339_nano(rec["_ts"]):
+        raise SeamFailure("--ts %s does not match inbox line %d (ts %r)" % (rts, line, rec["ts"]))
+    if rec["kind"] != kind:
+        raise SeamFailure("--kind %s does not match inbox line %d (kind %r)" % (kind, line, rec["kind"]))
+    text = opts.get("text", "")
+    if text:
+        text = _seam_redactor(root).redact(text.replace("\r", " ").replace("\n", " ").strip())
+    granted = opts.get("granted")
+    reply = reply_record(ACK_KINDS[kind], slug, line, kind, status, rid, rts, (
+        ("text", text), ("granted", granted), ("entity", opts.get("entity", "")),
+        ("field", opts.get("field", "")), ("value", opts.get("value", "")),
+        ("verdict", opts.get("verdict", "")), ("request_id", opts.get("request-id", "")),
+        ("session_id", session_id), ("host", host)))
+    try:
+        seam_append(os.path.join(bdir, "fo-replies.jsonl"), go_line(reply))
+    except OSError as exc:
+        raise SeamFailure("cannot append to fo-replies.jsonl: %s" % (exc.strerror or exc))
+    return {"appended": True, "kind": reply["kind"], "target": slug, "line": line}
+
+
+def inbox_commit(root, slug, cursor_text):
+    """Advance `slug`'s cursor to N, never backwards and never past the inbox's end."""
+    if not is_safe_id(slug):
+        raise SeamFailure("invalid or missing --slug")
+    if not (cursor_text.isascii() and cursor_text.isdigit()):
+        raise SeamFailure("negative --cursor" if cursor_text.startswith("-") or not cursor_text
+                          else "--cursor must be a line count, got %r" % cursor_text)
+    wanted = int(cursor_text)
+    bdir = bridge_dir(root, create=True)
+    lock = acquire_flock(os.path.join(bdir, ".inbox-cursor.%s.lock" % slug), timeout=10.0)
+    if lock is None:
+        raise SeamFailure("another commit for %s holds its cursor lock" % slug)
+    try:
+        adopt_cursor(bdir, slug)
+        current = read_cursor(bdir, slug)
+        lines = count_complete_lines(os.path.join(bdir, "inbox.jsonl"))
+        if wanted > lines:
+            raise SeamFailure("--cursor %d is past the inbox's %d complete lines (an over-advanced "
+                              "cursor loses intent)" % (wanted, lines))
+        new = max(wanted, current)
+        if new != current or not os.path.exists(os.path.join(bdir, ".inbox-cursor." + slug)):
+            atomic_write(os.path.join(bdir, ".inbox-cursor." + slug), "%d\n" % new, mode=0o644)
+        return {"cursor": new}
+    finally:
+        release_flock(lock)
+
+
+def _seam_command(root):
+    """How instructions name bridge.py (config `seam.command`)."""
+    try:
+        return config_get(load_config(root), "seam.command") or "python3 scripts/bridge.py"
+    except BridgeError:
+        return "python3 scripts/bridge.py"
+
+
+def inbox_check(data, host="", repo_root=None, slug=None, session_id=None):
+    """The Claude Stop hook: {"decision":"block",...} when intent is queued for this
+    session's workflows, else {}. Never raises, never blocks twice in a row."""
+    try:
+        payload = json.loads(data.decode("utf-8", "replace")) if data.strip() else {}
+    except ValueError:
+        payload = {}
+    if not isinstance(payload, dict):
+        payload = {}
+    if payload.get("stop_hook_active") is True:
+        return {}
+    host = (host or "claude").strip().lower()
+    root = seam_root(repo_root, _payload_str(payload, "cwd") or None)
+    bdir = os.path.join(root, SEAM_DIR)
+    if not os.path.isfile(os.path.join(bdir, "inbox.jsonl")):
+        return {}
+    session_id = session_id or _payload_str(payload, "session_id")
+    if slug is not None:
+        slugs = [slug] if is_safe_id(slug) else []
+    elif is_safe_id(session_id):
+        slugs = [s for s in discover_slugs(bdir) if _heartbeat_session(bdir, s) == session_id]
+        marker_slug = _marker_workflow(bdir, session_id)
+        if marker_slug and marker_slug not in slugs:
+            slugs.append(marker_slug)
+    else:
+        slugs = []
+    if not slugs:
+        return {}
+    pending, _, _, _ = pending_intents(bdir, slugs)
+    counts = [(s, len(pending[s])) for s in slugs if pending[s]]
+    total = sum(n for _, n in counts)
+    if not total:
+        return {}
+    command = _seam_command(root)
+    names = ", ".join(s for s, _ in counts)
+    reason = ("Bridge has %d queued captain-intent record%s in _bridge/inbox.jsonl for "
+              "workflow(s): %s. Before stopping, drain them: run `%s inbox drain --host %s "
+              "--slug %s` (repeat per slug), act on each record, ack each with `%s inbox ack "
+              "...`, then advance the cursor with `%s inbox commit ...`." % (
+                  total, "" if total == 1 else "s", names, command, host, counts[0][0],
+                  command, command))
+    return {"decision": "block", "reason": reason}
+
+
+def _heartbeat(bdir, slug):
+    """The parsed fo.<slug>.json heartbeat, or None (a malformed ts fails it whole)."""
+    try:
+        with open(os.path.join(bdir, "fo.%s.json" % slug), "rb") as handle:
+            beat = json.loads(handle.read(1 << 20))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(beat, dict):
+        return None
+    if beat.get("ts") is not None and parse_rfc3339(beat.get("ts")) is None:
+        return None
+    return beat
+
+
+def _heartbeat_session(bdir, slug):
+    beat = _heartbeat(bdir, slug)
+    value = beat.get("session_id") if beat else None
+    return value.strip() if isinstance(value, str) else ""
+
+
+def _markers(bdir):
+    """[(mtime, path, marker dict)] of sessions/*.json, in name order."""
+    sessions = os.path.join(bdir, "sessions")
+    out = []
+    try:
+        names = sorted(os.listdir(sessions))
+    except OSError:
+        return out
+    for name in names:
+        if not name.endswith(".json") or name.startswith("."):
+            continue
+        path = os.path.join(sessions, name)
+        try:
+            with open(path, "rb") as handle:
+                marker = json.loads(handle.read(65536))
+            mtime = os.stat(path).st_mtime
+        except (OSError, ValueError):
+            continue
+        if isinstance(marker, dict):
+            out.append((mtime, path, marker))
+    return out
+
+
+def _marker_workflow(bdir, session_id):
+    for _, _, marker in _markers(bdir):
+        if marker.get("session_id") == session_id and is_safe_id(marker.get("workflow")):
+            return marker["workflow"]
+    return None
+
+
+# ---- FO -> Bridge: initiate, alert, feed -----------------------------------------------
+
+INITIATE_KINDS = ("status", "reco", "gate-review")
+FEED_VERBS = ("dispatch", "advance", "complete")
+
+
+def initiate(root, opts):
+    """Append a status / reco / gate-review card to fo-initiate.jsonl (folded by id)."""
+    rid, kind = opts.get("id", "").strip(), opts.get("kind", "").strip()
+    redactor = _seam_redactor(root)
+    headline = one_line_summary(redactor.redact(opts.get("headline", "")), 240)
+    body = one_line_summary(redactor.redact(opts.get("body", "")), 2000)
+    request_id = opts.get("request-id", "").strip()
+    if kind == "gate-review" and not request_id:
+        request_id = rid
+    out = {"id": rid, "request_id": request_id, "queued": False}
+    if not rid:
+        raise SeamFailure("initiation: id is required", out)
+    if not is_safe_id(rid):
+        raise SeamFailure("initiation: id %r must match [A-Za-z0-9._-]+" % rid, out)
+    if kind not in INITIATE_KINDS:
+        raise SeamFailure("initiation: kind must be one of status|reco|gate-review", out)
+    if not headline:
+        raise SeamFailure("initiation: headline is required", out)
+    rec = {"schema": 1, "id": rid, "ts": utc_iso(), "kind": kind}
+    for key, flag in (("workflow", "workflow"), ("entity", "entity"), ("ship_id", "ship-id"),
+                      ("host", "host"), ("session_id", "session-id")):
+        value = opts.get(flag, "").strip()
+        if value:
+            rec[key] = value.lower() if key == "host" else value
+    rec["headline"] = headline
+    if body:
+        rec["body"] = body
+    if request_id:
+        rec["request_id"] = request_id
+    rec["status"] = "open"
+    path = os.path.join(bridge_dir(root, create=True), "fo-initiate.jsonl")
+    try:
+        seam_append(path, go_line(rec))
+        if count_complete_lines(path) > INITIATE_MAX_LINES:
+            seam_trim(path, INITIATE_MAX_LINES, INITIATE_KEEP_LINES,
+                      lambda head, tail: _open_gates(os.path.dirname(path), head, tail))
+    except OSError as exc:
+        raise SeamFailure("initiation: cannot write %s: %s" % (path, exc.strerror or exc), out)
+    out["queued"] = True
+    return out
+
+
+def _open_gates(bdir, head, tail):
+    """Lines of `head` to keep through a trim: each undecided open gate's latest line."""
+    def ident(raw):
+        try:
+            rec = json.loads(raw)
+        except ValueError:
+            return None, None
+        return (rec.get("id") if isinstance(rec, dict) and isinstance(rec.get("id"), str)
+                else None), rec
+    in_tail = {ident(raw)[0] for raw in tail}
+    latest = {}
+    for index, raw in enumerate(head):
+        rid, rec = ident(raw)
+        if rid and rid not in in_tail:
+            latest[rid] = (index, rec)
+    decided = _decided_requests(bdir)
+    keep = []
+    for rid, (index, rec) in latest.items():
+        if rec.get("kind") == "gate-review" and rec.get("status") == "open" and \
+                (rec.get("request_id") or rid) not in decided:
+            keep.append(index)
+    return [head[i] for i in sorted(keep)]
+
+
+def _decided_requests(bdir):
+    """request_ids the captain has decided (inbox `decision` lines), for gate eviction."""
+    decided = set()
+    for item in scan_jsonl(os.path.join(bdir, "inbox.jsonl")):
+        if b'"decision"' not in item.raw:
+            continue
+        rec = item.record
+        if isinstance(rec, dict) and rec.get("kind") == "decision" and isinstance(rec.get("request_id"), str):
+            decided.add(rec["request_id"])
+    return decided
+
+
+def alert_permission(root, opts):
+    """Append a non-blocking permission interrupt to fo-alerts.jsonl."""
+    rid = opts.get("id", "").strip() or "perm_" + random_hex(16)
+    out = {"id": rid, "request_id": rid, "queued": False}
+    if not is_safe_id(rid):
+        raise SeamFailure("permission alert: id %r must match [A-Za-z0-9._-]+" % rid, out)
+    redactor = _seam_redactor(root)
+    reason = one_line_summary(redactor.redact(opts.get("reason", "")), 240)
+    if not reason:
+        raise SeamFailure("permission alert: reason is required", out)
+    rec = {"schema": 1, "id": rid, "ts": utc_iso(), "kind": "permission-request",
+           "severity": "blocked"}
+    for key in ("workflow", "entity", "host", "session_id"):
+        value = opts.get(key.replace("_", "-"), "").strip()
+        if value:
+            rec[key] = value.lower() if key == "host" else value
+    rec["reason"] = reason
+    command = one_line_summary(redactor.redact(opts.get("command", "")), 500)
+    if command:
+        rec["command"] = command
+    rule = [part.strip() for part in opts.get("prefix-rule", "").split(",") if part.strip()]
+    if rule:
+        rec["prefix_rule"] = rule
+    rec["status"] = "open"
+    try:
+        seam_append(os.path.join(bridge_dir(root, create=True), "fo-alerts.jsonl"), go_line(rec))
+    except (OSError, SeamFailure) as exc:
+        raise SeamFailure("permission alert: cannot write: %s" % (
+            getattr(exc, "strerror", None) or exc), out)
+    out["queued"] = True
+    return out
+
+
+def feed(root, opts):
+    """Append one line of ambient narration to fo-feed.jsonl (the shape Bridge reads)."""
+    verb = opts.get("verb", "").strip()
+    if verb not in FEED_VERBS:
+        raise SeamFailure("feed: --verb must be one of dispatch|advance|complete")
+    text = one_line_summary(_seam_redactor(root).redact(opts.get("text", "")), 120)
+    if not text:
+        raise SeamFailure("feed: --text is required")
+    rec = {"ts": utc_iso(), "verb": verb}
+    for key in ("entity", "workflow", "stage"):
+        value = opts.get(key, "").strip()
+        if value and not is_safe_id(value):
+            raise SeamFailure("feed: --%s %r must match [A-Za-z0-9._-]+" % (key, value))
+        rec[key] = value
+    rec["text"] = text
+    try:
+        seam_append(os.path.join(bridge_dir(root, create=True), "fo-feed.jsonl"), go_line(rec))
+    except OSError as exc:
+        raise SeamFailure("feed: cannot write fo-feed.jsonl: %s" % (exc.strerror or exc))
+    return {"appended": True, "verb": verb}
+
+
+# ---- wake: resume parked Codex sessions --------------------------------------------
+
+def wake_codex(root, members=None, codex_bin=None):
+    """Resume each parked Codex FO session that has undelivered intent.
+
+    Holds the exclusive wake lock for the whole pass (a crashed holder's flock
+    is released by the kernel, so a stale lock reclaims itself), runs the wake
+    command per session and waits for it with a timeout, so one session is never
+    resumed twice at once. Never moves a cursor: delivery is the FO's drain + ack.
+    """
+    config = load_config(root)
+    bdir = bridge_dir(root)
+    if not os.path.isfile(os.path.join(bdir, "inbox.jsonl")):
+        return {"status": "noop", "message": "no pending inbox records"}
+    lock = FileLock(os.path.join(bdir, ".wake-lock.codex"),
+                    ttl_sec=float(config_get(config, "seam.wake_timeout_sec", 1800)) + 300,
+                    meta={"purpose": "bridge.py wake --host codex"})
+    if not lock.acquire():
+        return {"status": "locked", "message": "another bridge ingress wake is running"}
+    try:
+        return _wake_pass(root, bdir, config, members, codex_bin)
+    finally:
+        lock.release()
+
+
+def _wake_pass(root, bdir, config, members, codex_bin):
+    targets = clean_slugs(members) if members else discover_slugs(bdir)
+    inbox = os.path.join(bdir, "inbox.jsonl")
+    cursors = {slug: read_cursor(bdir, slug) for slug in targets}
+    found = {}  # slug -> [(line, rec)]
+    for item in scan_jsonl(inbox, min(cursors.values()) if cursors else 0):
+        rec = parse_intent(item.record) if item.record is not None else None
+        if rec is None:
+            continue
+        for slug in intent_targets(rec, members or [], bdir):
+            if item.number > cursors.get(slug, read_cursor(bdir, slug)):
+                found.setdefault(slug, []).append((item.number, rec))
+    terminal, _ = load_reply_keys(bdir, {line for items in found.values() for line, _ in items})
+    pending = {}
+    for slug, items in found.items():
+        lines = [line for line, rec in items if intent_key(line, rec, slug) not in terminal]
+        if lines:
+            pending[slug] = lines
+    if not pending:
+        return {"status": "noop", "message": "no pending inbox records"}
+    all_lines = sorted({line for lines in pending.values() for line in lines})
+    groups = {}  # session id -> slugs
+    for slug in sorted(pending):
+        session = _resumable_session(bdir, slug)
+        if session:
+            groups.setdefault(session, []).append(slug)
+    if not groups:
+        _wake_event(bdir, "skipped-no-session", all_lines, sorted(pending), "",
+                    message="no resumable Codex session id")
+        return {"status": "skipped-no-session", "lines": all_lines, "targets": sorted(pending),
+                "message": "no resumable Codex session id"}
+    template = config_get(config, "seam.wake_command") or ["codex", "exec", "resume", "{session_id}", "-"]
+    timeout = float(config_get(config, "seam.wake_timeout_sec", 1800))
+    command = _seam_command(root)
+    woke, failures = 0, []
+    for session, slugs in groups.items():
+        lines = sorted({line for slug in slugs for line in pending[slug]})
+        argv = [part.replace("{session_id}", session) for part in template]
+        if codex_bin:
+            argv[0] = codex_bin
+        prompt = ("Bridge has queued captain intent for this Codex session.\n"
+                  "Pending physical inbox lines for this session: %s\n"
+                  "Addressed workflow slugs: %s\n"
+                  "Inbox: %s\n"
+                  "For each slug run `%s inbox drain --host codex --slug SLUG`, act on each "
+                  "record, ack it with `%s inbox ack ...`, then `%s inbox commit ...`.\n" % (
+                      ",".join(map(str, lines)), ",".join(slugs), inbox, command, command, command))
+        result = run_command(argv, cwd=root, stdin_data=prompt, timeout=timeout, kill_grace=5.0)
+        if result.ok:
+            woke += 1
+            _wake_event(bdir, "woke", lines, slugs, session)
+        else:
+            error = result.describe()
+            tail = result.stderr.strip().splitlines()[-1:] if result.stderr else []
+            if tail:
+                error += ": " + tail[0][:300]
+            failures.append(error)
+            _wake_event(bdir, "failed", lines, slugs, session, error=error)
+    status = "woke" if not failures else ("partial" if woke else "failed")
+    out = {"status": status, "lines": all_lines, "sessions": len(groups),
+           "targets": sorted(pending),
+           "message": {"woke": "resumed Codex FO session", "partial": "some Codex sessions failed to resume",
+                       "failed": "no Codex session resumed"}[status]}
+    if failures:
+        out["error"] = "; ".join(failures)
+    return out
+
+
+def _resumable_session(bdir, slug):
+    """The Codex session to resume for `slug`: heartbeat, else newest marker, else latest codex event."""
+    session = _heartbeat_session(bdir, slug)
+    if is_safe_session_id(session):
+        return session
+    best = None
+    for mtime, path, marker in _markers(bdir):
+        sid = marker.get("session_id")
+        if marker.get("workflow") == slug and is_safe_session_id(sid):
+            if best is None or (mtime, path) > best[:2]:
+                best = (mtime, path, sid)
+    if best:
+        return best[2]
+    latest = None
+    for item in scan_jsonl(os.path.join(bdir, "events.jsonl")):
+        rec = item.record
+        if not isinstance(rec, dict) or rec.get("host") != "codex":
+            continue
+        sid, when = rec.get("session_id"), parse_rfc3339(rec.get("ts"))
+        if is_safe_session_id(sid) and when and (latest is None or when[:2] >= latest[0]):
+            latest = (when[:2], sid)
+    return latest[1] if latest else None
+
+
+def _wake_event(bdir, status, lines, targets, session, message="", error=""):
+    now = utc_iso()
+    rec = {"timestamp": now, "ts": now, "host": "codex", "event": "wake", "status": status,
+           "lines": lines, "targets": targets, "session_id": session}
+    if message:
+        rec["message"] = message
+    if error:
+        rec["error"] = error
+    try:
+        seam_append(os.path.join(bdir, "wake-events.jsonl"), go_line(rec))
+    except OSError as exc:
+        warn("wake: cannot append to wake-events.jsonl: %s" % (exc.strerror or exc))
 
 
 # =============================================================================
@@ -1254,8 +2504,248 @@ def add_watch_parsers(subparsers):
 
 
 # ---- seam commands ----
+# The seam verbs keep the Go CLI's flag grammar (`--flag value` or `--flag=value`,
+# the first occurrence wins) and print one JSON answer, so they are parsed here
+# rather than by argparse; argparse only lists them in --help. seam_main() is
+# also the fast entry point the hooks use (see the README): `egress emit` must
+# start in the time Python takes to import json.
+
+SEAM_USAGE = {
+    "egress": "egress emit --host claude|codex|pi [--repo-root DIR]  < hook payload",
+    "inbox drain": "inbox drain --slug SLUG [--host H] [--session-id ID] [--members a,b] [--repo-root DIR]",
+    "inbox ack": ("inbox ack --slug SLUG --line N --kind tell|conn|decision|permission-decision "
+                  "--status STATUS (--id ID | --ts TS) [--text T] [--granted [true|false]] "
+                  "[--entity E] [--field F] [--value V] [--verdict V] [--request-id R] "
+                  "[--session-id ID] [--host H] [--repo-root DIR]"),
+    "inbox commit": "inbox commit --slug SLUG --cursor N [--repo-root DIR]",
+    "inbox check": "inbox check [--host claude] [--slug SLUG] [--session-id ID] [--repo-root DIR]  < Stop payload",
+    "initiate": ("initiate --kind status|reco|gate-review --id ID --headline TEXT [--body TEXT] "
+                 "[--workflow W] [--entity E] [--ship-id S] [--host H] [--session-id ID] "
+                 "[--request-id R] [--repo-root DIR]"),
+    "alert": ("alert permission --reason TEXT [--id ID] [--command CMD] [--prefix-rule a,b] "
+              "[--workflow W] [--entity E] [--host H] [--session-id ID] [--repo-root DIR]"),
+    "feed": ("feed --verb dispatch|advance|complete --text TEXT [--entity E] [--workflow W] "
+             "[--stage S] [--repo-root DIR]"),
+    "wake": "wake --host codex [--members a,b] [--codex-bin PATH] [--repo-root DIR]",
+}
+
+_SEAM_FLAGS = {
+    "egress": ("host",),
+    "inbox drain": ("host", "slug", "session-id", "members"),
+    "inbox ack": ("host", "slug", "line", "id", "ts", "kind", "status", "text", "entity", "field",
+                  "value", "verdict", "request-id", "session-id"),
+    "inbox commit": ("slug", "cursor"),
+    "inbox check": ("host", "slug", "session-id"),
+    "initiate": ("kind", "id", "headline", "workflow", "entity", "ship-id", "host", "session-id",
+                 "body", "request-id"),
+    "alert": ("id", "workflow", "entity", "host", "session-id", "reason", "command", "prefix-rule"),
+    "feed": ("verb", "text", "entity", "workflow", "stage"),
+    "wake": ("host", "members", "codex-bin"),
+}
+
+
+def parse_go_flags(argv, names, strict=False, tristate=()):
+    """Parse flags as the Go `spacedock bridge` verbs do.
+
+    `--flag value` or `--flag=value`; the first occurrence wins. Lenient mode
+    takes the next word as the value even when it starts with `--`; strict mode
+    (initiate, alert) calls that a missing value. Unknown flags and stray words
+    are errors in both. A `tristate` flag is absent (not in the result), bare
+    (True), or `--flag X` / `--flag=X` (True iff X is "true", case-insensitive).
+    """
+    names = set(names) | {"repo-root", "root"}
+    values, index = {}, 0
+    while index < len(argv):
+        token = argv[index]
+        index += 1
+        if not token.startswith("--") or token == "--":
+            raise SeamFailure("unexpected positional argument: %s" % token)
+        name, has_value, value = token[2:].partition("=")
+        if name in tristate:
+            if not has_value:
+                if index < len(argv) and not argv[index].startswith("--"):
+                    value, index = argv[index], index + 1
+                else:
+                    value = "true"
+            values.setdefault(name, value.startswith("--") or value.lower() == "true")
+            continue
+        if name not in names:
+            raise SeamFailure("unknown flag: --%s" % name)
+        if not has_value:
+            if index >= len(argv) or (strict and argv[index].startswith("--")):
+                raise SeamFailure("missing value for --%s" % name)
+            value, index = argv[index], index + 1
+        values.setdefault(name, value)
+    if "root" in values:
+        values.setdefault("repo-root", values["root"])
+    return values
+
+
+def _seam_print(obj):
+    sys.stdout.write(go_json(obj) + "\n")
+    sys.stdout.flush()
+
+
+def _csv(text):
+    return [part.strip() for part in (text or "").split(",") if part.strip()]
+
+
+def seam_main(argv=None):
+    """Run one seam verb; returns the exit code. Never shows a traceback.
+
+    egress emit prints nothing and exits 0 whatever happens (BRIDGE_DEBUG=1 says
+    why on stderr); inbox check prints {} on any failure and exits 0; initiate,
+    alert and feed answer {"queued"/"appended": false, "error": ...} and exit 0
+    (they must never block the agent); drain, ack, commit and wake exit 1 on
+    failure (2 for usage), so `ack && commit` never advances past a failed ack.
+    """
+    argv = sys.argv[1:] if argv is None else list(argv)
+    verb = argv[0] if argv else ""
+    if verb in ("inbox", "alert", "egress") and len(argv) > 1 and not argv[1].startswith("-"):
+        verb, rest = "%s %s" % (argv[0], argv[1]), argv[2:]
+    else:
+        rest = argv[1:]
+    if verb == "egress emit":
+        return _cmd_egress_emit(rest)
+    if verb == "inbox check":
+        return _cmd_inbox_check(rest)
+    key = {"alert permission": "alert"}.get(verb, verb)
+    if "-h" in rest or "--help" in rest or key not in SEAM_USAGE or verb in ("inbox", "egress", "alert"):
+        usage = SEAM_USAGE.get(key) or "\n  ".join(
+            text for name, text in SEAM_USAGE.items() if name.startswith(verb or " "))
+        if "-h" in rest or "--help" in rest:
+            sys.stdout.write("usage: bridge.py %s\n" % usage)
+            return EXIT_OK
+        if verb.startswith("inbox "):
+            _seam_print({"error": "unknown inbox subcommand: %s" % verb[6:]})
+        else:
+            warn("error: usage: bridge.py %s" % (usage or " | ".join(SEAM_VERBS)))
+        return EXIT_USAGE
+    try:
+        return _run_seam_verb(key, rest)
+    except Exception as exc:  # the last line of defence: one clear line, no traceback
+        if debug_enabled():
+            raise
+        warn("internal error: %s: %s (set BRIDGE_DEBUG=1 for a traceback)" % (type(exc).__name__, exc))
+        return EXIT_FAILED
+
+
+def _run_seam_verb(key, rest):
+    failed = {
+        "inbox drain": lambda e: {"status": "failed", "slug": "", "cursor": 0, "high_water": 0,
+                                  "count": 0, "heartbeat": False, "records": None, "error": e},
+        "inbox ack": lambda e: {"appended": False, "error": e},
+        "inbox commit": lambda e: {"cursor": 0, "error": e},
+        "initiate": lambda e: {"queued": False, "error": e},
+        "alert": lambda e: {"queued": False, "error": e},
+        "feed": lambda e: {"appended": False, "error": e},
+        "wake": lambda e: {"status": "failed", "error": e},
+    }[key]
+    strict = key in ("initiate", "alert")
+    try:
+        opts = parse_go_flags(rest, _SEAM_FLAGS[key], strict,
+                              tristate=("granted",) if key == "inbox ack" else ())
+    except SeamFailure as exc:
+        _seam_print(failed(exc.message))
+        return EXIT_OK if key in ("initiate", "alert", "feed") else EXIT_USAGE
+    try:
+        root = seam_root(opts.get("repo-root"))
+        if key == "inbox drain":
+            host = opts.get("host", "").strip().lower()
+            out = inbox_drain(root, opts.get("slug", ""), host, opts.get("session-id"),
+                              _csv(opts.get("members")))
+            _seam_print(out)
+            return EXIT_FAILED if out["status"] == "failed" else EXIT_OK
+        if key == "inbox ack":
+            _seam_print(inbox_ack(root, opts))
+        elif key == "inbox commit":
+            _seam_print(inbox_commit(root, opts.get("slug", ""), opts.get("cursor", "")))
+        elif key == "initiate":
+            _seam_print(initiate(root, opts))
+        elif key == "alert":
+            _seam_print(alert_permission(root, opts))
+        elif key == "feed":
+            _seam_print(feed(root, opts))
+        elif key == "wake":
+            host = opts.get("host", "codex").strip().lower() or "codex"
+            if host != "codex":
+                _seam_print({"status": "failed",
+                             "error": "bridge ingress wake currently supports host codex only"})
+                return EXIT_USAGE
+            out = wake_codex(root, _csv(opts.get("members")), opts.get("codex-bin"))
+            _seam_print(out)
+            return {"locked": EXIT_LOCKED, "failed": EXIT_FAILED,
+                    "partial": EXIT_FAILED}.get(out["status"], EXIT_OK)
+        return EXIT_OK
+    except (SeamFailure, BridgeError, OSError) as exc:
+        message = getattr(exc, "message", None) or "%s: %s" % (
+            getattr(exc, "filename", "") or "", getattr(exc, "strerror", None) or exc)
+        answer = dict(getattr(exc, "answer", None) or failed(message))
+        answer["error"] = message
+        if key == "inbox commit" and opts.get("slug") and is_safe_id(opts["slug"]):
+            answer["cursor"] = read_cursor(os.path.join(seam_root(opts.get("repo-root")), SEAM_DIR),
+                                           opts["slug"])
+        _seam_print(answer)
+        return EXIT_OK if key in ("initiate", "alert", "feed") else EXIT_FAILED
+
+
+def _cmd_egress_emit(rest):
+    """Observe-only: read the payload, record it, print nothing, exit 0."""
+    debug = debug_enabled()
+    if "-h" in rest or "--help" in rest:
+        sys.stdout.write("usage: bridge.py %s\n" % SEAM_USAGE["egress"])
+        return EXIT_OK
+    try:
+        opts = parse_go_flags(rest, _SEAM_FLAGS["egress"])
+        data = sys.stdin.buffer.read()
+        done = egress_emit(data, opts.get("host", ""), opts.get("repo-root"))
+    except Exception as exc:  # the host must never see us fail
+        done = "not recorded: %s: %s" % (type(exc).__name__, exc)
+    if debug:
+        warn("egress emit: %s" % done)
+    return EXIT_OK
+
+
+def _cmd_inbox_check(rest):
+    """The Stop hook: prints {"decision":"block",...} or {}, always exits 0."""
+    answer = {}
+    try:
+        opts = parse_go_flags(rest, _SEAM_FLAGS["inbox check"])
+        data = sys.stdin.buffer.read() if not sys.stdin.isatty() else b""
+        answer = inbox_check(data, opts.get("host", ""), opts.get("repo-root"),
+                             opts.get("slug"), opts.get("session-id"))
+    except Exception as exc:
+        if debug_enabled():
+            warn("inbox check: %s: %s" % (type(exc).__name__, exc))
+    try:
+        _seam_print(answer)
+    except (OSError, ValueError):
+        pass
+    return EXIT_OK
+
+
+def cmd_seam(args):
+    return seam_main([args.seam_verb] + list(args.seam_args))
+
+
 def add_seam_parsers(subparsers):
     """egress, inbox, initiate, alert, feed, wake."""
+    helps = {
+        "egress": "record an agent hook payload in _bridge/events.jsonl (silent, exit 0)",
+        "inbox": "drain|ack|commit|check captain intent from _bridge/inbox.jsonl",
+        "initiate": "push a status / reco / gate-review card to _bridge/fo-initiate.jsonl",
+        "alert": "raise a permission alert in _bridge/fo-alerts.jsonl",
+        "feed": "append ambient narration to _bridge/fo-feed.jsonl",
+        "wake": "resume parked Codex sessions that have undelivered intent",
+    }
+    for verb in SEAM_VERBS:
+        usage = "\n  ".join("bridge.py " + text for name, text in SEAM_USAGE.items()
+                            if name.split()[0] == verb)
+        # prefix_chars that no flag uses: every word after the verb reaches seam_main
+        parser = subparsers.add_parser(verb, help=helps[verb], add_help=False, prefix_chars="\x01",
+                                       usage=usage)
+        parser.add_argument("seam_args", nargs="*")
+        parser.set_defaults(func=cmd_seam, seam_verb=verb)
 # ---- end seam commands ----
 
 
