@@ -1807,41 +1807,145 @@ def intent_key(line, rec, target):
     return reply_key(line, rec["id"] or render_rfc3339_nano(rec["_ts"]), rec["kind"], target)
 
 
-def load_reply_keys(bdir, lines):
+# The history is append-only, so what a scan learned about its first bytes stays
+# true: `.seam-index.json` remembers where line N of inbox.jsonl starts and which
+# acks in fo-replies.jsonl answer lines past the lowest cursor. Each entry is
+# checked against the file (inode, size, the 32 bytes before the offset) before
+# use, so a stale or foreign index only costs a full scan. It is a cache: losing
+# it loses nothing, so it is replaced without fsync.
+SEAM_INDEX = ".seam-index.json"
+_INDEX_MAX_KEYS = 20000
+
+
+def _load_index(bdir):
+    try:
+        with open(os.path.join(bdir, SEAM_INDEX), "rb") as handle:
+            index = json.loads(handle.read(8 << 20))
+    except (OSError, ValueError):
+        return {}
+    return index if isinstance(index, dict) else {}
+
+
+def _save_index(bdir, index):
+    path = os.path.join(bdir, SEAM_INDEX)
+    tmp = "%s.%s.tmp" % (path, random_hex())
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
+        try:
+            _write_all(fd, json.dumps(index, separators=(",", ":")).encode("utf-8"))
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except OSError:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+
+
+def _mark(handle, st, offset):
+    """What identifies the first `offset` bytes of an open file: [inode, offset, tail hex]."""
+    size = min(offset, 32)
+    handle.seek(offset - size)
+    return [st.st_ino, offset, handle.read(size).hex()]
+
+
+def _mark_ok(handle, st, mark):
+    if not (isinstance(mark, list) and len(mark) == 3 and mark[0] == st.st_ino
+            and isinstance(mark[1], int) and 0 <= mark[1] <= st.st_size):
+        return False
+    return _mark(handle, st, mark[1])[2] == mark[2]
+
+
+def read_inbox(bdir, start, index):
+    """[(line, record or None)] for the complete inbox lines after line `start`, and
+    the inbox's complete line count; resumes from the index's nearest checkpoint."""
+    try:
+        handle = open(os.path.join(bdir, "inbox.jsonl"), "rb")
+    except OSError:
+        return [], 0
+    with handle:
+        st = os.fstat(handle.fileno())
+        base_line, base_offset = 0, 0
+        points = [p for p in index.get("inbox") or () if isinstance(p, list) and len(p) == 2
+                  and isinstance(p[0], int) and 0 < p[0] <= start]
+        for line, mark in sorted(points, key=lambda p: -p[0]):
+            if _mark_ok(handle, st, mark):
+                base_line, base_offset = line, mark[1]
+                break
+        handle.seek(base_offset)
+        number = base_line + _skip_lines(handle, start - base_line)
+        first_line, first_offset = number, handle.tell()
+        out, offset = [], first_offset
+        for raw in handle:
+            if not raw.endswith(b"\n"):
+                break
+            number += 1
+            offset += len(raw)
+            try:
+                out.append((number, json.loads(raw)))
+            except ValueError:
+                out.append((number, None))
+        new = [[line, mark] for line, mark in points if line not in (first_line, number)]
+        for line, at in ((first_line, first_offset), (number, offset)):
+            if line > 0:
+                new.append([line, _mark(handle, st, at)])
+        index["inbox"] = sorted(new, key=lambda p: p[0])[-16:]
+    return out, number
+
+
+_REPLY_LINE = None
+
+
+def load_reply_keys(bdir, lines, floor, index):
     """(terminal, acting): replyKey sets of the acks in fo-replies.jsonl for inbox `lines`.
 
-    Only lines that mention one of the wanted `in_reply_to_line` numbers are
-    parsed, found with one regex over the file's bytes, so a long reply history
-    costs a memory scan, not 100,000 json.loads calls. A reply counts only if it
-    is well formed as loadReplies requires (schema 1, safe target, line > 0,
-    intent kind); status `acting` goes to the second set (decision 2).
+    A reply counts only if it is well formed as Go's loadReplies requires
+    (schema 1, safe target, line > 0, intent kind); status `acting` goes to the
+    second set (decision 2). Acks of lines at or below `floor` (the lowest
+    cursor asked about) can never matter again, so the index keeps only the
+    rest and later calls read just the bytes appended since.
     """
+    global _REPLY_LINE
     terminal, acting = set(), set()
-    if not lines:
-        return terminal, acting
     try:
-        with open(os.path.join(bdir, "fo-replies.jsonl"), "rb") as handle:
-            data = handle.read()
+        handle = open(os.path.join(bdir, "fo-replies.jsonl"), "rb")
     except OSError:
         return terminal, acting
-    numbers = b"|".join(str(n).encode() for n in sorted(set(lines), reverse=True))
-    pattern = re.compile(rb'"in_reply_to_line"[ \t\r\n]*:[ \t\r\n]*(?:' + numbers + rb")(?![0-9.eE])")
-    starts = set()
-    for match in pattern.finditer(data):
-        start = data.rfind(b"\n", 0, match.start()) + 1
-        if start in starts:
-            continue
-        starts.add(start)
-        end = data.find(b"\n", match.end())
-        if end < 0:
-            break  # a torn last line is not there yet
-        try:
-            reply = json.loads(data[start:end])
-        except ValueError:
-            continue
-        key = _reply_record_key(reply)
-        if key is not None:
-            (acting if reply.get("status") == "acting" else terminal).add(key)
+    with handle:
+        st = os.fstat(handle.fileno())
+        cache = index.get("replies")
+        entries = []
+        if (isinstance(cache, dict) and isinstance(cache.get("floor"), int) and cache["floor"] <= floor
+                and isinstance(cache.get("keys"), list) and _mark_ok(handle, st, cache.get("mark"))):
+            entries = [e for e in cache["keys"] if isinstance(e, list) and len(e) == 3
+                       and isinstance(e[0], int) and e[0] > floor]
+            handle.seek(cache["mark"][1])
+        else:
+            handle.seek(0)
+        begin = handle.tell()
+        data = handle.read()
+        end = data.rfind(b"\n") + 1  # a torn last line is not there yet
+        if _REPLY_LINE is None:
+            _REPLY_LINE = re.compile(rb'"in_reply_to_line"[ \t\r\n]*:[ \t\r\n]*([0-9]+)(?![0-9.eE])')
+        seen = -1
+        for match in _REPLY_LINE.finditer(data, 0, end):
+            if int(match.group(1)) <= floor or match.start() < seen:
+                continue
+            start = data.rfind(b"\n", 0, match.start()) + 1
+            seen = data.find(b"\n", match.end()) + 1
+            try:
+                reply = json.loads(data[start:seen])
+            except ValueError:
+                continue
+            key = _reply_record_key(reply)
+            if key is not None and reply["in_reply_to_line"] > floor:
+                entries.append([reply["in_reply_to_line"], key, reply.get("status") != "acting"])
+        if len(entries) <= _INDEX_MAX_KEYS:
+            index["replies"] = {"floor": floor, "mark": _mark(handle, st, begin + end), "keys": entries}
+    for line, key, is_terminal in entries:
+        if line in lines:
+            (terminal if is_terminal else acting).add(key)
     return terminal, acting
 
 
@@ -1869,35 +1973,35 @@ def _reply_record_key(reply):
 
 
 def pending_intents(bdir, slugs, members=None):
-    """Undelivered intent per slug: {slug: [(line, rec)]}, plus the inbox's line count.
+    """Undelivered intent per slug: ({slug: [(line, rec)]}, high_water, cursors, acting keys).
 
     A record is pending for a slug when its line is past the slug's cursor, it
-    is addressed to the slug (`members` None means each slug alone), and no
-    terminal ack answers it. Only the lines past the lowest cursor are parsed.
-    Returns (pending, high_water, acting_keys).
+    is addressed to the slug (`members` None means each slug alone; [] means
+    the heartbeat slugs), and no terminal ack answers it. Only the lines past
+    the lowest cursor are read, so the cost follows what is pending, not the
+    history (see read_inbox and load_reply_keys).
     """
-    inbox = os.path.join(bdir, "inbox.jsonl")
+    index = _load_index(bdir)
+    before = json.dumps(index, sort_keys=True)
     cursors = {slug: read_cursor(bdir, slug) for slug in slugs}
-    start = min(cursors.values()) if cursors else 0
-    candidates = {slug: [] for slug in slugs}
-    high_water = None
-    for item in scan_jsonl(inbox, start):
-        high_water = item.number
-        rec = parse_intent(item.record) if item.record is not None else None
+    floor = min(cursors.values()) if cursors else 0
+    found = {slug: [] for slug in slugs}
+    lines, high_water = read_inbox(bdir, floor, index)
+    for number, obj in lines:
+        rec = parse_intent(obj) if obj is not None else None
         if rec is None:
             continue
         for slug in slugs:
-            if item.number <= cursors[slug]:
-                continue
-            if slug in intent_targets(rec, [slug] if members is None else members, bdir):
-                candidates[slug].append((item.number, rec))
-    if high_water is None:
-        high_water = count_complete_lines(inbox)
-    lines = {line for found in candidates.values() for line, _ in found}
-    terminal, acting = load_reply_keys(bdir, lines)
-    pending = {slug: [(line, rec) for line, rec in found
+            if number > cursors[slug] and slug in intent_targets(
+                    rec, [slug] if members is None else members, bdir):
+                found[slug].append((number, rec))
+    wanted = {line for items in found.values() for line, _ in items}
+    terminal, acting = load_reply_keys(bdir, wanted, floor, index) if wanted else (set(), set())
+    if json.dumps(index, sort_keys=True) != before:
+        _save_index(bdir, index)
+    pending = {slug: [(line, rec) for line, rec in items
                       if intent_key(line, rec, slug) not in terminal]
-               for slug, found in candidates.items()}
+               for slug, items in found.items()}
     return pending, high_water, cursors, acting
 
 
@@ -2335,25 +2439,14 @@ def wake_codex(root, members=None, codex_bin=None):
 
 
 def _wake_pass(root, bdir, config, members, codex_bin):
+    # Targets are the --members, else the slugs with a heartbeat; broadcasts
+    # route to them as in Go's wake.
     targets = clean_slugs(members) if members else discover_slugs(bdir)
-    inbox = os.path.join(bdir, "inbox.jsonl")
-    cursors = {slug: read_cursor(bdir, slug) for slug in targets}
-    found = {}  # slug -> [(line, rec)]
-    for item in scan_jsonl(inbox, min(cursors.values()) if cursors else 0):
-        rec = parse_intent(item.record) if item.record is not None else None
-        if rec is None:
-            continue
-        for slug in intent_targets(rec, members or [], bdir):
-            if item.number > cursors.get(slug, read_cursor(bdir, slug)):
-                found.setdefault(slug, []).append((item.number, rec))
-    terminal, _ = load_reply_keys(bdir, {line for items in found.values() for line, _ in items})
-    pending = {}
-    for slug, items in found.items():
-        lines = [line for line, rec in items if intent_key(line, rec, slug) not in terminal]
-        if lines:
-            pending[slug] = lines
+    found, _, _, _ = pending_intents(bdir, targets, clean_slugs(members) if members else [])
+    pending = {slug: [line for line, _ in items] for slug, items in found.items() if items}
     if not pending:
         return {"status": "noop", "message": "no pending inbox records"}
+    inbox = os.path.join(bdir, "inbox.jsonl")
     all_lines = sorted({line for lines in pending.values() for line in lines})
     groups = {}  # session id -> slugs
     for slug in sorted(pending):

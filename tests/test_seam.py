@@ -17,6 +17,7 @@ import pytest
 from conftest import BRIDGE, FIXTURES, PYTHON, clean_env, make_git_repo, run_bridge
 
 SEAM = FIXTURES / "seam"
+SEAM_INDEX = ".seam-index.json"
 EVENT_KEYS = ["timestamp", "ts", "host", "event", "session_id", "agent_id", "agent_type",
               "actor_id", "detail"]
 
@@ -865,3 +866,26 @@ def test_fast_hook_entry_point_matches_cli(repo):
     assert (result.returncode, result.stdout, result.stderr) == (0, "", "")
     assert records(repo / "_bridge/events.jsonl")[0]["ts"] == "T"
     assert (scripts / "__pycache__").is_dir()  # -I keeps bytecode caching on
+
+
+def test_history_index_is_only_a_cache(repo):
+    """.seam-index.json speeds up long histories; a stale, foreign or garbage one changes nothing."""
+    bdir = write_inbox(repo, *(INBOX3 * 40))
+    (bdir / ".inbox-cursor.alpha").write_text("117\n")
+    _, first, _ = seam("inbox", "drain", "--slug", "alpha", cwd=repo)
+    assert [r["line"] for r in first["records"]] == [118, 120] and (bdir / SEAM_INDEX).exists()
+    seam("inbox", "ack", "--slug", "alpha", "--line", "120", "--id", "i3", "--kind", "decision",
+         "--status", "applied", cwd=repo)
+    _, second, _ = seam("inbox", "drain", "--slug", "alpha", cwd=repo)
+    assert [r["line"] for r in second["records"]] == [118]
+    # the inbox is rewritten in place with other records: the index no longer matches it
+    write_inbox(repo, *([{"id": "n%d" % n, "ts": "2026-07-04T00:00:00Z", "kind": "tell",
+                          "target": "alpha"} for n in range(125)]))
+    _, third, _ = seam("inbox", "drain", "--slug", "alpha", cwd=repo)
+    assert [r["id"] for r in third["records"]] == ["n117", "n118", "n119", "n120", "n121", "n122",
+                                                  "n123", "n124"]
+    (bdir / SEAM_INDEX).write_text('{"inbox":[[5,[1,2,"zz"]],"x"],"replies":{"floor":-1,"keys":7}}')
+    _, fourth, _ = seam("inbox", "drain", "--slug", "alpha", cwd=repo)
+    assert fourth["records"] == third["records"]
+    (bdir / SEAM_INDEX).write_text("\x00garbage")
+    assert seam("inbox", "drain", "--slug", "alpha", cwd=repo)[1]["records"] == third["records"]
