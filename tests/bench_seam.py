@@ -27,8 +27,11 @@ REPO = Path(__file__).resolve().parent.parent
 PY = sys.executable
 RUNS = int(sys.argv[1]) if len(sys.argv) > 1 else 41
 
-# The README's hook command: bridge.py imported from its cached bytecode, no argparse.
+# The README's hook commands: bridge.py imported from its cached bytecode, no argparse
+# (Claude Code: after `cd "$CLAUDE_PROJECT_DIR"`; Codex: scripts/ looked up from the cwd).
 HOOK_CODE = 'import sys;sys.path[:0]=["scripts"];import bridge;sys.exit(bridge.seam_main())'
+WALK_CODE = ('import os,sys;p=os.getcwd().split("/");sys.path[:0]=["/".join(p[:i])+"/scripts" '
+             'for i in range(len(p),0,-1)];import bridge;sys.exit(bridge.seam_main())')
 
 
 def hook(*args):
@@ -98,6 +101,8 @@ def bench_hook_latency(tmp):
     cases = {
         'baseline: python3 -I -S -c "import json"': ([PY, "-I", "-S", "-c", "import json"], repo, data, None),
         "README hook: -I -S -c import bridge; seam_main()": (hook(*emit), repo, data, reset),
+        "README Codex hook: scripts/ looked up from the cwd": (
+            [PY, "-I", "-S", "-c", WALK_CODE, "egress", "emit", "--host", "codex"], repo, data, reset),
         "-I -S -c import bridge; main() (argparse)": (
             [PY, "-I", "-S", "-c", HOOK_CODE.replace("seam_main", "main"), *emit], repo, data, reset),
         "python3 -I -S scripts/bridge.py egress emit": (

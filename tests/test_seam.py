@@ -889,3 +889,35 @@ def test_history_index_is_only_a_cache(repo):
     assert fourth["records"] == third["records"]
     (bdir / SEAM_INDEX).write_text("\x00garbage")
     assert seam("inbox", "drain", "--slug", "alpha", cwd=repo)[1]["records"] == third["records"]
+
+
+def test_readme_hook_commands_work_as_documented(repo):
+    """The copy-paste hook configuration in the README runs as written, through a shell."""
+    import re
+    readme = (BRIDGE.parent / "README.md").read_text()
+    section = readme[readme.index("<!-- section:seam -->"):readme.index("<!-- end section:seam -->")]
+    claude, codex = [json.loads(block) for block in re.findall(r"```json\n(.*?)```", section, re.S)]
+    (repo / "scripts").mkdir()
+    (repo / "scripts" / "bridge.py").write_bytes(BRIDGE.read_bytes())
+    (repo / "sub" / "deep").mkdir(parents=True)
+    write_inbox(repo, *INBOX3)
+    heartbeat(repo, "alpha", "sess-1")
+    env = clean_env(CLAUDE_PROJECT_DIR=repo)
+    for event, entries in claude["hooks"].items():
+        for hook in entries[0]["hooks"]:
+            data = payload("claude_stop.json", repo / "sub", hook_event_name=event)
+            result = subprocess.run(["sh", "-c", hook["command"]], input=data, text=True,
+                                    capture_output=True, env=env, cwd=repo / "sub")
+            assert result.returncode == 0 and result.stderr == "", (event, result)
+            if "inbox check" in hook["command"]:
+                assert json.loads(result.stdout)["decision"] == "block"
+            else:
+                assert result.stdout == ""
+    for event, entries in codex["hooks"].items():
+        data = payload("codex_session_start.json", repo / "sub" / "deep", hook_event_name=event)
+        result = subprocess.run(["sh", "-c", entries[0]["hooks"][0]["command"]], input=data,
+                                text=True, capture_output=True, env=clean_env(),
+                                cwd=repo / "sub" / "deep")
+        assert (result.returncode, result.stdout, result.stderr) == (0, "", ""), (event, result)
+    events = records(repo / "_bridge" / "events.jsonl")
+    assert [e["host"] for e in events] == ["claude"] * 6 + ["codex"] * 4
