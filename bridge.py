@@ -1384,13 +1384,32 @@ def bridge_dir(root, create=False):
     return path
 
 
-def seam_append(path, data):
+def _flock_within(fd, operation, seconds):
+    """flock(fd, operation) polling for at most `seconds`; False when it stayed busy.
+
+    Bounded so that a stopped or wedged process holding a _bridge/ file can never
+    make a hook (and with it the agent) wait forever.
+    """
+    import fcntl
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            fcntl.flock(fd, operation | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.002)
+
+
+def seam_append(path, data, wait=2.0):
     """Append `data` (bytes, whole lines) with one write(), safe against trimming.
 
     Appenders hold a shared flock while they write and check they still hold the
     file that is at `path`; a trim holds it exclusively while it reads and
     renames. So no appended line is lost to a concurrent trim, and appenders
-    never wait for each other. A symlink at `path` is refused (ELOOP).
+    never wait for each other (nor more than `wait` seconds for a trim). A
+    symlink at `path` is refused (ELOOP).
     """
     import fcntl
     flags = (os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
@@ -1402,7 +1421,8 @@ def seam_append(path, data):
             os.makedirs(os.path.dirname(path), exist_ok=True)
             fd = os.open(path, flags, 0o644)
         try:
-            fcntl.flock(fd, fcntl.LOCK_SH)
+            if not _flock_within(fd, fcntl.LOCK_SH, wait):
+                raise OSError("%s stayed locked for %.1fs" % (path, wait))
             try:
                 current = os.lstat(path).st_ino == os.fstat(fd).st_ino
             except FileNotFoundError:
@@ -1430,7 +1450,8 @@ def seam_trim(path, max_lines, keep_lines, protect=None):
     except OSError:
         return False
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        if not _flock_within(fd, fcntl.LOCK_EX, 2.0):
+            return False  # busy: the next append tries again
         try:
             if os.lstat(path).st_ino != os.fstat(fd).st_ino:
                 return False  # another process trimmed it first

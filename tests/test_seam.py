@@ -921,3 +921,23 @@ def test_readme_hook_commands_work_as_documented(repo):
         assert (result.returncode, result.stdout, result.stderr) == (0, "", ""), (event, result)
     events = records(repo / "_bridge" / "events.jsonl")
     assert [e["host"] for e in events] == ["claude"] * 6 + ["codex"] * 4
+
+
+def test_emit_never_waits_on_a_wedged_lock_holder(repo):
+    """A process that holds events.jsonl exclusively (a stopped trim) delays a hook <= 2 s."""
+    bdir = repo / "_bridge"
+    bdir.mkdir()
+    (bdir / "events.jsonl").write_text("")
+    holder = subprocess.Popen([PYTHON, "-c", "import fcntl,os,sys,time;fd=os.open(sys.argv[1],os.O_RDWR);"
+                               "fcntl.flock(fd,fcntl.LOCK_EX);time.sleep(30)", str(bdir / "events.jsonl")])
+    try:
+        time.sleep(0.3)
+        started = time.monotonic()
+        emit("claude", payload("claude_session_start.json", repo), cwd=repo)
+        assert time.monotonic() - started < 10
+        assert (bdir / "events.jsonl").read_text() == ""  # observe-only: dropped, host not blocked
+    finally:
+        holder.kill()
+        holder.wait()
+    emit("claude", payload("claude_session_start.json", repo), cwd=repo)
+    assert len(records(bdir / "events.jsonl")) == 1
