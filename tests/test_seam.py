@@ -941,3 +941,22 @@ def test_emit_never_waits_on_a_wedged_lock_holder(repo):
         holder.wait()
     emit("claude", payload("claude_session_start.json", repo), cwd=repo)
     assert len(records(bdir / "events.jsonl")) == 1
+
+
+def test_symlinked_state_files_are_replaced_or_refused_never_followed(repo, tmp_path):
+    bdir = write_inbox(repo, *INBOX3)
+    targets = {}
+    for name in ("fo.alpha.json", ".inbox-cursor.alpha", "fo-replies.jsonl", SEAM_INDEX):
+        target = tmp_path / ("outside-" + name.strip("."))
+        target.write_text("precious\n")
+        (bdir / name).symlink_to(target)
+        targets[name] = target
+    code, out, _ = seam("inbox", "drain", "--slug", "alpha", cwd=repo)
+    assert code == 0 and out["heartbeat"] is True and "acting acks not written" in out["error"]
+    assert not (bdir / "fo.alpha.json").is_symlink()
+    code, out, _ = seam("inbox", "ack", "--slug", "alpha", "--line", "1", "--id", "i1", "--kind",
+                        "tell", "--status", "answered", cwd=repo)
+    assert code == 1 and "cannot append to fo-replies.jsonl" in out["error"]
+    assert seam("inbox", "commit", "--slug", "alpha", "--cursor", "2", cwd=repo)[1] == {"cursor": 2}
+    assert (bdir / ".inbox-cursor.alpha").read_text() == "2\n"
+    assert all(t.read_text() == "precious\n" for t in targets.values())
