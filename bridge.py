@@ -2203,7 +2203,8 @@ def _seam_command(root):
 
 def inbox_check(data, host="", repo_root=None, slug=None, session_id=None):
     """The Claude Stop hook: {"decision":"block",...} when intent is queued for this
-    session's workflows, else {}. Never raises, never blocks twice in a row."""
+    session's workflows, else {}. Never blocks twice in a row (stop_hook_active);
+    the CLI turns any failure into {} so a broken seam never traps the agent."""
     try:
         payload = json.loads(data.decode("utf-8", "replace")) if data.strip() else {}
     except ValueError:
