@@ -2898,6 +2898,11 @@ def build_parser():
 
 
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in SEAM_VERBS:
+        # Hooks run the seam verbs on every tool call: skip building the argparse
+        # tree (it costs more than the verb itself); seam_main parses its own flags.
+        return seam_main(argv)
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
