@@ -2644,6 +2644,21 @@ SEAM_USAGE = {
     "wake": "wake --host codex [--members a,b] [--codex-bin PATH] [--repo-root DIR]",
 }
 
+SEAM_EXAMPLES = {
+    "egress": "echo '{\"hook_event_name\":\"PreToolUse\",\"session_id\":\"s1\"}' | "
+              "python3 scripts/bridge.py egress emit --host claude",
+    "inbox drain": "python3 scripts/bridge.py inbox drain --slug fo-main",
+    "inbox ack": ("python3 scripts/bridge.py inbox ack --slug fo-main --line 3 --kind tell "
+                  "--status done --id msg-17 --text 'shipped'"),
+    "inbox commit": "python3 scripts/bridge.py inbox commit --slug fo-main --cursor 3",
+    "inbox check": "echo '{\"stop_hook_active\":false}' | python3 scripts/bridge.py inbox check --slug fo-main",
+    "initiate": ("python3 scripts/bridge.py initiate --kind status --id st-1 "
+                 "--headline 'tests green on feat/x'"),
+    "alert": "python3 scripts/bridge.py alert permission --reason 'wants to run rm -rf build/'",
+    "feed": "python3 scripts/bridge.py feed --verb advance --text 'moved task 4 to review'",
+    "wake": "python3 scripts/bridge.py wake --host codex",
+}
+
 _SEAM_FLAGS = {
     "egress": ("host",),
     "inbox drain": ("host", "slug", "session-id", "members"),
@@ -2729,7 +2744,9 @@ def seam_main(argv=None):
         usage = SEAM_USAGE.get(key) or "\n  ".join(
             text for name, text in SEAM_USAGE.items() if name.startswith(verb or " "))
         if "-h" in rest or "--help" in rest:
-            sys.stdout.write("usage: bridge.py %s\n" % usage)
+            example = SEAM_EXAMPLES.get(key) or "\n  ".join(
+                text for name, text in SEAM_EXAMPLES.items() if name.startswith(verb or " "))
+            sys.stdout.write("usage: bridge.py %s\n\nexample:\n  %s\n" % (usage, example))
             return EXIT_OK
         if verb.startswith("inbox "):
             _seam_print({"error": "unknown inbox subcommand: %s" % verb[6:]})
