@@ -1313,6 +1313,8 @@ def canonical_loads(data, what="JSON"):
     except json.JSONDecodeError as exc:
         raise CanonicalJSONError("%s: line %d column %d: %s" % (what, exc.lineno, exc.colno,
                                                                 exc.msg))
+    except (ValueError, RecursionError) as exc:  # e.g. an integer of 5000 digits
+        raise CanonicalJSONError("%s: %s" % (what, exc))
     try:
         _canonical_check(value)
     except CanonicalJSONError as exc:
@@ -2024,10 +2026,14 @@ class ChangeSets:
         violations = pre.get("violations") or []
         details["safety_tier"] = tier
         details["preflight_violations"] = violations
-        errors = [v for v in violations if isinstance(v, dict) and v.get("severity") == "error"]
-        if tier == "tier3" or errors or pre.get("allowed") is False and tier != "tier2":
+        errors = [v for v in violations if not isinstance(v, dict)
+                  or v.get("severity") != "warning"]
+        if tier == "tier3" or errors:
             return ("reject", "tier3", "gov.preflight: Tier 3 change (never approvable): %s"
                     % _violation_text(violations), details)
+        if tier not in ("tier1", "tier2"):
+            raise BridgeError("gov.preflight returned an unknown safety_tier %r" % (tier,),
+                              EXIT_FAILED)
         drift = client.call_tool("gov.drift", {"repo_root": self.root})
         if isinstance(drift, dict):
             drift = drift.get("violations") or []
@@ -2042,6 +2048,8 @@ class ChangeSets:
         reasons = []
         if tier == "tier2":
             reasons.append("gov.preflight: Tier 2 change")
+        if violations:
+            reasons.append("gov.preflight warnings: %s" % _violation_text(violations))
         if critical:
             reasons.append("touches critical feature(s) %s" % ", ".join(critical))
         if reasons:
@@ -2064,8 +2072,11 @@ class ChangeSets:
             if exc.mcp_code != -32601:
                 raise
         overview = client.call_tool("features.overview", {"repo_root": self.root})
+        if not isinstance(overview, dict):
+            raise BridgeError("features.overview returned %s, not an object"
+                              % type(overview).__name__, EXIT_FAILED)
         touched = set()
-        for feat in (overview or {}).get("features") or []:
+        for feat in overview.get("features") or []:
             if not isinstance(feat, dict):
                 continue
             files = [feat.get("spec_path")] + list(feat.get("impl_files") or []) + \
@@ -2113,6 +2124,7 @@ class ChangeExecutor:
             self.sets.say("recovered the executor lock from a dead holder: %s"
                           % describe_holder(self.lock.recovered))
             self.sets.record(None, "lock_recovered", holder=self.lock.recovered)
+        self.sets.ensure_excluded()
 
     def release(self):
         if self.lock is not None:
@@ -2122,7 +2134,6 @@ class ChangeExecutor:
     def run_once(self):
         """One pass over every change set. Returns the list of (id, final state) processed."""
         sets = self.sets
-        sets.ensure_excluded()
         done = []
         self.apply_supersessions()
         for cs_id in sets.ids():
@@ -2231,10 +2242,15 @@ class ChangeExecutor:
                 sets.say("%s: pending_review: %s" % (cs_id, reason))
                 return "pending_review"
             return self.execute(client, cs_id, meta, plan, status, decision, details)
-        except (McpError, McpServerGone) as exc:
-            code = "mcp_server_gone" if isinstance(exc, McpServerGone) else "mcp_error"
-            status = sets.write_status(cs_id, "failed", "rejected" if status["state"] ==
-                                       "validating" else status["decision"],
+        except Exception as exc:  # nothing may leave a change set silently half-decided
+            if isinstance(exc, McpServerGone):
+                code = "mcp_server_gone"
+            elif isinstance(exc, BridgeError):
+                code = "mcp_error"
+            else:
+                code = "internal_error"
+                exc = "%s: %s" % (type(exc).__name__, exc)
+            status = sets.write_status(cs_id, "failed", status["decision"],
                                        "%s: %s" % (code, exc), meta=meta, prev=status)
             sets.say("%s: failed: %s" % (cs_id, status["reason"]))
             return "failed"
@@ -2301,6 +2317,8 @@ class ChangeExecutor:
         except McpServerGone as exc:
             return self._fail(cs_id, meta, status, decision, execution, "mcp_server_gone",
                               str(exc))
+        except BridgeError as exc:
+            return self._fail(cs_id, meta, status, decision, execution, "mcp_error", str(exc))
         execution["started_task_id"] = None
         extra = {"execution": execution, "results": results}
         if base["kind"] == "snapshot":
@@ -2385,12 +2403,12 @@ def changeset_new(sets, subject, plan_path, arch_path=None, snapshot=None, workt
         raise BridgeError("%s is not a valid %s plan:\n  %s" % (
             plan_path, PLAN_VERSION, "\n  ".join("%s: %s" % p for p in problems)), EXIT_USAGE)
     identity = changeset_identity(subject, changeset_repo_key(sets.root), base)
-    title = " ".join(str(subject).split())
+    title = " ".join(str(subject).split())  # for 03-task-list.md; not part of the meta
     supersedes = []
     for length in (12, 16):
         cs_id = changeset_id(identity, length)
         plan = dict(plan, change_set_id=cs_id)
-        meta = dict(identity, plan_sha256=canonical_sha256(plan), title=title)
+        meta = dict(identity, plan_sha256=canonical_sha256(plan))
         if supersedes:
             meta["supersedes"] = supersedes
         meta_path = sets.path(cs_id, CS_META)

@@ -166,7 +166,7 @@ def test_canonical_json_rejects(value, words):
     ('{"a":1,"a":2}', 'duplicate key "a"'), ('{"a":1.5}', "number 1.5"),
     ('{"a":1e5}', "number 1e5"), ('[NaN]', "NaN"), ('[Infinity]', "Infinity"),
     ('["\\ud83d"]', "lone surrogate"), ('[9007199254740992]', "outside"),
-    ('{"a": }', "line 1 column 7"),
+    ('{"a": }', "line 1 column 7"), ('[' + '9' * 5000 + ']', "plan.json"),
 ])
 def test_canonical_loads_rejects(text, words):
     with pytest.raises(B.CanonicalJSONError) as err:
@@ -603,6 +603,15 @@ def test_killed_executor_is_recovered(tmp_path):
     status = env.status(cs_id)
     assert status["state"] == "failed" and status["reason"].startswith("interrupted:")
     assert "t1" in status["reason"]
+    assert any(r["event"] == "lock_recovered" for r in env.log())
+
+
+def test_run_without_a_server_is_a_usage_error(tmp_path):
+    repo = make_git_repo(tmp_path / "r")
+    res = run_bridge("changes", "run", "--once", "--root", repo)
+    assert res.returncode == 2 and "changes.mcp.command" in res.stderr
+    res = run_bridge("changes", "--root", repo)
+    assert res.returncode == 2
 
 
 def test_status_json_lists_everything(env):
