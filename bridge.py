@@ -1234,7 +1234,8 @@ def _canonical_check(value, where="$"):
         return
     if isinstance(value, int):
         if not -CS_MAX_SAFE_INT <= value <= CS_MAX_SAFE_INT:
-            raise CanonicalJSONError("%s: integer %d is outside +/-(2^53-1)" % (where, value))
+            shown = str(value) if value.bit_length() < 256 else "of %d bits" % value.bit_length()
+            raise CanonicalJSONError("%s: integer %s is outside +/-(2^53-1)" % (where, shown))
         return
     if isinstance(value, float):
         raise CanonicalJSONError("%s: number %r is not an integer (floats are not allowed in "
@@ -1340,7 +1341,6 @@ _SLUG_EXTRA = {"ß": "ss", "æ": "ae", "Æ": "ae", "ø": "o", "Ø": "o", "œ": "
 def changeset_slug(subject, max_len=48):
     """ASCII slug: accents transliterated (NFKD, combining marks dropped), anything not
     [a-z0-9] becomes one `-`, trimmed, cut to `max_len` and trimmed again; `change` if empty."""
-    import re
     import unicodedata
     text = "".join(_SLUG_EXTRA.get(ch, ch) for ch in str(subject))
     text = unicodedata.normalize("NFKD", text).encode("ascii", "ignore").decode("ascii")
@@ -1353,7 +1353,6 @@ def normalize_repo_key(url):
     """`host/owner/repo` from a git remote URL (scheme, user, password/token and port removed,
     host lower-cased, `.git` and slashes stripped), or None for local paths and file:// URLs.
     Never raises on odd input and never returns any part of the userinfo."""
-    import re
     from urllib.parse import urlsplit
     url = (url or "").strip()
     if not url:
@@ -1621,9 +1620,27 @@ def _mcp_text(result):
 # ---- change sets on disk ------------------------------------------------------------------
 
 def changeset_patch_paths(patch, strip=1):
-    """Paths a unified diff touches (`--- a/x`, `+++ b/x`; /dev/null skipped), sorted, unique."""
+    """Paths a unified diff touches (its `---`/`+++` headers, /dev/null skipped; hunk bodies
+    are skipped by their line counts, so a removed line `-- x` is not a header)."""
     paths = set()
+    old_left = new_left = 0
     for line in str(patch).splitlines():
+        if old_left > 0 or new_left > 0:  # inside a hunk
+            if line.startswith("\\"):
+                continue  # "\ No newline at end of file"
+            tag = line[:1]
+            if tag in (" ", ""):
+                old_left, new_left = old_left - 1, new_left - 1
+            elif tag == "-":
+                old_left -= 1
+            elif tag == "+":
+                new_left -= 1
+            continue
+        m = re.match(r"^@@ -\d+(?:,(\d+))? \+\d+(?:,(\d+))? @@", line)
+        if m:
+            old_left = int(m.group(1)) if m.group(1) is not None else 1
+            new_left = int(m.group(2)) if m.group(2) is not None else 1
+            continue
         if not (line.startswith("+++ ") or line.startswith("--- ")):
             continue
         name = line[4:].split("\t", 1)[0].strip()
@@ -1732,7 +1749,6 @@ def changeset_plan_problems(plan, base_kind=None, folder=None):
 
 
 def changeset_meta_problems(meta):
-    import re
     problems = []
 
     def bad(msg):
@@ -1861,7 +1877,8 @@ class ChangeSets:
         status = read_canonical_file(path, path)
         if (not isinstance(status, dict)
                 or status.get("schema_version") != CHANGESET_STATUS_SCHEMA
-                or status.get("state") not in CS_STATES):
+                or status.get("state") not in CS_STATES
+                or status.get("decision") not in CS_DECISIONS):
             raise BridgeError("%s is not a %s document" % (path, CHANGESET_STATUS_SCHEMA))
         return status
 
@@ -2273,6 +2290,9 @@ class ChangeExecutor:
                 # Leases live in the server process; take one now and keep the process.
                 listing = client.call_tool("snapshot.list", {"repo_root": sets.root})
                 lease_id = listing.get("lease_id") if isinstance(listing, dict) else None
+                if not lease_id:  # snapshot.create issues leases too
+                    snap = client.call_tool("snapshot.create", {"repo_root": sets.root})
+                    lease_id = snap.get("lease_id") if isinstance(snap, dict) else None
             for task in plan["tasks"]:
                 self.lock.heartbeat()
                 execution["started_task_id"] = task["id"]

@@ -8,7 +8,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
@@ -623,3 +622,10 @@ def test_status_json_lists_everything(env):
     one = json.loads(env.cli("status", cs_id, "--json").stdout)
     assert one["state"] == "completed" and one["execution"]["completed_task_ids"] == ["t1"]
     assert env.cli("status", "nope").returncode == 2
+
+
+def test_patch_paths_come_from_headers_only():
+    patch = ("--- a/x.sql\n+++ b/x.sql\n@@ -1,2 +1,2 @@\n--- comment\n+++ plus\n keep\n"
+             "--- /dev/null\n+++ b/new.txt\n@@ -0,0 +1 @@\n+hi\n\\ No newline at end of file\n")
+    assert B.changeset_patch_paths(patch) == ["new.txt", "x.sql"]
+    assert B.changeset_patch_paths(patch, strip=0) == ["a/x.sql", "b/new.txt", "b/x.sql"]
