@@ -1776,7 +1776,8 @@ def changeset_meta_problems(meta):
     if "title" in meta and not isinstance(meta["title"], str):
         bad("title must be a string")
     sup = meta.get("supersedes", [])
-    if not isinstance(sup, list) or not all(isinstance(x, str) for x in sup):
+    if not isinstance(sup, list) or not all(isinstance(x, str) and _SAFE_NAME.match(x)
+                                            and x not in (".", "..") for x in sup):
         bad("supersedes must be a list of change set ids")
     man = meta.get("artifact_manifest", {})
     if not isinstance(man, dict) or not all(isinstance(v, str) for v in man.values()):
@@ -1900,6 +1901,9 @@ class ChangeSets:
         execution = status["execution"]
         if execution.get("last_error"):
             execution["last_error"] = self.redactor.redact(execution["last_error"])
+        # Server answers (violations...) may hold floats or odd text: store them as strings
+        # rather than fail to record a decision.
+        status = _canonical_safe(status)
         with self.status_lock():
             atomic_write(self.path(cs_id, CS_STATUS), canonical_json(status))
         self.record(cs_id, "status", state=state, decision=decision, reason=status["reason"])
@@ -2105,6 +2109,27 @@ class ChangeSets:
                 if any(p == f or p.startswith(f + "/") for p in paths):
                     touched.add(str(feat.get("feature_id")))
         return sorted(touched), "features.overview"
+
+
+def _canonical_safe(value):
+    """`value` with everything canonical JSON refuses turned into strings."""
+    if isinstance(value, dict):
+        return {_canonical_safe_text(str(k)): _canonical_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_canonical_safe(v) for v in value]
+    if isinstance(value, str):
+        return _canonical_safe_text(value)
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, int) and -CS_MAX_SAFE_INT <= value <= CS_MAX_SAFE_INT:
+        return value
+    if isinstance(value, int) and value.bit_length() >= 256:
+        return "<integer of %d bits>" % value.bit_length()
+    return str(value)
+
+
+def _canonical_safe_text(text):
+    return text.encode("utf-8", "replace").decode("utf-8")
 
 
 def _violation_text(violations):

@@ -629,3 +629,13 @@ def test_patch_paths_come_from_headers_only():
              "--- /dev/null\n+++ b/new.txt\n@@ -0,0 +1 @@\n+hi\n\\ No newline at end of file\n")
     assert B.changeset_patch_paths(patch) == ["new.txt", "x.sql"]
     assert B.changeset_patch_paths(patch, strip=0) == ["a/x.sql", "b/new.txt", "b/x.sql"]
+
+
+def test_preflight_warnings_ask_for_review_and_odd_values_are_kept(tmp_path):
+    env = Env(tmp_path, server_args=["--warn"])
+    cs_id = env.new("Add world", [task("t1", NOTES_PATCH)])
+    assert env.run().returncode == 0
+    status = env.status(cs_id)  # still canonical although the server sent a float
+    assert status["state"] == "pending_review"
+    assert "gov.preflight warnings: INVALID_HEADER_FORMAT notes.txt" in status["reason"]
+    assert status["validation"]["preflight_violations"][0]["confidence"] == "0.5"
