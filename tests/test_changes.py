@@ -639,3 +639,60 @@ def test_preflight_warnings_ask_for_review_and_odd_values_are_kept(tmp_path):
     assert status["state"] == "pending_review"
     assert "gov.preflight warnings: INVALID_HEADER_FORMAT notes.txt" in status["reason"]
     assert status["validation"]["preflight_violations"][0]["confidence"] == "0.5"
+
+
+def test_loop_mode_picks_up_new_change_sets_and_stops_cleanly(env):
+    proc = subprocess.Popen([PYTHON, str(BRIDGE), "changes", "run", "--poll", "0.2", "--root",
+                             str(env.repo), "--config", str(env.cfg_path)], env=clean_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        lock = env.repo / "changes" / ".locks" / "worktree.lock"
+        deadline = time.time() + 20
+        while time.time() < deadline and not (lock.exists() and lock.read_text().strip()):
+            time.sleep(0.05)
+        # the running executor excluded changes/ already, so this base stays valid
+        cs_id = env.new("Add world", [task("t1", NOTES_PATCH)])
+        status = env.dir(cs_id) / "05-status.json"
+        while time.time() < deadline and not (status.exists()
+                                               and b'"completed"' in status.read_bytes()):
+            time.sleep(0.1)
+        assert env.status(cs_id)["state"] == "completed"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=20)
+    assert proc.returncode == 0, err
+    assert "%s completed" % cs_id in out
+    assert json.loads(env.cli("status", "--json").stdout)["executor"]["lock"] == "free"
+
+
+def test_validate_offline_and_against_the_server(env):
+    cs_id = env.new("Add world", [task("t1", NOTES_PATCH)])
+    offline = env.tmp / "offline.json"
+    offline.write_text("{}")
+    res = run_bridge("changes", "validate", cs_id, "--root", env.repo, "--config", offline)
+    assert res.returncode == 0 and "offline checks passed" in res.stdout
+    (env.repo / "notes.txt").write_text("moved on\n")
+    res = env.cli("validate", cs_id)
+    assert res.returncode == 1 and "stale_base" in res.stdout
+    assert env.cli("validate", "no-such--000000000000").returncode == 2
+
+
+def test_unreadable_status_is_reported_not_overwritten(env):
+    cs_id = env.new("Add world", [task("t1", NOTES_PATCH)])
+    (env.dir(cs_id) / "05-status.json").write_text('{"state": "completed"')
+    res = env.run()
+    assert res.returncode == 0 and "skipped" in res.stderr
+    assert (env.dir(cs_id) / "05-status.json").read_text() == '{"state": "completed"'
+    assert "unknown" in env.cli("status").stdout
+    assert (env.repo / "notes.txt").read_text() == "hello\n"
+
+
+def test_interrupted_validation_is_validated_again(env):
+    cs_id = env.new("Add world", [task("t1", NOTES_PATCH)])
+    (env.dir(cs_id) / "05-status.json").write_bytes(B.canonical_json({
+        "schema_version": "changeset_status_v1", "change_set_id": cs_id,
+        "state": "validating", "decision": "auto", "reason": "validating"}))
+    assert env.run().returncode == 0
+    assert env.status(cs_id)["state"] == "completed"
+    text = env.cli("status", cs_id)
+    assert "state:         completed" in text.stdout and "completed:     t1" in text.stdout
