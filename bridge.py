@@ -1530,8 +1530,11 @@ class McpClient:
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
-                raise McpServerGone("MCP server did not answer %s within %.0f s" % (
-                    _mcp_label(method, params), timeout or self.timeout), EXIT_FAILED)
+                hint = ""
+                if method == "initialize":
+                    hint = " (is changes.mcp.framing %r what it speaks?)" % self.framing
+                raise McpServerGone("MCP server did not answer %s within %.0f s%s" % (
+                    _mcp_label(method, params), timeout or self.timeout, hint), EXIT_FAILED)
             try:
                 kind, msg = self._replies.get(timeout=left)
             except queue.Empty:
@@ -1724,7 +1727,9 @@ def changeset_plan_problems(plan, base_kind=None, folder=None):
             if not isinstance(params.get("patch"), str) or not params.get("patch"):
                 bad("invalid_plan", "%s.params.patch must be a non-empty string" % where)
             mode = params.get("mode", base_kind)
-            if mode not in ("worktree", "snapshot"):
+            if mode is None and base_kind is None:
+                pass  # decided by the base state, checked once that is known
+            elif mode not in ("worktree", "snapshot"):
                 bad("invalid_plan", "%s.params.mode must be worktree or snapshot" % where)
             elif base_kind and mode != base_kind:
                 bad("invalid_plan", "%s.params.mode %r does not match base_state.kind %r"
@@ -1953,6 +1958,7 @@ class ChangeSets:
                                      "plan_sha256 in 00-meta.json is %s but the plan hashes "
                                      "to %s" % (meta["plan_sha256"][:16], actual[:16])))
             problems.extend(changeset_plan_problems(plan, base_kind, cs_id))
+            problems.extend(self.path_problems(plan))
             if (base_kind == "snapshot" and isinstance(plan.get("prerequisites"), dict)
                     and plan["prerequisites"].get("base_snapshot_id") not in
                     (None, meta["base_state"]["id"])):
@@ -1971,6 +1977,24 @@ class ChangeSets:
                     problems.append(("integrity_mismatch", "artifact %s does not match "
                                      "artifact_manifest" % name))
         return meta, plan, problems
+
+    def path_problems(self, plan):
+        """Patches may not reach outside the repository, into .git, or into changes/ (the
+        executor's own records and other change sets)."""
+        problems = []
+        own = os.path.relpath(self.dir, self.root).replace(os.sep, "/").strip("/")
+        for i, task in enumerate(plan.get("tasks") or []):
+            if not isinstance(task, dict) or task.get("tool") != "workspace.apply_patch":
+                continue
+            params = task.get("params") if isinstance(task.get("params"), dict) else {}
+            strip = params.get("strip", 1) if isinstance(params.get("strip", 1), int) else 1
+            for path in changeset_patch_paths(params.get("patch") or "", strip):
+                parts = path.split("/")
+                if (path.startswith("/") or ".." in parts or parts[0] == ".git"
+                        or path == own or path.startswith(own + "/")):
+                    problems.append(("forbidden_path", "tasks[%d] patches %s (outside the "
+                                     "repository, .git or %s/)" % (i, path, own)))
+        return problems
 
     def state_of(self, cs_id):
         """(state, decision, reason) for display: the status file, else draft/ready."""
@@ -2015,7 +2039,7 @@ class ChangeSets:
         outcome is "reject", "review" or "auto"."""
         base = meta["base_state"]
         kind = base["kind"]
-        details = {}
+        details = {"server": (client.server_info or {}).get("serverInfo")}
         if kind == "worktree":
             current = self.worktree_fingerprint(client)
             if current != base["id"]:
@@ -2442,11 +2466,18 @@ def changeset_new(sets, subject, plan_path, arch_path=None, snapshot=None, workt
                 arch = f.read()
         except (OSError, UnicodeDecodeError) as exc:
             raise BridgeError("cannot read %s: %s" % (arch_path, exc))
+    def refuse(problems):
+        raise BridgeError("%s is not a valid %s plan (%d problem(s)): %s" % (
+            plan_path, PLAN_VERSION, len(problems),
+            "; ".join("%s: %s" % p for p in problems)), EXIT_USAGE)
+
+    problems = changeset_plan_problems(plan) + sets.path_problems(plan)
+    if problems:  # before starting any server
+        refuse(problems)
     base = changeset_resolve_base(sets, snapshot, worktree)
     problems = changeset_plan_problems(plan, base["kind"])
     if problems:
-        raise BridgeError("%s is not a valid %s plan:\n  %s" % (
-            plan_path, PLAN_VERSION, "\n  ".join("%s: %s" % p for p in problems)), EXIT_USAGE)
+        refuse(problems)
     identity = changeset_identity(subject, changeset_repo_key(sets.root), base)
     title = " ".join(str(subject).split())  # for 03-task-list.md; not part of the meta
     supersedes = []

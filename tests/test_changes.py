@@ -696,3 +696,20 @@ def test_interrupted_validation_is_validated_again(env):
     assert env.status(cs_id)["state"] == "completed"
     text = env.cli("status", cs_id)
     assert "state:         completed" in text.stdout and "completed:     t1" in text.stdout
+
+
+def test_patches_may_not_touch_changes_git_or_outside(env):
+    evil = "--- a/changes/x/05-status.json\n+++ b/changes/x/05-status.json\n@@ -1 +1 @@\n-a\n+b\n"
+    res = env.new("Evil", [task("t1", evil)], ok=False)
+    assert res.returncode == 2 and "forbidden_path" in res.stderr and "changes/" in res.stderr
+    for path in ("../outside.txt", ".git/config"):
+        patch = "--- a/%s\n+++ b/%s\n@@ -1 +1 @@\n-a\n+b\n" % (path, path)
+        res = env.new("Evil", [task("t1", patch)], ok=False)
+        assert res.returncode == 2 and "forbidden_path" in res.stderr
+
+
+def test_id_command_matches_new(env):
+    res = env.cli("id", "--subject", "Add world")
+    assert res.returncode == 0
+    assert env.new("Add world", [task("t1", NOTES_PATCH)]) == res.stdout.strip()
+    assert env.cli("id", "--subject", "Add world", "--worktree").stdout == res.stdout
