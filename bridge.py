@@ -1543,8 +1543,13 @@ class McpClient:
                 self._replies.put((kind, msg))  # later calls fail the same way
                 raise McpServerGone(self._gone_message(
                     "exited during %s: %s" % (_mcp_label(method, params), msg)), EXIT_FAILED)
+            if isinstance(msg, dict) and "method" in msg:
+                if msg.get("id") is not None:  # a request from the server: we offer nothing
+                    self._send({"jsonrpc": "2.0", "id": msg["id"], "error": {
+                        "code": -32601, "message": "Method not found"}})
+                continue
             if not isinstance(msg, dict) or msg.get("id") != rid:
-                continue  # null-id replies to notifications, stale ids, server requests
+                continue  # null-id replies to notifications, stale ids
             err = msg.get("error")
             if err is not None:
                 if not isinstance(err, dict):

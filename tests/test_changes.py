@@ -713,3 +713,13 @@ def test_id_command_matches_new(env):
     assert res.returncode == 0
     assert env.new("Add world", [task("t1", NOTES_PATCH)]) == res.stdout.strip()
     assert env.cli("id", "--subject", "Add world", "--worktree").stdout == res.stdout
+
+
+@pytest.mark.parametrize("line", [False, True])
+def test_requests_from_the_server_are_not_taken_for_replies(tmp_path, line):
+    env = Env(tmp_path, server_args=["--server-request"] + (["--line"] if line else []),
+              framing="line" if line else "content-length")
+    cs_id = env.new("Add world", [task("t1", NOTES_PATCH)])
+    res = env.run()
+    assert res.returncode == 0, res.stderr
+    assert env.status(cs_id)["state"] == "completed"
