@@ -88,8 +88,8 @@ class Env:
             return res.stdout.strip()
         return res
 
-    def run(self, *extra):
-        return self.cli("run", "--once", *extra)
+    def run(self, *extra, **kw):
+        return self.cli("run", "--once", *extra, **kw)
 
     def dir(self, cs_id):
         return self.repo / "changes" / cs_id
@@ -532,11 +532,17 @@ def test_edited_plan_gets_a_new_id_and_supersedes(env):
 def test_server_crash_mid_call_is_recorded(tmp_path):
     env = Env(tmp_path, server_args=["--crash-on", "workspace.apply_patch"])
     cs_id = env.new("Add world", [task("t1", NOTES_PATCH)])
-    res = env.run()
+    res = env.run(env=clean_env(DEPLOY_TOKEN="tok-0123456789abcdef"))
     assert res.returncode == 1
     status = env.status(cs_id)
     assert status["state"] == "failed" and status["reason"].startswith("mcp_server_gone:")
     assert "exit code 3" in status["reason"] and "crashing on purpose" in status["reason"]
+    # the server's stderr is redacted before it reaches the status, the log or the terminal
+    assert "DEPLOY_TOKEN=[REDACTED]" in status["reason"]
+    for path in (env.dir(cs_id) / "05-status.json", env.repo / "changes" / ".log" /
+                 "executor.jsonl"):
+        assert b"0123456789abcdef" not in path.read_bytes()
+    assert "0123456789abcdef" not in res.stderr
 
 
 def test_slow_server_times_out(tmp_path):
