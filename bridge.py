@@ -1445,6 +1445,7 @@ class McpClient:
         self._next_id = 0
         self._replies = None
         self._stderr_tail = []
+        self._stalled = False
         self.server_info = None
         self.tools = None
 
@@ -1530,6 +1531,7 @@ class McpClient:
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
+                self._stalled = True
                 hint = ""
                 if method == "initialize":
                     hint = " (is changes.mcp.framing %r what it speaks?)" % self.framing
@@ -1592,16 +1594,21 @@ class McpClient:
         return values
 
     def close(self):
+        """EOF on stdin (a polite server exits), then the whole process group goes: a
+        server that stalled or spawned helpers must not outlive its change set."""
+        import subprocess
         if self.proc is None:
             return
         try:
             self.proc.stdin.close()
-        except OSError:
+        except (OSError, ValueError):
             pass
-        try:
-            self.proc.wait(timeout=2.0)
-        except Exception:
-            kill_process_group(self.proc, grace=2.0)
+        if not self._stalled:
+            try:
+                self.proc.wait(timeout=2.0)
+            except subprocess.TimeoutExpired:
+                pass
+        kill_process_group(self.proc, grace=1.0)
         self.proc = None
 
     def __enter__(self):

@@ -12,7 +12,8 @@ import time
 
 import pytest
 
-from conftest import BRIDGE, FIXTURES, PYTHON, clean_env, git, make_git_repo, run_bridge
+from conftest import (BRIDGE, FIXTURES, PYTHON, clean_env, git, make_git_repo,
+                      process_running, run_bridge)
 
 SERVER = str(FIXTURES / "mcp_axiomregent.py")
 
@@ -548,12 +549,21 @@ def test_server_crash_mid_call_is_recorded(tmp_path):
 def test_slow_server_times_out(tmp_path):
     env = Env(tmp_path)
     cs_id = env.new("Add world", [task("t1", NOTES_PATCH)])
-    env.configure(["--slow", "gov.drift=10"], mcp={"timeout_sec": 1})
+    tag = "--tag=%s" % tmp_path.name  # ignored by the server; lets us find its process
+    env.configure(["--slow", "gov.drift=10", tag], mcp={"timeout_sec": 1})
     t0 = time.time()
     res = env.run()
     assert res.returncode == 1 and time.time() - t0 < 9
     status = env.status(cs_id)
     assert "did not answer gov.drift within 1 s" in status["reason"]
+    # the stalled server was killed, not left behind
+    for pid in os.listdir("/proc"):
+        if pid.isdigit() and process_running(int(pid)):
+            try:
+                with open("/proc/%s/cmdline" % pid, "rb") as f:
+                    assert tag.encode() not in f.read(), "server %s outlived its run" % pid
+            except OSError:
+                pass
 
 
 def test_server_that_cannot_start(tmp_path):
