@@ -2052,12 +2052,13 @@ class ChangeSets:
         base = meta["base_state"]
         kind = base["kind"]
         details = {"server": (client.server_info or {}).get("serverInfo")}
+        rejects = []  # every reason to reject, so `validate` can print them all
         if kind == "worktree":
             current = self.worktree_fingerprint(client)
             if current != base["id"]:
-                return ("reject", "stale_base", "the worktree fingerprint is %s, the plan was "
-                        "made against %s; re-plan under a new id" % (current[:16],
-                                                                     base["id"][:16]), details)
+                rejects.append(("stale_base", "the worktree fingerprint is %s, the plan was "
+                                "made against %s; re-plan under a new id" % (
+                                    current[:16], base["id"][:16])))
         else:
             try:
                 client.call_tool("snapshot.info", {"repo_root": self.root,
@@ -2086,9 +2087,9 @@ class ChangeSets:
         errors = [v for v in violations if not isinstance(v, dict)
                   or v.get("severity") != "warning"]
         if tier == "tier3" or errors:
-            return ("reject", "tier3", "gov.preflight: Tier 3 change (never approvable): %s"
-                    % _violation_text(violations), details)
-        if tier not in ("tier1", "tier2"):
+            rejects.append(("tier3", "gov.preflight: Tier 3 change (never approvable): %s"
+                            % _violation_text(violations)))
+        elif tier not in ("tier1", "tier2"):
             raise BridgeError("gov.preflight returned an unknown safety_tier %r" % (tier,),
                               EXIT_FAILED)
         drift = client.call_tool("gov.drift", {"repo_root": self.root})
@@ -2096,8 +2097,14 @@ class ChangeSets:
             drift = drift.get("violations") or []
         if drift:
             details["drift"] = drift
-            return ("reject", "gov_drift", "gov.drift reports %d violation(s): %s"
-                    % (len(drift), _violation_text(drift)), details)
+            rejects.append(("gov_drift", "gov.drift reports %d violation(s): %s"
+                            % (len(drift), _violation_text(drift))))
+        if rejects:
+            details["problems"] = ["%s: %s" % r for r in rejects]
+            code, reason = rejects[0]
+            if len(rejects) > 1:
+                reason += " (+ %s)" % ", ".join(c for c, _ in rejects[1:])
+            return ("reject", code, reason, details)
         touched, source = self.impact(client, paths, base)
         details["touched_features"] = touched
         details["impact_source"] = source
@@ -2738,7 +2745,8 @@ def cmd_changes_validate(args):
     finally:
         client.close()
     if outcome == "reject":
-        print("%s: %s: %s" % (cs_id, code, reason))
+        for problem in details.get("problems") or ["%s: %s" % (code, reason)]:
+            print("%s: %s" % (cs_id, problem))
         return EXIT_FAILED
     print("%s: valid; the executor would decide %s: %s" % (cs_id, code, reason))
     return EXIT_OK

@@ -690,6 +690,17 @@ def test_validate_offline_and_against_the_server(env):
     (env.repo / "notes.txt").write_text("moved on\n")
     res = env.cli("validate", cs_id)
     assert res.returncode == 1 and "stale_base" in res.stdout
+    # every problem the server finds is printed, not just the first
+    os.remove(env.repo / "spec" / "docs.md")
+    res = env.cli("validate", cs_id)
+    assert res.returncode == 1
+    assert [line.split(": ")[1] for line in res.stdout.splitlines()] == [
+        "stale_base", "gov_drift"], res.stdout
+    assert env.run().returncode == 1
+    status = env.status(cs_id)
+    assert status["reason"].startswith("stale_base:") and status["reason"].endswith(
+        "(+ gov_drift)")
+    assert len(status["validation"]["problems"]) == 2
     assert env.cli("validate", "no-such--000000000000").returncode == 2
 
 
