@@ -2197,6 +2197,7 @@ class ChangeExecutor:
         self.sets = sets
         self.lock = None
         self.stopping = False
+        self.skipped = set()  # unreadable statuses already reported by this process
 
     def acquire(self):
         cfg = self.sets.cfg
@@ -2264,8 +2265,10 @@ class ChangeExecutor:
         try:
             status = sets.read_status(cs_id)
         except BridgeError as exc:
-            sets.record(cs_id, "skipped", reason="unreadable status: %s" % exc)
-            sets.say("%s: skipped: %s" % (cs_id, exc))
+            if cs_id not in self.skipped:  # once per process, not on every poll
+                self.skipped.add(cs_id)
+                sets.record(cs_id, "skipped", reason="unreadable status: %s" % exc)
+                sets.say("%s: skipped: %s" % (cs_id, exc))
             return None
         if status is None:
             if not (os.path.exists(sets.path(cs_id, CS_META))
@@ -2310,9 +2313,9 @@ class ChangeExecutor:
                                        meta=meta, prev=status)
                 sets.say("%s: failed: %s" % (cs_id, st["reason"]))
                 return "failed"
+        client = sets.client()  # a configuration error stops here, before any status moves
         status = sets.write_status(cs_id, "validating", decision,
                                    "validating against the MCP server", meta=meta, prev=status)
-        client = sets.client()
         try:
             client.start()
             outcome, code, reason, details = sets.check_online(client, meta, plan)
