@@ -658,7 +658,19 @@ CONFIG_DEFAULTS = {
     # ---- end proxy ----
 
     # ---- changes (seed 004) ----
-    "changes": {},
+    "changes": {
+        "dir": "changes",               # where change sets live, relative to the root
+        "mcp": {
+            "command": None,            # argv list (or string) of the MCP server, e.g. axiomregent
+            "framing": "content-length",  # what we send: content-length (axiomregent) or line
+            "timeout_sec": 30,          # every request
+            "apply_timeout_sec": 120,   # workspace.apply_patch
+            "env": {},                  # extra environment for the server
+        },
+        "critical_features": [],        # feature ids whose impact always asks for review
+        "poll_sec": 2.0,                # `changes run` without --once
+        "lock_ttl_sec": 7200,           # worktree.lock heartbeat age before it counts as stale
+    },
     # ---- end changes ----
 }
 
@@ -775,9 +787,9 @@ _BASE_PATTERNS = [
     r"Bearer\s+[A-Za-z0-9\-_\.]+",
     r"sk-[A-Za-z0-9_-]{10,}",
     r"AIza[0-9A-Za-z\-_]{20,}",
-    r"(?i)anthropic[_-]?(?:api)?[_-]?key[:=]\s*\S+",
-    r"(?i)x-api-key[:=]\s*\S+",
-    r"(?i)authorization[:=]\s*\S+",
+    r"(?i:anthropic[_-]?(?:api)?[_-]?key[:=]\s*\S+)",
+    r"(?i:x-api-key[:=]\s*\S+)",
+    r"(?i:authorization[:=]\s*\S+)",
 ]
 _SECRET_ENV_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD", re.I)
 
@@ -2578,7 +2590,1403 @@ def _wake_event(bdir, status, lines, targets, session, message="", error=""):
 # =============================================================================
 # 6. CHANGES - change sets and their MCP executor (seed 004)
 # =============================================================================
-# (built on the `changes` branch)
+
+# Change sets (seed 004, issue 5). A planning agent writes reviewable change sets under
+# changes/<id>/; the trusted executor (`changes run`) validates each one offline (schema,
+# integrity) and against the repository's MCP server (alignment, governance, impact), then
+# applies it through the server, gates it for a human (Tier 2) or rejects it. Every decision
+# lands in changes/<id>/05-status.json (written only here, atomically and canonically) and in
+# the decision log changes/.log/executor.jsonl.
+
+CHANGESET_PROTOCOL = "changeset_id_v1"
+CHANGESET_STATUS_SCHEMA = "changeset_status_v1"
+PLAN_VERSION = "plan_v1"
+CS_META = "00-meta.json"
+CS_ARCH = "01-architecture.md"
+CS_PLAN = "02-implementation-plan.json"
+CS_TASKS = "03-task-list.md"
+CS_STATUS = "05-status.json"
+CS_STATES = ("draft", "ready", "validating", "pending_review", "executing", "completed",
+             "failed", "superseded")
+CS_TERMINAL = ("completed", "failed", "superseded")
+CS_DECISIONS = ("auto", "review_required", "rejected", "approved")
+CS_META_KEYS = ("artifact_manifest", "base_state", "plan_sha256", "protocol", "repo_key",
+                "subject", "supersedes", "title")
+# Tools a plan may call. Everything else (run.execute, workspace.write_file, shell_command...)
+# rejects the whole plan: mutation goes through patches the server checks, nothing else.
+CS_READ_TOOLS = ("gov.preflight", "gov.drift", "features.overview", "features.locate",
+                 "features.impact", "xray.scan")
+CS_MAX_SAFE_INT = 2 ** 53 - 1
+
+
+class CanonicalJSONError(BridgeError):
+    """A value that canonical JSON (our subset of RFC 8785) cannot represent."""
+
+
+def _canonical_check(value, where="$"):
+    """Refuse what canonical JSON may not hold: floats, NaN, out-of-range integers,
+    non-string keys, lone surrogates. `where` is a JSONPath-like location for the message."""
+    if value is None or value is True or value is False:
+        return
+    if isinstance(value, int):
+        if not -CS_MAX_SAFE_INT <= value <= CS_MAX_SAFE_INT:
+            shown = str(value) if value.bit_length() < 256 else "of %d bits" % value.bit_length()
+            raise CanonicalJSONError("%s: integer %s is outside +/-(2^53-1)" % (where, shown))
+        return
+    if isinstance(value, float):
+        raise CanonicalJSONError("%s: number %r is not an integer (floats are not allowed in "
+                                 "canonical JSON)" % (where, value))
+    if isinstance(value, str):
+        _canonical_check_text(value, where)
+        return
+    if isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            _canonical_check(item, "%s[%d]" % (where, i))
+        return
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise CanonicalJSONError("%s: object key %r is not a string" % (where, key))
+            _canonical_check_text(key, where + " (key)")
+            _canonical_check(item, "%s.%s" % (where, key))
+        return
+    raise CanonicalJSONError("%s: %s is not a JSON value" % (where, type(value).__name__))
+
+
+def _canonical_check_text(text, where):
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise CanonicalJSONError("%s: lone surrogate U+%04X in string" % (
+            where, ord(text[exc.start])))
+
+
+def canonical_json(value):
+    """Canonical JSON bytes: UTF-8, keys sorted by code point (= UTF-8 byte order, the seed's
+    rule; RFC 8785 sorts by UTF-16 code units, which differs only for astral-plane vs
+    U+E000..U+FFFF keys), no whitespace, arrays in order, no trailing newline."""
+    import json
+    _canonical_check(value)
+    # Python compares str by code point, so sort_keys gives the byte order we want.
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                      allow_nan=False).encode("utf-8")
+
+
+def canonical_sha256(value):
+    import hashlib
+    return hashlib.sha256(canonical_json(value)).hexdigest()
+
+
+def canonical_loads(data, what="JSON"):
+    """Parse JSON strictly for hashed artifacts: duplicate keys, floats, NaN/Infinity,
+    out-of-range integers, lone surrogates and invalid UTF-8 are errors naming `what`."""
+    import json
+
+    def pairs(items):
+        seen = {}
+        for key, val in items:
+            if key in seen:
+                raise CanonicalJSONError("%s: duplicate key %s" % (what, json.dumps(key)))
+            seen[key] = val
+        return seen
+
+    def bad_float(text):
+        raise CanonicalJSONError("%s: number %s is not an integer (floats are not allowed)"
+                                 % (what, text))
+
+    def bad_constant(text):
+        raise CanonicalJSONError("%s: %s is not valid JSON here" % (what, text))
+
+    if isinstance(data, bytes):
+        try:
+            data = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise CanonicalJSONError("%s: invalid UTF-8 at byte %d" % (what, exc.start))
+    if data.startswith("\ufeff"):
+        raise CanonicalJSONError("%s: byte order mark is not allowed" % what)
+    try:
+        value = json.loads(data, object_pairs_hook=pairs, parse_float=bad_float,
+                           parse_constant=bad_constant)
+    except json.JSONDecodeError as exc:
+        raise CanonicalJSONError("%s: line %d column %d: %s" % (what, exc.lineno, exc.colno,
+                                                                exc.msg))
+    except (ValueError, RecursionError) as exc:  # e.g. an integer of 5000 digits
+        raise CanonicalJSONError("%s: %s" % (what, exc))
+    try:
+        _canonical_check(value)
+    except CanonicalJSONError as exc:
+        raise CanonicalJSONError("%s: %s" % (what, exc))
+    return value
+
+
+def read_canonical_file(path, what=None):
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as exc:
+        raise BridgeError("cannot read %s: %s" % (path, exc.strerror or exc))
+    return canonical_loads(data, what or str(path))
+
+
+# ---- slug, repo key, id -------------------------------------------------------------------
+
+_SLUG_EXTRA = {"ß": "ss", "æ": "ae", "Æ": "ae", "ø": "o", "Ø": "o", "œ": "oe", "Œ": "oe",
+               "đ": "d", "Đ": "d", "ł": "l", "Ł": "l", "þ": "th", "Þ": "th", "ı": "i"}
+
+
+def changeset_slug(subject, max_len=48):
+    """ASCII slug: accents transliterated (NFKD, combining marks dropped), anything not
+    [a-z0-9] becomes one `-`, trimmed, cut to `max_len` and trimmed again; `change` if empty."""
+    import unicodedata
+    text = "".join(_SLUG_EXTRA.get(ch, ch) for ch in str(subject))
+    text = unicodedata.normalize("NFKD", text).encode("ascii", "ignore").decode("ascii")
+    text = re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+    text = text[:max_len].strip("-")
+    return text or "change"
+
+
+def normalize_repo_key(url):
+    """`host/owner/repo` from a git remote URL (scheme, user, password/token and port removed,
+    host lower-cased, `.git` and slashes stripped), or None for local paths and file:// URLs.
+    Never raises on odd input and never returns any part of the userinfo."""
+    from urllib.parse import urlsplit
+    url = (url or "").strip()
+    if not url:
+        return None
+    if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", url):
+        try:
+            parts = urlsplit(url)
+            host = parts.hostname  # lower-cased, brackets, port and userinfo removed
+        except ValueError:
+            return None
+        if parts.scheme.lower() == "file" or not host:
+            return None
+        path = parts.path
+    else:
+        # scp-like [user@]host:path -- only when no '/' comes before the first ':'
+        m = re.match(r"^(?:[^@/:]*@)?(\[[^\]/]+\]|[^:/\\]+):(.*)$", url)
+        if not m or "/" in url.split(":", 1)[0]:
+            return None
+        host = m.group(1).strip("[]").lower()
+        path = m.group(2)
+        if len(host) == 1:  # C:\src\repo is a drive letter, not a host
+            return None
+    while True:
+        stripped = path.strip("/")
+        if stripped.endswith(".git"):
+            stripped = stripped[:-4]
+        if stripped == path:
+            break
+        path = stripped
+    if not path or not host:
+        return None
+    return host + "/" + path
+
+
+def changeset_repo_key(root):
+    """Repo key of `root`: the normalised `origin` URL, else the absolute repository path."""
+    res = Git(root).run("remote", "get-url", "origin", check=False)
+    key = normalize_repo_key(res.stdout.strip()) if res.exit_code == 0 else None
+    return key or os.path.abspath(str(root))
+
+
+def changeset_identity(subject, repo_key, base_state):
+    """The hashed identity payload of changeset_id_v1 (normalised inputs only)."""
+    return {"base_state": {"id": str(base_state["id"]), "kind": str(base_state["kind"])},
+            "protocol": CHANGESET_PROTOCOL, "repo_key": repo_key,
+            "subject": changeset_slug(subject)}
+
+
+def changeset_id(identity, length=12):
+    return identity["subject"] + "--" + canonical_sha256(identity)[:length]
+
+
+# ---- MCP client -----------------------------------------------------------------------------
+
+class McpError(BridgeError):
+    """An error reply from the MCP server; `mcp_code` may be an int or a string (STALE_LEASE)."""
+
+    def __init__(self, message, mcp_code=None, data=None):
+        BridgeError.__init__(self, message, EXIT_FAILED)
+        self.mcp_code = mcp_code
+        self.data = data
+
+
+class McpServerGone(BridgeError):
+    """The server exited, closed its output or did not answer in time."""
+
+
+class McpClient:
+    """JSON-RPC client for one MCP server process over stdio.
+
+    Sends in the configured framing (`content-length`, what axiomregent reads, or `line`, the
+    MCP standard) and reads either (kernel MessageReader). Replies are matched by id; replies
+    with a null id (axiomregent answers notifications) and unknown ids are ignored. One process
+    lives for a whole change set so the server's in-memory leases stay valid."""
+
+    def __init__(self, command, cwd, framing="content-length", timeout=30.0, env=None,
+                 log=None):
+        import shlex
+        if isinstance(command, str):
+            command = shlex.split(command)
+        if not command:
+            raise BridgeError("changes.mcp.command is empty", EXIT_USAGE)
+        self.command = [str(c) for c in command]
+        self.cwd = str(cwd)
+        self.framing = framing
+        self.timeout = float(timeout)
+        self.env = env
+        self.log = log or (lambda msg: None)
+        self.proc = None
+        self._next_id = 0
+        self._replies = None
+        self._stderr_tail = []
+        self._stalled = False
+        self.server_info = None
+        self.tools = None
+
+    def start(self):
+        import queue
+        import subprocess
+        import threading
+        env = dict(os.environ)
+        env.update(self.env or {})
+        try:
+            self.proc = subprocess.Popen(
+                self.command, cwd=self.cwd, env=env, stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        except OSError as exc:
+            raise McpServerGone("cannot start MCP server %s: %s" % (
+                self.command[0], exc.strerror or exc), EXIT_FAILED)
+        self._replies = queue.Queue()
+        threading.Thread(target=self._read_stdout, daemon=True).start()
+        threading.Thread(target=self._read_stderr, daemon=True).start()
+        init = self.request("initialize", {
+            "protocolVersion": "2024-11-05", "capabilities": {},
+            "clientInfo": {"name": "bridge.py", "version": __version__}})
+        self.server_info = init if isinstance(init, dict) else {}
+        self.notify("notifications/initialized", {})
+        return self
+
+    def _read_stdout(self):
+        import json
+        reader = MessageReader(self.proc.stdout)
+        while True:
+            try:
+                raw = reader.read()
+            except Exception as exc:  # framing error: the stream is unusable
+                self._replies.put(("gone", "unreadable server output: %s" % exc))
+                return
+            if raw is None:
+                self._replies.put(("gone", "server closed its output"))
+                return
+            try:
+                msg = json.loads(raw)
+            except ValueError:
+                self.log("mcp: ignoring unparseable message from server")
+                continue
+            self._replies.put(("msg", msg))
+
+    def _read_stderr(self):
+        for line in iter(self.proc.stderr.readline, b""):
+            self._stderr_tail.append(line.decode("utf-8", "replace").rstrip())
+            del self._stderr_tail[:-20]
+
+    def _send(self, obj):
+        try:
+            self.proc.stdin.write(frame_message(obj, self.framing))
+            self.proc.stdin.flush()
+        except (OSError, ValueError):
+            raise McpServerGone(self._gone_message("cannot write to server"), EXIT_FAILED)
+
+    def _gone_message(self, what):
+        code = self.proc.poll() if self.proc else None
+        if code is None and self.proc is not None:
+            try:
+                code = self.proc.wait(timeout=1.0)
+            except Exception:
+                code = None
+        msg = "MCP server %s" % what
+        if code is not None:
+            msg += " (exit code %s)" % code
+        tail = [t for t in self._stderr_tail if t][-3:]
+        if tail:
+            msg += "; stderr: " + " | ".join(tail)
+        return get_redactor().redact(msg)
+
+    def notify(self, method, params=None):
+        self._send({"jsonrpc": "2.0", "method": method, "params": params or {}})
+
+    def request(self, method, params=None, timeout=None):
+        import queue
+        import time
+        self._next_id += 1
+        rid = self._next_id
+        self._send({"jsonrpc": "2.0", "id": rid, "method": method, "params": params or {}})
+        deadline = time.monotonic() + (timeout or self.timeout)
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self._stalled = True
+                hint = ""
+                if method == "initialize":
+                    hint = " (is changes.mcp.framing %r what it speaks?)" % self.framing
+                raise McpServerGone("MCP server did not answer %s within %.0f s%s" % (
+                    _mcp_label(method, params), timeout or self.timeout, hint), EXIT_FAILED)
+            try:
+                kind, msg = self._replies.get(timeout=left)
+            except queue.Empty:
+                continue
+            if kind == "gone":
+                self._replies.put((kind, msg))  # later calls fail the same way
+                raise McpServerGone(self._gone_message(
+                    "exited during %s: %s" % (_mcp_label(method, params), msg)), EXIT_FAILED)
+            if isinstance(msg, dict) and "method" in msg:
+                if msg.get("id") is not None:  # a request from the server: we offer nothing
+                    self._send({"jsonrpc": "2.0", "id": msg["id"], "error": {
+                        "code": -32601, "message": "Method not found"}})
+                continue
+            if not isinstance(msg, dict) or msg.get("id") != rid:
+                continue  # null-id replies to notifications, stale ids
+            err = msg.get("error")
+            if err is not None:
+                if not isinstance(err, dict):
+                    err = {"message": str(err)}
+                raise McpError("%s failed: %s%s" % (
+                    _mcp_label(method, params), err.get("message", "error"),
+                    " (%s)" % err["code"] if "code" in err else ""),
+                    err.get("code"), err.get("data"))
+            return msg.get("result")
+
+    def call_tool(self, name, arguments, timeout=None):
+        """tools/call, unwrapping the result: structuredContent, else `json` blocks (axiomregent)
+        or `text` blocks holding JSON (the standard); several blocks give a list."""
+        import json
+        result = self.request("tools/call", {"name": name, "arguments": arguments},
+                              timeout=timeout)
+        if not isinstance(result, dict):
+            return result
+        if result.get("isError"):
+            raise McpError("%s failed: %s" % (name, _mcp_text(result)), "tool_error")
+        if "structuredContent" in result:
+            return result["structuredContent"]
+        blocks = result.get("content")
+        if not isinstance(blocks, list):
+            return result
+        values = []
+        for block in blocks:
+            if not isinstance(block, dict):
+                continue
+            if block.get("type") == "json":
+                values.append(block.get("json"))
+            elif block.get("type") == "text":
+                text = block.get("text", "")
+                try:
+                    values.append(json.loads(text))
+                except ValueError:
+                    values.append(text)
+        if len(values) == 1:
+            return values[0]
+        return values
+
+    def close(self):
+        """EOF on stdin (a polite server exits), then the whole process group goes: a
+        server that stalled or spawned helpers must not outlive its change set."""
+        import subprocess
+        if self.proc is None:
+            return
+        try:
+            self.proc.stdin.close()
+        except (OSError, ValueError):
+            pass
+        if not self._stalled:
+            try:
+                self.proc.wait(timeout=2.0)
+            except subprocess.TimeoutExpired:
+                pass
+        kill_process_group(self.proc, grace=1.0)
+        self.proc = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _mcp_label(method, params):
+    if method == "tools/call" and isinstance(params, dict):
+        return str(params.get("name"))
+    return method
+
+
+def _mcp_text(result):
+    parts = []
+    for block in result.get("content") or []:
+        if isinstance(block, dict) and block.get("type") == "text":
+            parts.append(str(block.get("text")))
+    return " ".join(parts) or "error"
+
+
+# ---- change sets on disk ------------------------------------------------------------------
+
+def changeset_patch_paths(patch, strip=1):
+    """Paths a unified diff touches (its `---`/`+++` headers, /dev/null skipped; hunk bodies
+    are skipped by their line counts, so a removed line `-- x` is not a header)."""
+    paths = set()
+    old_left = new_left = 0
+    for line in str(patch).splitlines():
+        if old_left > 0 or new_left > 0:  # inside a hunk
+            if line.startswith("\\"):
+                continue  # "\ No newline at end of file"
+            tag = line[:1]
+            if tag in (" ", ""):
+                old_left, new_left = old_left - 1, new_left - 1
+            elif tag == "-":
+                old_left -= 1
+            elif tag == "+":
+                new_left -= 1
+            continue
+        m = re.match(r"^@@ -\d+(?:,(\d+))? \+\d+(?:,(\d+))? @@", line)
+        if m:
+            old_left = int(m.group(1)) if m.group(1) is not None else 1
+            new_left = int(m.group(2)) if m.group(2) is not None else 1
+            continue
+        if not (line.startswith("+++ ") or line.startswith("--- ")):
+            continue
+        name = line[4:].split("\t", 1)[0].strip()
+        if name.startswith('"') and name.endswith('"') and len(name) > 1:
+            name = name[1:-1]
+        if name == "/dev/null" or not name:
+            continue
+        parts = name.split("/")
+        if len(parts) > strip:
+            paths.add("/".join(parts[strip:]))
+    return sorted(paths)
+
+
+def changeset_tool_allowed(tool):
+    return (tool == "workspace.apply_patch" or tool in CS_READ_TOOLS
+            or (tool.startswith("snapshot.") and len(tool) > len("snapshot.")))
+
+
+def changeset_plan_problems(plan, base_kind=None, folder=None):
+    """Schema problems of a plan_v1 document as (code, message) pairs; empty when valid."""
+    problems = []
+
+    def bad(code, msg):
+        problems.append((code, msg))
+
+    if not isinstance(plan, dict):
+        return [("invalid_plan", "the plan must be a JSON object")]
+    allowed = ("version", "change_set_id", "generated_from_digest", "prerequisites", "tasks",
+               "goal", "description")
+    for key in sorted(plan):
+        if key not in allowed:
+            bad("invalid_plan", "unknown plan field %r" % key)
+    if plan.get("version") != PLAN_VERSION:
+        bad("invalid_plan", "version must be %r, not %r" % (PLAN_VERSION, plan.get("version")))
+    if "change_set_id" in plan and folder is not None and plan["change_set_id"] != folder:
+        bad("integrity_mismatch", "plan change_set_id %r is not the folder name %r"
+            % (plan["change_set_id"], folder))
+    for key in ("generated_from_digest", "goal", "description", "change_set_id"):
+        if key in plan and not isinstance(plan[key], str):
+            bad("invalid_plan", "%s must be a string" % key)
+    pre = plan.get("prerequisites", {})
+    if not isinstance(pre, dict):
+        bad("invalid_plan", "prerequisites must be an object")
+    else:
+        if "base_snapshot_id" in pre and not isinstance(pre["base_snapshot_id"], str):
+            bad("invalid_plan", "prerequisites.base_snapshot_id must be a string")
+        leases = pre.get("required_leases", [])
+        if not isinstance(leases, list) or not all(isinstance(x, str) for x in leases):
+            bad("invalid_plan", "prerequisites.required_leases must be a list of strings")
+    tasks = plan.get("tasks")
+    if not isinstance(tasks, list) or not tasks:
+        bad("invalid_plan", "tasks must be a non-empty list")
+        return problems
+    seen = set()
+    for i, task in enumerate(tasks):
+        where = "tasks[%d]" % i
+        if not isinstance(task, dict):
+            bad("invalid_plan", "%s must be an object" % where)
+            continue
+        tid = task.get("id")
+        if not isinstance(tid, str) or not tid:
+            bad("invalid_plan", "%s.id must be a non-empty string" % where)
+        elif tid in seen:
+            bad("invalid_plan", "%s.id %r is used twice" % (where, tid))
+        else:
+            seen.add(tid)
+        if task.get("type") != "mcp_call":
+            bad("forbidden_task", "%s.type %r: only mcp_call tasks may run (no shell)"
+                % (where, task.get("type")))
+        tool = task.get("tool")
+        if not isinstance(tool, str) or not tool:
+            bad("invalid_plan", "%s.tool must be a non-empty string" % where)
+        elif not changeset_tool_allowed(tool):
+            bad("forbidden_tool", "%s.tool %r is not allowlisted (workspace.apply_patch, "
+                "snapshot.*, %s)" % (where, tool, ", ".join(CS_READ_TOOLS)))
+        params = task.get("params", {})
+        if not isinstance(params, dict):
+            bad("invalid_plan", "%s.params must be an object" % where)
+            params = {}
+        if tool == "workspace.apply_patch":
+            if not isinstance(params.get("patch"), str) or not params.get("patch"):
+                bad("invalid_plan", "%s.params.patch must be a non-empty string" % where)
+            mode = params.get("mode", base_kind)
+            if mode is None and base_kind is None:
+                pass  # decided by the base state, checked once that is known
+            elif mode not in ("worktree", "snapshot"):
+                bad("invalid_plan", "%s.params.mode must be worktree or snapshot" % where)
+            elif base_kind and mode != base_kind:
+                bad("invalid_plan", "%s.params.mode %r does not match base_state.kind %r"
+                    % (where, mode, base_kind))
+            if "strip" in params and (not isinstance(params["strip"], int)
+                                      or isinstance(params["strip"], bool)):
+                bad("invalid_plan", "%s.params.strip must be an integer" % where)
+        risk = task.get("risk_profile")
+        if not isinstance(risk, dict):
+            bad("invalid_plan", "%s.risk_profile must be an object" % where)
+        else:
+            if risk.get("impact_score") not in ("none", "low", "medium", "high"):
+                bad("invalid_plan", "%s.risk_profile.impact_score must be none, low, medium or "
+                    "high" % where)
+            feats = risk.get("touched_features", [])
+            if not isinstance(feats, list) or not all(isinstance(x, str) for x in feats):
+                bad("invalid_plan", "%s.risk_profile.touched_features must be a list of "
+                    "strings" % where)
+            if not isinstance(risk.get("destructive", False), bool):
+                bad("invalid_plan", "%s.risk_profile.destructive must be a boolean" % where)
+    return problems
+
+
+def changeset_meta_problems(meta):
+    problems = []
+
+    def bad(msg):
+        problems.append(("invalid_meta", msg))
+
+    if not isinstance(meta, dict):
+        return [("invalid_meta", "00-meta.json must be a JSON object")]
+    for key in sorted(meta):
+        if key not in CS_META_KEYS:
+            bad("unknown field %r" % key)
+    if meta.get("protocol") != CHANGESET_PROTOCOL:
+        bad("protocol must be %r" % CHANGESET_PROTOCOL)
+    subject = meta.get("subject")
+    if not isinstance(subject, str) or changeset_slug(subject) != subject:
+        bad("subject must be a normalised slug, not %r" % (subject,))
+    if not isinstance(meta.get("repo_key"), str) or not meta.get("repo_key"):
+        bad("repo_key must be a non-empty string")
+    base = meta.get("base_state")
+    if (not isinstance(base, dict) or sorted(base) != ["id", "kind"]
+            or base.get("kind") not in ("snapshot", "worktree")
+            or not isinstance(base.get("id"), str) or not base.get("id")):
+        bad("base_state must be {\"kind\": \"snapshot\"|\"worktree\", \"id\": \"...\"}")
+    if not re.match(r"^[0-9a-f]{64}$", str(meta.get("plan_sha256", ""))):
+        bad("plan_sha256 must be 64 lower-case hex digits")
+    if "title" in meta and not isinstance(meta["title"], str):
+        bad("title must be a string")
+    sup = meta.get("supersedes", [])
+    if not isinstance(sup, list) or not all(isinstance(x, str) and _SAFE_NAME.match(x)
+                                            and x not in (".", "..") for x in sup):
+        bad("supersedes must be a list of change set ids")
+    man = meta.get("artifact_manifest", {})
+    if not isinstance(man, dict) or not all(isinstance(v, str) for v in man.values()):
+        bad("artifact_manifest must map file names to sha256 strings")
+    return problems
+
+
+class ChangeSets:
+    """The `changes/` directory of one repository: change sets, their status, the executor."""
+
+    def __init__(self, root, config):
+        self.root = str(root)
+        self.config = config
+        self.cfg = config.get("changes") or {}
+        self.dir = os.path.join(self.root, self.cfg.get("dir") or "changes")
+        self.lock_path = os.path.join(self.dir, ".locks", "worktree.lock")
+        self.log_path = os.path.join(self.dir, ".log", "executor.jsonl")
+        self.redactor = get_redactor(config)
+
+    # -- plumbing --
+    def path(self, cs_id, name=None):
+        safe_name(cs_id, "change set id")
+        base = os.path.join(self.dir, cs_id)
+        return os.path.join(base, name) if name else base
+
+    def ids(self):
+        try:
+            names = sorted(os.listdir(self.dir))
+        except FileNotFoundError:
+            return []
+        return [n for n in names if not n.startswith(".")
+                and os.path.isdir(os.path.join(self.dir, n))]
+
+    def mcp_configured(self):
+        return bool((self.cfg.get("mcp") or {}).get("command"))
+
+    def client(self):
+        mcp = self.cfg.get("mcp") or {}
+        if not mcp.get("command"):
+            raise BridgeError("no MCP server configured: set changes.mcp.command in "
+                              "bridge.config.json", EXIT_USAGE)
+        framing = mcp.get("framing") or "content-length"
+        if framing not in ("content-length", "line"):
+            raise BridgeError("changes.mcp.framing must be content-length or line, not %r"
+                              % framing, EXIT_USAGE)
+        return McpClient(mcp["command"], self.root, framing=framing,
+                         timeout=float(mcp.get("timeout_sec") or 30),
+                         env={str(k): str(v) for k, v in (mcp.get("env") or {}).items()},
+                         log=self.say)
+
+    def say(self, msg):
+        sys.stderr.write("bridge changes: %s\n" % self.redactor.redact(msg))
+
+    def record(self, cs_id, event, **fields):
+        rec = {"ts": now_iso(), "change_set_id": cs_id, "event": event}
+        rec.update(fields)
+        append_jsonl(self.log_path, self.redactor.redact_obj(rec))
+
+    def ensure_excluded(self):
+        """Keep changes/ out of `git status` (and so out of the worktree fingerprint): the
+        change sets written after an id is derived must not make their own base stale."""
+        res = Git(self.root).run("rev-parse", "--git-path", "info/exclude", check=False)
+        if res.exit_code != 0:
+            return
+        path = res.stdout.strip()
+        if not os.path.isabs(path):
+            path = os.path.join(self.root, path)
+        pattern = "/%s/" % os.path.relpath(self.dir, self.root).replace(os.sep, "/")
+        try:
+            with open(path, "r", encoding="utf-8", errors="replace") as f:
+                if pattern in f.read().splitlines():
+                    return
+        except FileNotFoundError:
+            pass
+        append_text(path, pattern + "\n")
+
+    # -- status --
+    def status_lock(self):
+        """A short flock serialising status writes between the executor and `approve`."""
+        import contextlib
+
+        @contextlib.contextmanager
+        def held():
+            path = os.path.join(self.dir, ".locks", "status.lock")
+            fd = acquire_flock(path, timeout=10.0)
+            if fd is None:
+                raise BridgeError("%s stayed locked for 10 s" % path, EXIT_LOCKED)
+            try:
+                yield
+            finally:
+                release_flock(fd)
+        return held()
+
+    def read_status(self, cs_id):
+        path = self.path(cs_id, CS_STATUS)
+        if not os.path.exists(path):
+            return None
+        status = read_canonical_file(path, path)
+        if (not isinstance(status, dict)
+                or status.get("schema_version") != CHANGESET_STATUS_SCHEMA
+                or status.get("state") not in CS_STATES
+                or status.get("decision") not in CS_DECISIONS):
+            raise BridgeError("%s is not a %s document" % (path, CHANGESET_STATUS_SCHEMA))
+        return status
+
+    def write_status(self, cs_id, state, decision, reason, meta=None, prev=None, **extra):
+        """Replace 05-status.json (canonical, atomic) and log the decision."""
+        status = dict(prev or {})
+        status.update({
+            "schema_version": CHANGESET_STATUS_SCHEMA, "change_set_id": cs_id,
+            "state": state, "decision": decision, "reason": self.redactor.redact(reason),
+            "updated_at": now_iso()})
+        if isinstance(meta, dict) and isinstance(meta.get("base_state"), dict):
+            status["validated_against"] = {"base_state": meta["base_state"],
+                                           "plan_sha256": meta.get("plan_sha256")}
+        status.setdefault("validated_against", None)
+        status.setdefault("execution", {"started_task_id": None, "completed_task_ids": [],
+                                        "last_error": None})
+        for key, value in extra.items():
+            status[key] = value
+        execution = status["execution"]
+        if execution.get("last_error"):
+            execution["last_error"] = self.redactor.redact(execution["last_error"])
+        # Server answers (violations...) may hold floats or odd text: store them as strings
+        # rather than fail to record a decision.
+        status = _canonical_safe(status)
+        with self.status_lock():
+            atomic_write(self.path(cs_id, CS_STATUS), canonical_json(status))
+        self.record(cs_id, "status", state=state, decision=decision, reason=status["reason"])
+        return status
+
+    # -- offline checks --
+    def load(self, cs_id):
+        """(meta, plan, problems) after every offline check: schema, folder name vs the id
+        recomputed from 00-meta.json, plan_sha256 vs the plan's canonical bytes."""
+        problems = []
+        meta = plan = None
+        try:
+            safe_name(cs_id, "change set id")
+        except BridgeError as exc:
+            return None, None, [("integrity_mismatch", str(exc))]
+        meta_path, plan_path = self.path(cs_id, CS_META), self.path(cs_id, CS_PLAN)
+        try:
+            meta = read_canonical_file(meta_path, CS_META)
+        except BridgeError as exc:
+            problems.append(("invalid_meta", str(exc)))
+        if meta is not None:
+            mp = changeset_meta_problems(meta)
+            problems.extend(mp)
+            if not mp:
+                identity = {k: meta[k] for k in ("base_state", "protocol", "repo_key",
+                                                 "subject")}
+                digest = canonical_sha256(identity)
+                ok_names = (meta["subject"] + "--" + digest[:12],
+                            meta["subject"] + "--" + digest[:16])
+                if cs_id not in ok_names:
+                    problems.append(("integrity_mismatch",
+                                     "folder name %s does not match the id recomputed from "
+                                     "00-meta.json (%s)" % (cs_id, ok_names[0])))
+        try:
+            plan = read_canonical_file(plan_path, CS_PLAN)
+        except BridgeError as exc:
+            problems.append(("invalid_plan", str(exc)))
+        if plan is not None:
+            base_kind = None
+            if meta is not None and isinstance(meta, dict):
+                base_kind = (meta.get("base_state") or {}).get("kind") \
+                    if isinstance(meta.get("base_state"), dict) else None
+            if (isinstance(meta, dict) and isinstance(meta.get("plan_sha256"), str)):
+                actual = canonical_sha256(plan)
+                if actual != meta["plan_sha256"]:
+                    problems.append(("plan_tampered",
+                                     "plan_sha256 in 00-meta.json is %s but the plan hashes "
+                                     "to %s" % (meta["plan_sha256"][:16], actual[:16])))
+            problems.extend(changeset_plan_problems(plan, base_kind, cs_id))
+            problems.extend(self.path_problems(plan))
+            if (base_kind == "snapshot" and isinstance(plan.get("prerequisites"), dict)
+                    and plan["prerequisites"].get("base_snapshot_id") not in
+                    (None, meta["base_state"]["id"])):
+                problems.append(("invalid_plan", "prerequisites.base_snapshot_id is not "
+                                 "base_state.id"))
+        if isinstance(meta, dict) and isinstance(meta.get("artifact_manifest"), dict):
+            import hashlib
+            for name, digest in sorted(meta["artifact_manifest"].items()):
+                try:
+                    with open(self.path(cs_id, safe_name(name, "artifact")), "rb") as f:
+                        actual = hashlib.sha256(f.read()).hexdigest()
+                except (OSError, BridgeError) as exc:
+                    problems.append(("integrity_mismatch", "artifact %s: %s" % (name, exc)))
+                    continue
+                if actual != digest.split(":")[-1]:
+                    problems.append(("integrity_mismatch", "artifact %s does not match "
+                                     "artifact_manifest" % name))
+        return meta, plan, problems
+
+    def path_problems(self, plan):
+        """Patches may not reach outside the repository, into .git, or into changes/ (the
+        executor's own records and other change sets)."""
+        problems = []
+        own = os.path.relpath(self.dir, self.root).replace(os.sep, "/").strip("/")
+        for i, task in enumerate(plan.get("tasks") or []):
+            if not isinstance(task, dict) or task.get("tool") != "workspace.apply_patch":
+                continue
+            params = task.get("params") if isinstance(task.get("params"), dict) else {}
+            strip = params.get("strip", 1) if isinstance(params.get("strip", 1), int) else 1
+            for path in changeset_patch_paths(params.get("patch") or "", strip):
+                parts = path.split("/")
+                if (path.startswith("/") or ".." in parts or parts[0] == ".git"
+                        or path == own or path.startswith(own + "/")):
+                    problems.append(("forbidden_path", "tasks[%d] patches %s (outside the "
+                                     "repository, .git or %s/)" % (i, path, own)))
+        return problems
+
+    def state_of(self, cs_id):
+        """(state, decision, reason) for display: the status file, else draft/ready."""
+        try:
+            status = self.read_status(cs_id)
+        except BridgeError as exc:
+            return "unknown", None, str(exc)
+        if status is not None:
+            return status["state"], status.get("decision"), status.get("reason")
+        if os.path.exists(self.path(cs_id, CS_META)) and os.path.exists(
+                self.path(cs_id, CS_PLAN)):
+            return "ready", None, "waiting for the executor"
+        return "draft", None, "00-meta.json or 02-implementation-plan.json missing"
+
+    # -- base state --
+    def base_state(self, client, snapshot=None):
+        """snapshot -> {"kind": "snapshot", "id": ID}; worktree -> sha256 of the canonical JSON
+        of snapshot.info's fingerprint; servers without snapshot.info anchor to a new
+        snapshot (the seed's fallback)."""
+        if snapshot:
+            return {"kind": "snapshot", "id": str(snapshot)}
+        try:
+            return {"kind": "worktree", "id": self.worktree_fingerprint(client)}
+        except McpError as exc:
+            if exc.mcp_code != -32601:
+                raise
+        snap = client.call_tool("snapshot.create", {"repo_root": self.root})
+        if not isinstance(snap, dict) or not snap.get("snapshot_id"):
+            raise BridgeError("snapshot.create returned no snapshot_id", EXIT_FAILED)
+        return {"kind": "snapshot", "id": str(snap["snapshot_id"])}
+
+    def worktree_fingerprint(self, client):
+        info = client.call_tool("snapshot.info", {"repo_root": self.root})
+        fp = info.get("fingerprint") if isinstance(info, dict) else None
+        if not isinstance(fp, dict):
+            raise BridgeError("snapshot.info returned no fingerprint object", EXIT_FAILED)
+        return canonical_sha256(fp)
+
+    # -- validation against the server --
+    def check_online(self, client, meta, plan):
+        """Alignment, governance, impact. Returns (outcome, code, reason, details):
+        outcome is "reject", "review" or "auto"."""
+        base = meta["base_state"]
+        kind = base["kind"]
+        details = {"server": (client.server_info or {}).get("serverInfo")}
+        rejects = []  # every reason to reject, so `validate` can print them all
+        if kind == "worktree":
+            current = self.worktree_fingerprint(client)
+            if current != base["id"]:
+                rejects.append(("stale_base", "the worktree fingerprint is %s, the plan was "
+                                "made against %s; re-plan under a new id" % (
+                                    current[:16], base["id"][:16])))
+        else:
+            try:
+                client.call_tool("snapshot.info", {"repo_root": self.root,
+                                                   "snapshot_id": base["id"]})
+            except McpError as exc:
+                return ("reject", "stale_base", "snapshot %s is not available: %s"
+                        % (base["id"], exc), details)
+        paths = set()
+        for task in plan["tasks"]:
+            if task["tool"] == "workspace.apply_patch":
+                paths.update(changeset_patch_paths(task["params"]["patch"],
+                                                   task["params"].get("strip", 1)))
+        paths = sorted(paths)
+        details["changed_paths"] = paths
+        args = {"repo_root": self.root, "intent": "edit", "mode": kind, "changed_paths": paths}
+        if kind == "snapshot":
+            args["snapshot_id"] = base["id"]
+        pre = client.call_tool("gov.preflight", args)
+        if not isinstance(pre, dict):
+            raise BridgeError("gov.preflight returned %s, not an object" % type(pre).__name__,
+                              EXIT_FAILED)
+        tier = pre.get("safety_tier")
+        violations = pre.get("violations") or []
+        details["safety_tier"] = tier
+        details["preflight_violations"] = violations
+        errors = [v for v in violations if not isinstance(v, dict)
+                  or v.get("severity") != "warning"]
+        if tier == "tier3" or errors:
+            rejects.append(("tier3", "gov.preflight: Tier 3 change (never approvable): %s"
+                            % _violation_text(violations)))
+        elif tier not in ("tier1", "tier2"):
+            raise BridgeError("gov.preflight returned an unknown safety_tier %r" % (tier,),
+                              EXIT_FAILED)
+        drift = client.call_tool("gov.drift", {"repo_root": self.root})
+        if isinstance(drift, dict):
+            drift = drift.get("violations") or []
+        if drift:
+            details["drift"] = drift
+            rejects.append(("gov_drift", "gov.drift reports %d violation(s): %s"
+                            % (len(drift), _violation_text(drift))))
+        if rejects:
+            details["problems"] = ["%s: %s" % r for r in rejects]
+            code, reason = rejects[0]
+            if len(rejects) > 1:
+                reason += " (+ %s)" % ", ".join(c for c, _ in rejects[1:])
+            return ("reject", code, reason, details)
+        touched, source = self.impact(client, paths, base)
+        details["touched_features"] = touched
+        details["impact_source"] = source
+        critical = sorted(set(touched) & set(self.cfg.get("critical_features") or []))
+        reasons = []
+        if tier == "tier2":
+            reasons.append("gov.preflight: Tier 2 change")
+        if violations:
+            reasons.append("gov.preflight warnings: %s" % _violation_text(violations))
+        if critical:
+            reasons.append("touches critical feature(s) %s" % ", ".join(critical))
+        if reasons:
+            return ("review", "review_required", "; ".join(reasons) +
+                    " -- approve with `bridge.py changes approve ID`", details)
+        return ("auto", "auto", "Tier 1, no drift, no critical feature touched", details)
+
+    def impact(self, client, paths, base):
+        """Feature ids touched by `paths`: features.impact, or where the server does not offer
+        it (-32601, axiomregent) the same intersection computed from features.overview."""
+        args = {"repo_root": self.root, "changed_paths": paths}
+        if base["kind"] == "snapshot":
+            args["snapshot_id"] = base["id"]
+        try:
+            res = client.call_tool("features.impact", args)
+            if isinstance(res, dict):
+                res = res.get("features") or res.get("feature_ids") or []
+            return sorted(set(str(x) for x in res)), "features.impact"
+        except McpError as exc:
+            if exc.mcp_code != -32601:
+                raise
+        overview = client.call_tool("features.overview", {"repo_root": self.root})
+        if not isinstance(overview, dict):
+            raise BridgeError("features.overview returned %s, not an object"
+                              % type(overview).__name__, EXIT_FAILED)
+        touched = set()
+        for feat in overview.get("features") or []:
+            if not isinstance(feat, dict):
+                continue
+            files = [feat.get("spec_path")] + list(feat.get("impl_files") or []) + \
+                list(feat.get("test_files") or [])
+            for f in files:
+                if not isinstance(f, str) or not f:
+                    continue
+                f = f.strip("/")
+                if any(p == f or p.startswith(f + "/") for p in paths):
+                    touched.add(str(feat.get("feature_id")))
+        return sorted(touched), "features.overview"
+
+
+def _canonical_safe(value):
+    """`value` with everything canonical JSON refuses turned into strings."""
+    if isinstance(value, dict):
+        return {_canonical_safe_text(str(k)): _canonical_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_canonical_safe(v) for v in value]
+    if isinstance(value, str):
+        return _canonical_safe_text(value)
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, int) and -CS_MAX_SAFE_INT <= value <= CS_MAX_SAFE_INT:
+        return value
+    if isinstance(value, int) and value.bit_length() >= 256:
+        return "<integer of %d bits>" % value.bit_length()
+    return str(value)
+
+
+def _canonical_safe_text(text):
+    return text.encode("utf-8", "replace").decode("utf-8")
+
+
+def _violation_text(violations):
+    parts = []
+    for v in violations[:5]:
+        if isinstance(v, dict):
+            parts.append("%s %s" % (v.get("code"), v.get("path") or v.get("feature_id") or ""))
+        else:
+            parts.append(str(v))
+    if len(violations) > 5:
+        parts.append("... %d more" % (len(violations) - 5))
+    return "; ".join(p.strip() for p in parts) or "(none listed)"
+
+
+# ---- the executor ---------------------------------------------------------------------------
+
+class ChangeExecutor:
+    """The trusted local executor of seed section 6: one change set at a time, under
+    changes/.locks/worktree.lock, each with its own MCP server process."""
+
+    def __init__(self, sets):
+        self.sets = sets
+        self.lock = None
+        self.stopping = False
+        self.skipped = set()  # unreadable statuses already reported by this process
+
+    def acquire(self):
+        cfg = self.sets.cfg
+        self.lock = FileLock(self.sets.lock_path, ttl_sec=int(cfg.get("lock_ttl_sec") or 7200),
+                             meta={"command": "changes run", "root": self.sets.root})
+        if not self.lock.acquire():
+            raise BridgeError("another executor holds %s: %s" % (
+                self.sets.lock_path, describe_holder(self.lock.holder)), EXIT_LOCKED)
+        if self.lock.recovered:
+            self.sets.say("recovered the executor lock from a dead holder: %s"
+                          % describe_holder(self.lock.recovered))
+            self.sets.record(None, "lock_recovered", holder=self.lock.recovered)
+        self.sets.ensure_excluded()
+
+    def release(self):
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
+
+    def run_once(self):
+        """One pass over every change set. Returns the list of (id, final state) processed."""
+        sets = self.sets
+        done = []
+        self.apply_supersessions()
+        for cs_id in sets.ids():
+            if self.stopping:
+                break
+            self.lock.heartbeat()
+            final = self.process(cs_id)
+            if final:
+                done.append((cs_id, final))
+        return done
+
+    def apply_supersessions(self):
+        """A valid, unprocessed change set naming `supersedes` retires those ids first."""
+        sets = self.sets
+        for cs_id in sets.ids():
+            try:
+                if sets.read_status(cs_id) is not None:
+                    continue
+            except BridgeError:
+                continue
+            if not os.path.exists(sets.path(cs_id, CS_PLAN)):
+                continue
+            meta, plan, problems = sets.load(cs_id)
+            if problems or not meta.get("supersedes"):
+                continue
+            for old in meta["supersedes"]:
+                try:
+                    status = sets.read_status(old) if os.path.isdir(sets.path(old)) else None
+                except BridgeError:
+                    continue
+                if not os.path.isdir(sets.path(old)):
+                    continue
+                if status is not None and (status["state"] in CS_TERMINAL
+                                           or status["state"] == "executing"):
+                    continue
+                old_meta, _, _ = sets.load(old)
+                sets.write_status(old, "superseded", "rejected", "superseded by %s" % cs_id,
+                                  meta=old_meta if isinstance(old_meta, dict) else None,
+                                  prev=status)
+
+    def process(self, cs_id):
+        sets = self.sets
+        try:
+            status = sets.read_status(cs_id)
+        except BridgeError as exc:
+            if cs_id not in self.skipped:  # once per process, not on every poll
+                self.skipped.add(cs_id)
+                sets.record(cs_id, "skipped", reason="unreadable status: %s" % exc)
+                sets.say("%s: skipped: %s" % (cs_id, exc))
+            return None
+        if status is None:
+            if not (os.path.exists(sets.path(cs_id, CS_META))
+                    and os.path.exists(sets.path(cs_id, CS_PLAN))):
+                return None  # draft: the agent is still writing it
+            return self.validate_and_run(cs_id, None)
+        state = status["state"]
+        if state in ("ready", "draft", "validating"):
+            return self.validate_and_run(cs_id, status)
+        if state == "pending_review" and status.get("decision") == "approved":
+            return self.validate_and_run(cs_id, status, approved=True)
+        if state == "executing":
+            # We hold the worktree lock, so whoever was executing died mid-way.
+            task = (status.get("execution") or {}).get("started_task_id")
+            st = sets.write_status(
+                cs_id, "failed", status.get("decision") or "auto",
+                "interrupted: the executor stopped during task %s; the worktree may hold "
+                "part of this change set" % task, prev=status)
+            sets.say("%s: failed: %s" % (cs_id, st["reason"]))
+            return "failed"
+        return None
+
+    def validate_and_run(self, cs_id, status, approved=False):
+        sets = self.sets
+        meta, plan, problems = sets.load(cs_id)
+        decision = "approved" if approved else "auto"
+        if problems:
+            code, msg = problems[0]
+            more = " (+%d more problem(s); see `changes validate %s`)" % (
+                len(problems) - 1, cs_id) if len(problems) > 1 else ""
+            st = sets.write_status(cs_id, "failed", "rejected", "%s: %s%s" % (code, msg, more),
+                                   meta=meta if isinstance(meta, dict)
+                                   and "base_state" in meta else None, prev=status,
+                                   problems=["%s: %s" % p for p in problems])
+            sets.say("%s: failed: %s" % (cs_id, st["reason"]))
+            return "failed"
+        if approved:
+            approval = status.get("approval") or {}
+            if approval.get("plan_sha256") != meta["plan_sha256"]:
+                st = sets.write_status(cs_id, "failed", "rejected",
+                                       "plan_tampered: the plan changed after it was approved",
+                                       meta=meta, prev=status)
+                sets.say("%s: failed: %s" % (cs_id, st["reason"]))
+                return "failed"
+        client = sets.client()  # a configuration error stops here, before any status moves
+        status = sets.write_status(cs_id, "validating", decision,
+                                   "validating against the MCP server", meta=meta, prev=status)
+        try:
+            client.start()
+            outcome, code, reason, details = sets.check_online(client, meta, plan)
+            if outcome == "reject":
+                status = sets.write_status(cs_id, "failed", "rejected", "%s: %s" % (code, reason),
+                                           meta=meta, prev=status, validation=details)
+                sets.say("%s: failed: %s" % (cs_id, status["reason"]))
+                return "failed"
+            if outcome == "review" and not approved:
+                status = sets.write_status(cs_id, "pending_review", "review_required",
+                                           reason, meta=meta, prev=status, validation=details)
+                sets.say("%s: pending_review: %s" % (cs_id, reason))
+                return "pending_review"
+            return self.execute(client, cs_id, meta, plan, status, decision, details)
+        except Exception as exc:  # nothing may leave a change set silently half-decided
+            if isinstance(exc, McpServerGone):
+                code = "mcp_server_gone"
+            elif isinstance(exc, BridgeError):
+                code = "mcp_error"
+            else:
+                code = "internal_error"
+                exc = "%s: %s" % (type(exc).__name__, exc)
+            status = sets.write_status(cs_id, "failed", status["decision"],
+                                       "%s: %s" % (code, exc), meta=meta, prev=status)
+            sets.say("%s: failed: %s" % (cs_id, status["reason"]))
+            return "failed"
+        finally:
+            client.close()
+
+    def execute(self, client, cs_id, meta, plan, status, decision, details):
+        sets = self.sets
+        base = meta["base_state"]
+        execution = {"started_task_id": None, "completed_task_ids": [], "last_error": None}
+        status = sets.write_status(cs_id, "executing", decision,
+                                   "executing %d task(s)" % len(plan["tasks"]), meta=meta,
+                                   prev=status, validation=details, execution=execution)
+        lease_id = None
+        snapshot_id = base["id"] if base["kind"] == "snapshot" else None
+        results = []
+        try:
+            if base["kind"] == "worktree" and any(t["tool"] == "workspace.apply_patch"
+                                                  for t in plan["tasks"]):
+                # Leases live in the server process; take one now and keep the process.
+                listing = client.call_tool("snapshot.list", {"repo_root": sets.root})
+                lease_id = listing.get("lease_id") if isinstance(listing, dict) else None
+                if not lease_id:  # snapshot.create issues leases too
+                    snap = client.call_tool("snapshot.create", {"repo_root": sets.root})
+                    lease_id = snap.get("lease_id") if isinstance(snap, dict) else None
+            for task in plan["tasks"]:
+                self.lock.heartbeat()
+                execution["started_task_id"] = task["id"]
+                status = sets.write_status(cs_id, "executing", decision, "running task %s (%s)"
+                                           % (task["id"], task["tool"]), meta=meta, prev=status,
+                                           execution=execution)
+                params = dict(task.get("params") or {})
+                params["repo_root"] = sets.root  # never a path the plan chose
+                timeout = None
+                if task["tool"] == "workspace.apply_patch":
+                    params["mode"] = base["kind"]
+                    params.pop("lease_id", None)
+                    params.pop("snapshot_id", None)
+                    if lease_id:
+                        params["lease_id"] = lease_id
+                    if snapshot_id and base["kind"] == "snapshot":
+                        params["snapshot_id"] = snapshot_id
+                    timeout = float((sets.cfg.get("mcp") or {}).get("apply_timeout_sec") or 120)
+                result = client.call_tool(task["tool"], params, timeout=timeout)
+                if task["tool"] == "workspace.apply_patch":
+                    rejects = result.get("rejects") if isinstance(result, dict) else None
+                    if rejects:
+                        raise _TaskFailed("patch_rejected", "task %s: the server rejected %s"
+                                          % (task["id"], _rejects_text(rejects)))
+                    if not isinstance(result, dict):
+                        raise _TaskFailed("mcp_error", "task %s: workspace.apply_patch "
+                                          "returned no result object" % task["id"])
+                    lease_id = result.get("lease_id") or lease_id
+                    if base["kind"] == "snapshot" and result.get("snapshot_id"):
+                        snapshot_id = result["snapshot_id"]
+                    results.append({"task_id": task["id"], "applied": [
+                        a.get("path") for a in result.get("applied") or []
+                        if isinstance(a, dict)]})
+                else:
+                    results.append({"task_id": task["id"], "tool": task["tool"]})
+                execution["completed_task_ids"].append(task["id"])
+        except _TaskFailed as exc:
+            return self._fail(cs_id, meta, status, decision, execution, exc.code, exc.message)
+        except McpError as exc:
+            code = "stale_lease" if exc.mcp_code == "STALE_LEASE" else "mcp_error"
+            return self._fail(cs_id, meta, status, decision, execution, code, str(exc))
+        except McpServerGone as exc:
+            return self._fail(cs_id, meta, status, decision, execution, "mcp_server_gone",
+                              str(exc))
+        except BridgeError as exc:
+            return self._fail(cs_id, meta, status, decision, execution, "mcp_error", str(exc))
+        execution["started_task_id"] = None
+        extra = {"execution": execution, "results": results}
+        if base["kind"] == "snapshot":
+            extra["result_snapshot_id"] = snapshot_id
+        status = sets.write_status(cs_id, "completed", decision, "applied %d task(s)"
+                                   % len(plan["tasks"]), meta=meta, prev=status, **extra)
+        sets.say("%s: completed (%s)" % (cs_id, decision))
+        return "completed"
+
+    def _fail(self, cs_id, meta, status, decision, execution, code, message):
+        execution["last_error"] = "%s: %s" % (code, message)
+        status = self.sets.write_status(cs_id, "failed", decision, "%s: %s" % (code, message),
+                                        meta=meta, prev=status, execution=execution)
+        self.sets.say("%s: failed: %s" % (cs_id, status["reason"]))
+        return "failed"
+
+
+class _TaskFailed(Exception):
+    def __init__(self, code, message):
+        Exception.__init__(self, message)
+        self.code = code
+        self.message = message
+
+
+def _rejects_text(rejects):
+    parts = []
+    for rej in rejects[:5]:
+        if isinstance(rej, dict):
+            reasons = sorted({str(h.get("reason")) for h in rej.get("hunks") or []
+                              if isinstance(h, dict)})
+            parts.append("%s (%s)" % (rej.get("path"), ", ".join(reasons) or "rejected"))
+        else:
+            parts.append(str(rej))
+    return "; ".join(parts)
+
+
+# ---- creating and approving change sets ---------------------------------------------------
+
+def changeset_task_list(cs_id, title, plan):
+    """03-task-list.md: the human checklist derived from the plan (never edited by hand)."""
+    lines = ["# Task list: %s" % (title or cs_id), "",
+             "Change set `%s`. Derived from `%s`; regenerate it instead of editing it." % (
+                 cs_id, CS_PLAN), ""]
+    for task in plan.get("tasks") or []:
+        risk = task.get("risk_profile") or {}
+        bits = ["impact %s" % risk.get("impact_score", "?")]
+        if risk.get("touched_features"):
+            bits.append("features: " + ", ".join(risk["touched_features"]))
+        if risk.get("destructive"):
+            bits.append("destructive")
+        line = "- [ ] `%s` %s (%s)" % (task.get("id"), task.get("tool"), "; ".join(bits))
+        if task.get("description"):
+            line += " - " + " ".join(str(task["description"]).split())
+        if task.get("tool") == "workspace.apply_patch":
+            paths = changeset_patch_paths((task.get("params") or {}).get("patch", ""),
+                                          (task.get("params") or {}).get("strip", 1))
+            if paths:
+                line += "\n  - files: " + ", ".join("`%s`" % p for p in paths)
+        lines.append(line)
+    return "\n".join(lines) + "\n"
+
+
+def changeset_new(sets, subject, plan_path, arch_path=None, snapshot=None, worktree=False):
+    """Create (or idempotently rewrite) changes/<id>/. Returns the id."""
+    if not str(subject).strip():
+        raise BridgeError("--subject must not be empty", EXIT_USAGE)
+    try:
+        with open(plan_path, "rb") as f:
+            plan = canonical_loads(f.read(), plan_path)
+    except OSError as exc:
+        raise BridgeError("cannot read %s: %s" % (plan_path, exc.strerror or exc))
+    arch = None
+    if arch_path:
+        try:
+            with open(arch_path, "r", encoding="utf-8") as f:
+                arch = f.read()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise BridgeError("cannot read %s: %s" % (arch_path, exc))
+    def refuse(problems):
+        raise BridgeError("%s is not a valid %s plan (%d problem(s)): %s" % (
+            plan_path, PLAN_VERSION, len(problems),
+            "; ".join("%s: %s" % p for p in problems)), EXIT_USAGE)
+
+    problems = changeset_plan_problems(plan) + sets.path_problems(plan)
+    if problems:  # before starting any server
+        refuse(problems)
+    base = changeset_resolve_base(sets, snapshot, worktree)
+    problems = changeset_plan_problems(plan, base["kind"])
+    if problems:
+        refuse(problems)
+    identity = changeset_identity(subject, changeset_repo_key(sets.root), base)
+    title = " ".join(str(subject).split())  # for 03-task-list.md; not part of the meta
+    supersedes = []
+    for length in (12, 16):
+        cs_id = changeset_id(identity, length)
+        plan = dict(plan, change_set_id=cs_id)
+        meta = dict(identity, plan_sha256=canonical_sha256(plan))
+        if supersedes:
+            meta["supersedes"] = supersedes
+        meta_path = sets.path(cs_id, CS_META)
+        if not os.path.exists(meta_path):
+            break
+        with open(meta_path, "rb") as f:
+            existing = f.read()
+        if existing == canonical_json(meta):
+            break
+        if length == 16:
+            raise BridgeError(
+                "change set ids %s and %s are both taken by other plans for the same subject "
+                "and base; change the subject or re-plan on a new base"
+                % (changeset_id(identity, 12), cs_id), EXIT_FAILED)
+        supersedes = [cs_id]  # same identity, different plan: the new plan supersedes it
+    try:
+        status = sets.read_status(cs_id)
+    except BridgeError:
+        status = {"state": "unknown", "decision": None}
+    if status is not None and (status.get("state") not in ("draft", "ready", "pending_review")
+                               or status.get("decision") == "approved"):
+        raise BridgeError("change set %s is already %s (%s); it is immutable: an edited plan "
+                          "gets a new id" % (cs_id, status.get("state"), status.get("decision")),
+                          EXIT_FAILED)
+    os.makedirs(sets.path(cs_id), exist_ok=True)
+    atomic_write(sets.path(cs_id, CS_PLAN), canonical_json(plan))
+    atomic_write(sets.path(cs_id, CS_TASKS), changeset_task_list(cs_id, title, plan))
+    if arch is not None:
+        atomic_write(sets.path(cs_id, CS_ARCH), arch)
+    # The meta goes last: its presence with the plan is what makes the change set READY.
+    atomic_write(sets.path(cs_id, CS_META), canonical_json(meta))
+    sets.record(cs_id, "created", subject=identity["subject"], base_state=base,
+                plan_sha256=meta["plan_sha256"], supersedes=supersedes)
+    return cs_id
+
+
+def changeset_resolve_base(sets, snapshot=None, worktree=False):
+    if snapshot:
+        return {"kind": "snapshot", "id": str(snapshot)}
+    if not sets.mcp_configured():
+        raise BridgeError("a worktree base state comes from the MCP server's snapshot.info: set "
+                          "changes.mcp.command, or pass --snapshot ID", EXIT_USAGE)
+    sets.ensure_excluded()
+    client = sets.client()
+    try:
+        client.start()
+        if worktree:
+            return {"kind": "worktree", "id": sets.worktree_fingerprint(client)}
+        return sets.base_state(client)
+    finally:
+        client.close()
+
+
+def changeset_approve(sets, cs_id):
+    """Tier-2 human approval: pending_review -> approved; the next run executes it."""
+    if not os.path.isdir(sets.path(cs_id)):
+        raise BridgeError("no change set %s in %s" % (cs_id, sets.dir))
+    with sets.status_lock():
+        status = sets.read_status(cs_id)
+        if status is None:
+            raise BridgeError("%s has not been validated yet: run `bridge.py changes run` first"
+                              % cs_id, EXIT_FAILED)
+        if status["state"] == "pending_review" and status.get("decision") == "approved":
+            return status, False
+        if status["state"] != "pending_review" or status.get("decision") != "review_required":
+            extra = ""
+            if str(status.get("reason", "")).startswith("tier3"):
+                extra = "; Tier 3 changes can never be approved"
+            raise BridgeError("%s is %s (%s), not waiting for review%s" % (
+                cs_id, status["state"], status.get("decision"), extra), EXIT_FAILED)
+        meta, plan, problems = sets.load(cs_id)
+        if problems:
+            raise BridgeError("%s no longer passes its checks (%s: %s); not approved" % (
+                cs_id, problems[0][0], problems[0][1]), EXIT_FAILED)
+        validated = (status.get("validated_against") or {}).get("plan_sha256")
+        if validated != meta["plan_sha256"]:
+            raise BridgeError("%s: the plan changed since it was validated; not approved"
+                              % cs_id, EXIT_FAILED)
+    user = os.environ.get("USER") or os.environ.get("LOGNAME") or "unknown"
+    approval = {"approved_at": now_iso(), "by": user, "plan_sha256": meta["plan_sha256"]}
+    status = sets.write_status(cs_id, "pending_review", "approved",
+                               "approved by %s (Tier 2); the next `changes run` executes it"
+                               % user, meta=meta, prev=status, approval=approval)
+    return status, True
 
 
 # =============================================================================
@@ -2896,6 +4304,190 @@ def add_proxy_parsers(subparsers):
 # ---- changes commands ----
 def add_changes_parsers(subparsers):
     """changes id|new|validate|run|status|approve."""
+    import argparse
+    top = subparsers.add_parser(
+        "changes", help="deterministic change sets, validated and executed through an MCP server",
+        description="Change sets under changes/<id>/ (seed 004): a planning agent proposes, the "
+                    "executor validates against the MCP server and applies, or gates for review.",
+        epilog="example:\n  python3 bridge.py changes new --subject 'Fix login' --plan plan.json\n"
+               "  python3 bridge.py changes run --once",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = top.add_subparsers(dest="changes_command", metavar="ACTION")
+    top.set_defaults(func=lambda args: (top.print_help(sys.stderr), EXIT_USAGE)[1])
+
+    p = add_command(sub, "id", cmd_changes_id, "print the changeset_id_v1 id for a subject",
+                    "python3 bridge.py changes id --subject 'Refactor login flow' --snapshot snap1")
+    p.add_argument("--subject", required=True, help="brief description of the intent")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--snapshot", metavar="ID", help="anchor to this MCP snapshot id")
+    g.add_argument("--worktree", action="store_true",
+                   help="anchor to the worktree fingerprint (snapshot.info; the default)")
+
+    p = add_command(sub, "new", cmd_changes_new, "create changes/<id>/ from a plan",
+                    "python3 bridge.py changes new --subject 'Fix typo' --plan plan.json "
+                    "--architecture notes.md")
+    p.add_argument("--subject", required=True, help="brief description of the intent")
+    p.add_argument("--plan", required=True, metavar="PLAN.json", help="a plan_v1 document")
+    p.add_argument("--architecture", metavar="FILE.md", help="copied to 01-architecture.md")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--snapshot", metavar="ID", help="anchor to this MCP snapshot id")
+    g.add_argument("--worktree", action="store_true",
+                   help="anchor to the worktree fingerprint (snapshot.info; the default)")
+
+    p = add_command(sub, "validate", cmd_changes_validate,
+                    "check a change set (offline, then through the MCP server if configured)",
+                    "python3 bridge.py changes validate fix-typo--0123456789ab")
+    p.add_argument("id", metavar="ID")
+
+    p = add_command(sub, "run", cmd_changes_run, "the executor: validate, gate and apply",
+                    "python3 bridge.py changes run --once")
+    p.add_argument("--once", action="store_true", help="one pass over changes/, then exit")
+    p.add_argument("--poll", type=float, metavar="SECONDS",
+                   help="seconds between passes (default changes.poll_sec)")
+
+    p = add_command(sub, "status", cmd_changes_status, "states and decisions of change sets",
+                    "python3 bridge.py changes status --json")
+    p.add_argument("id", nargs="?", metavar="ID")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+    p = add_command(sub, "approve", cmd_changes_approve,
+                    "Tier-2 human approval of a change set waiting for review",
+                    "python3 bridge.py changes approve fix-login--0123456789ab")
+    p.add_argument("id", metavar="ID")
+
+
+def _changes_open(args):
+    root, config = load_args_config(args)
+    return ChangeSets(root, config)
+
+
+def cmd_changes_id(args):
+    sets = _changes_open(args)
+    base = changeset_resolve_base(sets, args.snapshot, args.worktree)
+    identity = changeset_identity(args.subject, changeset_repo_key(sets.root), base)
+    print(changeset_id(identity))
+    return EXIT_OK
+
+
+def cmd_changes_new(args):
+    sets = _changes_open(args)
+    cs_id = changeset_new(sets, args.subject, args.plan, args.architecture, args.snapshot,
+                          args.worktree)
+    print(cs_id)
+    return EXIT_OK
+
+
+def cmd_changes_validate(args):
+    sets = _changes_open(args)
+    cs_id = safe_name(args.id, "change set id")
+    if not os.path.isdir(sets.path(cs_id)):
+        raise BridgeError("no change set %s in %s" % (cs_id, sets.dir))
+    meta, plan, problems = sets.load(cs_id)
+    for code, msg in problems:
+        print("%s: %s: %s" % (cs_id, code, msg))
+    if problems:
+        return EXIT_FAILED
+    if not sets.mcp_configured():
+        print("%s: offline checks passed; repository alignment and governance skipped (no "
+              "changes.mcp.command)" % cs_id)
+        return EXIT_OK
+    client = sets.client()
+    try:
+        client.start()
+        outcome, code, reason, details = sets.check_online(client, meta, plan)
+    except (McpError, McpServerGone) as exc:
+        print("%s: mcp_error: %s" % (cs_id, exc))
+        return EXIT_FAILED
+    finally:
+        client.close()
+    if outcome == "reject":
+        for problem in details.get("problems") or ["%s: %s" % (code, reason)]:
+            print("%s: %s" % (cs_id, problem))
+        return EXIT_FAILED
+    print("%s: valid; the executor would decide %s: %s" % (cs_id, code, reason))
+    return EXIT_OK
+
+
+def cmd_changes_run(args):
+    import signal
+    sets = _changes_open(args)
+    if not sets.mcp_configured():
+        raise BridgeError("changes run needs an MCP server: set changes.mcp.command", EXIT_USAGE)
+    executor = ChangeExecutor(sets)
+    executor.acquire()
+
+    def stop(signum, frame):
+        executor.stopping = True
+    old = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
+    failed = False
+    poll = args.poll if args.poll is not None else float(sets.cfg.get("poll_sec") or 2.0)
+    try:
+        while True:
+            for cs_id, final in executor.run_once():
+                print("%s %s" % (cs_id, final))
+                sys.stdout.flush()
+                failed = failed or final == "failed"
+            if args.once or executor.stopping:
+                break
+            deadline = time.monotonic() + poll
+            while time.monotonic() < deadline and not executor.stopping:
+                time.sleep(min(0.2, poll))
+            executor.lock.heartbeat()
+    finally:
+        executor.release()
+        for s, h in old.items():
+            signal.signal(s, h)
+    return EXIT_FAILED if failed else EXIT_OK
+
+
+def cmd_changes_status(args):
+    sets = _changes_open(args)
+    if args.id:
+        cs_id = safe_name(args.id, "change set id")
+        if not os.path.isdir(sets.path(cs_id)):
+            raise BridgeError("no change set %s in %s" % (cs_id, sets.dir))
+        status = sets.read_status(cs_id)
+        if status is None:
+            state, decision, reason = sets.state_of(cs_id)
+            status = {"change_set_id": cs_id, "state": state, "decision": decision,
+                      "reason": reason}
+        if args.json:
+            print(json.dumps(status, ensure_ascii=False, sort_keys=True, indent=2))
+        else:
+            for key in ("change_set_id", "state", "decision", "reason"):
+                print("%-14s %s" % (key + ":", status.get(key)))
+            ex = status.get("execution") or {}
+            if ex.get("completed_task_ids") or ex.get("last_error"):
+                print("%-14s %s" % ("completed:", ", ".join(ex.get("completed_task_ids") or [])
+                                    or "-"))
+                print("%-14s %s" % ("last_error:", ex.get("last_error") or "-"))
+        return EXIT_OK
+    rows = []
+    for cs_id in sets.ids():
+        state, decision, reason = sets.state_of(cs_id)
+        rows.append({"change_set_id": cs_id, "state": state, "decision": decision,
+                     "reason": reason})
+    holder = FileLock.probe(sets.lock_path)
+    if args.json:
+        print(json.dumps({"change_sets": rows, "executor": {
+            "lock": holder[0], "holder": holder[1] if holder[0] == "held" else None}},
+            ensure_ascii=False, sort_keys=True, indent=2))
+        return EXIT_OK
+    if not rows:
+        print("no change sets in %s" % sets.dir)
+    for row in rows:
+        print("%-16s %-16s %s  %s" % (row["state"], row["decision"] or "-",
+                                      row["change_set_id"], row["reason"] or ""))
+    if holder[0] == "held":
+        print("executor running: %s" % describe_holder(holder[1]))
+    return EXIT_OK
+
+
+def cmd_changes_approve(args):
+    sets = _changes_open(args)
+    status, changed = changeset_approve(sets, safe_name(args.id, "change set id"))
+    print("%s %s" % (status["change_set_id"], "approved" if changed else "already approved"))
+    return EXIT_OK
 # ---- end changes commands ----
 
 
