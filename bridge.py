@@ -280,17 +280,44 @@ def scan_jsonl(path, start=0):
     except FileNotFoundError:
         return
     with handle:
-        number = 0
+        number = _skip_lines(handle, start) if start > 0 else 0
         for raw in handle:
             if not raw.endswith(b"\n"):
                 break
             number += 1
-            if number <= start:
-                continue
             try:
                 yield JsonlLine(number, json.loads(raw), None, raw)
             except ValueError as exc:
                 yield JsonlLine(number, None, "line %d: %s" % (number, exc), raw)
+
+
+def _skip_lines(handle, count):
+    """Position a binary `handle` just after its `count`-th newline; return lines skipped.
+
+    Counts newlines in 1 MiB blocks with bytes.count instead of iterating lines in
+    Python, so resuming from a cursor deep into a 100,000-line file stays cheap.
+    Stops at the last complete line when the file has fewer than `count`.
+    """
+    skipped, offset = 0, handle.tell()
+    while skipped < count:
+        block = handle.read(1 << 20)
+        if not block:
+            break
+        found = block.count(b"\n")
+        if skipped + found < count:
+            skipped += found
+            offset += len(block)
+            continue
+        position = -1
+        for _ in range(count - skipped):
+            position = block.index(b"\n", position + 1)
+        skipped = count
+        offset += position + 1
+        break
+    else:
+        return skipped
+    handle.seek(offset)
+    return skipped
 
 
 def count_complete_lines(path):
@@ -621,7 +648,14 @@ CONFIG_DEFAULTS = {
     # ---- end watch ----
 
     # ---- seam (seed 001) ----
-    "seam": {},
+    "seam": {
+        # how the Stop-hook reason and the wake prompt tell an agent to run bridge.py
+        "command": "python3 scripts/bridge.py",
+        # `wake --host codex`: argv run per parked session ({session_id} replaced),
+        # the prompt on stdin; killed (with its process group) after the timeout
+        "wake_command": ["codex", "exec", "resume", "{session_id}", "-"],
+        "wake_timeout_sec": 1800,
+    },
     # ---- end seam ----
 
     # ---- relay (seed 002) ----
@@ -635,7 +669,19 @@ CONFIG_DEFAULTS = {
     # ---- end proxy ----
 
     # ---- changes (seed 004) ----
-    "changes": {},
+    "changes": {
+        "dir": "changes",               # where change sets live, relative to the root
+        "mcp": {
+            "command": None,            # argv list (or string) of the MCP server, e.g. axiomregent
+            "framing": "content-length",  # what we send: content-length (axiomregent) or line
+            "timeout_sec": 30,          # every request
+            "apply_timeout_sec": 120,   # workspace.apply_patch
+            "env": {},                  # extra environment for the server
+        },
+        "critical_features": [],        # feature ids whose impact always asks for review
+        "poll_sec": 2.0,                # `changes run` without --once
+        "lock_ttl_sec": 7200,           # worktree.lock heartbeat age before it counts as stale
+    },
     # ---- end changes ----
 }
 
@@ -752,9 +798,9 @@ _BASE_PATTERNS = [
     r"Bearer\s+[A-Za-z0-9\-_\.]+",
     r"sk-[A-Za-z0-9_-]{10,}",
     r"AIza[0-9A-Za-z\-_]{20,}",
-    r"(?i)anthropic[_-]?(?:api)?[_-]?key[:=]\s*\S+",
-    r"(?i)x-api-key[:=]\s*\S+",
-    r"(?i)authorization[:=]\s*\S+",
+    r"(?i:anthropic[_-]?(?:api)?[_-]?key[:=]\s*\S+)",
+    r"(?i:x-api-key[:=]\s*\S+)",
+    r"(?i:authorization[:=]\s*\S+)",
 ]
 _SECRET_ENV_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD", re.I)
 
@@ -774,11 +820,11 @@ class Redactor:
         values = sorted({v for k, v in env.items() if _SECRET_ENV_NAME.search(k) and len(v) >= 8},
                         key=len, reverse=True)
         patterns.extend(re.escape(v) for v in values)
-        # A leading global flag such as (?i) is an error inside an alternation on
-        # Python 3.11+: scope it to its own alternative instead.
+        # A leading global flag such as (?i) is an error inside an alternation since
+        # Python 3.11: scope it to its own pattern, (?i:...).
         self.regex = re.compile("|".join(
-            "(?%s:%s)" % (m.group(1), p[m.end():]) if m else "(?:%s)" % p
-            for p, m in ((p, re.match(r"\(\?([aiLmsux]+)\)", p)) for p in patterns)))
+            "(?%s:%s)" % (p[2:p.index(")")], p[p.index(")") + 1:])
+            if re.match(r"\(\?[aiLmsux]+\)", p) else "(?:%s)" % p for p in patterns))
 
     def redact(self, text):
         if not text:
@@ -2498,7 +2544,1365 @@ def unlock_worker(root, force=False):
 # =============================================================================
 # 3. SEAM - the _bridge/ verbs (seed 001)
 # =============================================================================
-# (built on the `seam` branch)
+#
+# The `_bridge/` directory is a file seam between agents (Claude Code, Codex, Pi)
+# and a captain's Bridge UI. The formats are those of Spacedock's Go verbs
+# (`spacedock bridge ...`, the [PR445] generation in reference/seam.md): a Bridge
+# reading what this writes, or writing what this reads, cannot tell the
+# difference - compact JSON in Go's key order with Go's escaping, one record per
+# line. Where the sources disagree, issue 6 decided:
+#
+#   1. A torn last line (no newline yet) is not counted and not delivered.
+#      Lines of any length are read; a malformed line consumes its number.
+#   2. drain appends an `acting` ack for what it returns, but only a terminal
+#      ack (any other status) counts as delivered for drain, check and wake:
+#      an agent that crashes between drain and its real ack gets the intent
+#      again (at-least-once).
+#   3. Every verb resolves one `_bridge/`: --repo-root if given, else the
+#      nearest enclosing git root of the payload's cwd or the working directory
+#      (a linked worktree is its own root).
+#   4. Slugs and ids match [A-Za-z0-9._-]+ and are never . or ..; session ids
+#      that reach an argv may not start with "-".
+#   5. Records are appended with one write(); whole-file state (cursor,
+#      heartbeat, markers) is replaced atomically.
+#
+# `egress emit` runs on every tool call of every agent, so it imports nothing
+# beyond fcntl and never goes through argparse: seam_main() is its entry point.
+
+SEAM_DIR = "_bridge"
+SEAM_VERBS = ("egress", "inbox", "initiate", "alert", "feed", "wake")
+EVENTS_MAX_LINES, EVENTS_KEEP_LINES = 2000, 1000
+INITIATE_MAX_LINES, INITIATE_KEEP_LINES = 2000, 1000
+
+# Intent kind -> the kind of the reply that acknowledges it (ackKindFor).
+ACK_KINDS = {"tell": "reply", "conn": "conn-ack", "decision": "decision-ack",
+             "permission-decision": "permission-ack"}
+
+# Pi's native lifecycle names -> the canonical (Claude) hook names.
+PI_EVENTS = {
+    "session_start": "SessionStart", "session_shutdown": "Stop", "turn_end": "Stop",
+    "agent_start": "SubagentStart", "agent_end": "SubagentStop",
+    "turn_start": "UserPromptSubmit", "tool_execution_start": "PostToolUse",
+    "tool_execution_end": "PostToolUse", "tool_call": "PostToolUse",
+    "tool_result": "PostToolUse",
+}
+
+# The session id each host exports to its tools, after the neutral SD_SESSION_ID.
+HOST_SESSION_ENV = {"claude": "CLAUDE_CODE_SESSION_ID", "codex": "CODEX_THREAD_ID"}
+
+ZERO_TIME = "0001-01-01T00:00:00Z"
+
+
+class SeamFailure(Exception):
+    """A seam verb cannot go on; the CLI prints `message` inside the verb's JSON
+    answer (`answer`, when the verb has already built one)."""
+
+    def __init__(self, message, answer=None):
+        super().__init__(message)
+        self.message = message
+        self.answer = answer
+
+
+# ---- Go-compatible encoding and time ------------------------------------------
+
+def go_json(obj):
+    """JSON as Go's encoding/json writes it: compact, raw UTF-8, but <, >, &,
+    U+2028 and U+2029 escaped, and lone surrogates replaced by U+FFFD."""
+    text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+    if "<" in text or ">" in text or "&" in text:
+        text = text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+    if "\u2028" in text or "\u2029" in text:
+        text = text.replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = "".join("\ufffd" if "\ud800" <= ch <= "\udfff" else ch for ch in text)
+    return text
+
+
+def go_line(obj):
+    """One JSONL record as bytes, newline included (what Go's json.Encoder emits)."""
+    return (go_json(obj) + "\n").encode("utf-8")
+
+
+_RFC3339 = None
+
+
+def parse_rfc3339(text):
+    """Parse an RFC 3339 time as Go's time.Parse(RFC3339) does, or return None.
+
+    Returns (unix_seconds, nanos_digits, offset_seconds, wall) where `wall` holds
+    the original date and clock fields, so the time can be rendered back with
+    its own offset (render_rfc3339_nano) or ordered (unix_seconds, nanos).
+    """
+    global _RFC3339
+    if not isinstance(text, str):
+        return None
+    if _RFC3339 is None:
+        _RFC3339 = re.compile(r"(\d{4})-(\d\d)-(\d\d)T(\d\d):(\d\d):(\d\d)(?:\.(\d{1,9}))?"
+                              r"(Z|([+-])(\d\d):(\d\d))\Z")
+    match = _RFC3339.match(text)
+    if not match:
+        return None
+    year, month, day, hour, minute, second = (int(match.group(i)) for i in range(1, 7))
+    if not (1 <= month <= 12 and 1 <= day <= _days_in_month(year, month)
+            and hour < 24 and minute < 60 and second < 60):
+        return None
+    offset = 0
+    if match.group(8) != "Z":
+        oh, om = int(match.group(10)), int(match.group(11))
+        if oh >= 24 or om >= 60:
+            return None
+        offset = (oh * 3600 + om * 60) * (1 if match.group(9) == "+" else -1)
+    days = _days_from_civil(year, month, day)
+    unix = days * 86400 + hour * 3600 + minute * 60 + second - offset
+    frac = (match.group(7) or "").ljust(9, "0")
+    return (unix, frac, offset, (year, month, day, hour, minute, second))
+
+
+def render_rfc3339_nano(parsed):
+    """Go's t.Format(time.RFC3339Nano) of a parse_rfc3339 result (None = zero time)."""
+    if parsed is None:
+        return ZERO_TIME
+    _, frac, offset, wall = parsed
+    text = "%04d-%02d-%02dT%02d:%02d:%02d" % wall
+    frac = frac.rstrip("0")
+    if frac:
+        text += "." + frac
+    if offset == 0:
+        return text + "Z"
+    sign = "+" if offset > 0 else "-"
+    offset = abs(offset)
+    return text + "%s%02d:%02d" % (sign, offset // 3600, offset % 3600 // 60)
+
+
+def _days_in_month(year, month):
+    if month == 2:
+        return 29 if year % 4 == 0 and (year % 100 != 0 or year % 400 == 0) else 28
+    return 30 if month in (4, 6, 9, 11) else 31
+
+
+def _days_from_civil(year, month, day):
+    """Days since 1970-01-01 of a proleptic Gregorian date (H. Hinnant's algorithm)."""
+    year -= month <= 2
+    era = (year if year >= 0 else year - 399) // 400
+    yoe = year - era * 400
+    doy = (153 * (month + (-3 if month > 2 else 9)) + 2) // 5 + day - 1
+    doe = yoe * 365 + yoe // 4 - yoe // 100 + doy
+    return era * 146097 + doe - 719468
+
+
+# ---- ids, roots and files -------------------------------------------------------
+
+def is_safe_id(text):
+    """The seam's id rule: [A-Za-z0-9._-]+, not . or .. (safe_name without raising)."""
+    return isinstance(text, str) and bool(_SAFE_NAME.match(text)) and text not in (".", "..")
+
+
+def is_safe_session_id(text):
+    """A session id that may become a `codex exec resume` argv word: safe, no leading -."""
+    return is_safe_id(text) and not text.startswith("-")
+
+
+def clean_slugs(values):
+    """Trimmed, safe, de-duplicated and sorted slugs (Go's cleanSlugs)."""
+    out = set()
+    for value in values or ():
+        if isinstance(value, str) and is_safe_id(value.strip()):
+            out.add(value.strip())
+    return sorted(out)
+
+
+def seam_root(repo_root=None, start=None):
+    """The root whose `_bridge/` a verb uses (decision 3)."""
+    if repo_root:
+        return os.path.abspath(repo_root)
+    start = os.path.abspath(start or os.getcwd())
+    return git_toplevel(start) or start
+
+
+def bridge_dir(root, create=False):
+    """ROOT/_bridge, refusing a `_bridge` that exists but is not a directory."""
+    path = os.path.join(root, SEAM_DIR)
+    if os.path.lexists(path) and not os.path.isdir(path):
+        raise SeamFailure("%s exists and is not a directory" % path)
+    if create:
+        try:
+            os.makedirs(path, exist_ok=True)
+        except OSError as exc:
+            raise SeamFailure("cannot create %s: %s" % (path, exc.strerror or exc))
+    return path
+
+
+def _flock_within(fd, operation, seconds):
+    """flock(fd, operation) polling for at most `seconds`; False when it stayed busy.
+
+    Bounded so that a stopped or wedged process holding a _bridge/ file can never
+    make a hook (and with it the agent) wait forever.
+    """
+    import fcntl
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            fcntl.flock(fd, operation | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.002)
+
+
+def seam_append(path, data, wait=2.0):
+    """Append `data` (bytes, whole lines) with one write(), safe against trimming.
+
+    Appenders hold a shared flock while they write and check they still hold the
+    file that is at `path`; a trim holds it exclusively while it reads and
+    renames. So no appended line is lost to a concurrent trim, and appenders
+    never wait for each other (nor more than `wait` seconds for a trim). A
+    symlink at `path` is refused (ELOOP).
+    """
+    import fcntl
+    flags = (os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
+             | getattr(os, "O_NOFOLLOW", 0))
+    for _ in range(50):
+        try:
+            fd = os.open(path, flags, 0o644)
+        except FileNotFoundError:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            fd = os.open(path, flags, 0o644)
+        try:
+            if not _flock_within(fd, fcntl.LOCK_SH, wait):
+                raise OSError("%s stayed locked for %.1fs" % (path, wait))
+            try:
+                current = os.lstat(path).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                current = False
+            if current:
+                _write_all(fd, data)
+                return
+        finally:
+            os.close(fd)
+    raise OSError("%s keeps being replaced while appending" % path)
+
+
+def seam_trim(path, max_lines, keep_lines, protect=None):
+    """Keep the last `keep_lines` complete lines of `path` once it has more than `max_lines`.
+
+    `protect(head_lines)` may return lines from before the kept tail that must
+    survive (open gate reviews); they are kept in order ahead of the tail. The
+    new file replaces the old one atomically under an exclusive flock (see
+    seam_append). Returns True when the file was trimmed.
+    """
+    import fcntl
+    keep_lines = min(keep_lines, max_lines)
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return False
+    try:
+        if not _flock_within(fd, fcntl.LOCK_EX, 2.0):
+            return False  # busy: the next append tries again
+        try:
+            if os.lstat(path).st_ino != os.fstat(fd).st_ino:
+                return False  # another process trimmed it first
+        except FileNotFoundError:
+            return False
+        chunks = []
+        while True:
+            block = os.read(fd, 1 << 20)
+            if not block:
+                break
+            chunks.append(block)
+        data = b"".join(chunks)
+        lines = data.split(b"\n")
+        partial = lines.pop()  # b"" when the file ends with a newline
+        if len(lines) <= max_lines:
+            return False
+        head, tail = lines[:len(lines) - keep_lines], lines[len(lines) - keep_lines:]
+        kept = (protect(head, tail) if protect else []) + tail
+        atomic_write(path, b"".join(line + b"\n" for line in kept) + partial, mode=0o644)
+        return True
+    finally:
+        os.close(fd)
+
+
+def write_state(path, obj):
+    """Replace a small state file (heartbeat, cursor) atomically with a Go-encoded line."""
+    atomic_write(path, go_line(obj), mode=0o644)
+
+
+def read_cursor(bdir, slug):
+    """The committed cursor of `slug`: a decimal count of processed inbox lines.
+
+    Missing, unreadable, negative or non-numeric means 0. When the slug has no
+    cursor file yet, the legacy shared `.inbox-cursor` is read instead (drain
+    and commit then adopt it into the slug's file).
+    """
+    if not is_safe_id(slug):
+        return 0
+    text = _read_small(os.path.join(bdir, ".inbox-cursor." + slug))
+    if text is None:
+        text = _read_small(os.path.join(bdir, ".inbox-cursor"))
+    if text and text.isascii() and text.isdigit():
+        return int(text)
+    return 0
+
+
+def adopt_cursor(bdir, slug):
+    """Copy the legacy `.inbox-cursor` into `.inbox-cursor.<slug>` if the latter is missing."""
+    target = os.path.join(bdir, ".inbox-cursor." + slug)
+    legacy = os.path.join(bdir, ".inbox-cursor")
+    if os.path.lexists(target) or not os.path.isfile(legacy):
+        return
+    try:
+        with open(legacy, "rb") as handle:
+            atomic_write(target, handle.read(4096), mode=0o644)
+    except OSError:
+        pass  # nothing adopted: the cursor reads the legacy file anyway
+
+
+def one_line_summary(text, limit):
+    """Go's oneLineSummary: trim, runs of whitespace/control become one space,
+    stop once the UTF-8 length reaches `limit` bytes, trim again."""
+    out, size, gap = [], 0, False
+    for ch in (text or "").strip():
+        code = ord(ch)
+        if ch.isspace() or code < 0x20 or 0x7f <= code <= 0x9f:
+            gap = True
+            continue
+        if gap and out:
+            out.append(" ")
+            size += 1
+        gap = False
+        if size >= limit:
+            break
+        out.append(ch)
+        size += len(ch.encode("utf-8", "replace"))
+        if size >= limit:
+            break
+    return "".join(out).strip()
+
+
+def _session_from_env(host, env=None):
+    env = os.environ if env is None else env
+    name = HOST_SESSION_ENV.get(host)
+    return env.get("SD_SESSION_ID") or (env.get(name, "") if name else "")
+
+
+def _seam_redactor(root):
+    """The kernel redactor with this root's redaction_patterns (never fails the verb)."""
+    try:
+        return get_redactor(load_config(root))
+    except BridgeError:
+        return get_redactor(None)
+
+
+# ---- egress: events.jsonl and session markers --------------------------------------
+
+def _payload_str(obj, key):
+    """A string field of a hook payload; a missing, null or wrong-typed one is ""."""
+    value = obj.get(key) if isinstance(obj, dict) else None
+    return value if isinstance(value, str) else ""
+
+
+def _actor_id(host, payload):
+    """actorIDFor: who the event is about, or "" when no safe id is available."""
+    explicit = _payload_str(payload, "actor_id")
+    if explicit:
+        return explicit if is_safe_id(explicit) else ""
+    session = _payload_str(payload, "session_id")
+    agent = _payload_str(payload, "agent_id")
+    if host == "claude":
+        return session if is_safe_id(session) else ""
+    if is_safe_id(session) and is_safe_id(agent):
+        return session + "." + agent
+    if is_safe_id(session):
+        return session
+    return agent if is_safe_id(agent) else ""
+
+
+def egress_emit(data, host_flag="", repo_root=None, debug=None):
+    """Record one hook payload (bytes) as an event; returns what was done, for debugging.
+
+    Observe-only: every reason not to write is returned as text, never raised,
+    except OSError from writing (the caller swallows it too).
+    """
+    try:
+        payload = json.loads(data.decode("utf-8", "replace"))
+    except ValueError as exc:
+        return "payload is not JSON: %s" % exc
+    if not isinstance(payload, dict):
+        return "payload is not a JSON object"
+    host = (host_flag or _payload_str(payload, "host")).strip().lower()
+    hook_event = _payload_str(payload, "hook_event_name")
+    event = _payload_str(payload, "event") or hook_event
+    if host == "pi":
+        event = PI_EVENTS.get(event.lower(), event)
+    cwd = _payload_str(payload, "cwd") or os.getcwd()
+    if not host or not event or not cwd:
+        return "nothing to record: host, event and cwd are required"
+    cwd = os.path.abspath(cwd)
+    if not os.path.isdir(cwd):
+        return "cwd %s is not a directory" % cwd
+    root = seam_root(repo_root, cwd)
+    bdir = bridge_dir(root)
+    detail = payload.get("detail") if isinstance(payload.get("detail"), dict) else {}
+    ts = _payload_str(payload, "timestamp") or _payload_str(payload, "ts") or utc_iso()
+    actor = _actor_id(host, payload)
+    record = {
+        "timestamp": ts, "ts": ts, "host": host, "event": event,
+        "session_id": _payload_str(payload, "session_id"),
+        "agent_id": _payload_str(payload, "agent_id"),
+        "agent_type": _payload_str(payload, "agent_type"),
+        "actor_id": actor,
+        "detail": {"tool": _payload_str(detail, "tool") or _payload_str(payload, "tool_name"),
+                   "source": _payload_str(detail, "source") or _payload_str(payload, "source")},
+    }
+    events = os.path.join(bdir, "events.jsonl")
+    seam_append(events, go_line(record))
+    try:
+        size = os.lstat(events).st_size
+    except OSError:
+        size = 0
+    if size > EVENTS_MAX_LINES:  # fewer bytes than lines is impossible: skip the count
+        if count_complete_lines(events) > EVENTS_MAX_LINES:
+            seam_trim(events, EVENTS_MAX_LINES, EVENTS_KEEP_LINES)
+    done = "event appended"
+    marker = _marker_for(host, hook_event, payload, detail, actor, cwd)
+    if marker:
+        done += "; " + write_marker(bdir, marker)
+    return done
+
+
+def _marker_for(host, hook_event, payload, detail, actor, cwd):
+    """The session marker this event calls for, or None (section 4 of the reference)."""
+    if not actor:
+        return None
+    agent_id = _payload_str(payload, "agent_id")
+    if not agent_id and "ensign" not in _payload_str(payload, "agent_type").lower():
+        return None  # only a child actor (an ensign) has an entity of its own
+    path = _payload_str(payload, "entity_path")
+    if not path and host == "claude" and hook_event == "PostToolUse" \
+            and _payload_str(payload, "tool_name") == "Read":
+        path = (_payload_str(payload.get("tool_input"), "file_path")
+                or _payload_str(payload, "file_path") or _payload_str(detail, "file_path"))
+    if not path:
+        return None
+    found = derive_entity(cwd, path)
+    if not found:
+        return None
+    workflow, entity = found
+    return {"host": host, "session_id": _payload_str(payload, "session_id"),
+            "agent_id": agent_id, "actor_id": actor, "entity": entity, "workflow": workflow}
+
+
+def write_marker(bdir, marker):
+    """Create sessions/<actor_id>.json unless it exists: the first write wins.
+
+    The content is written to a temporary file and hard-linked into place, so a
+    reader never sees a half-written marker and an existing one is never replaced.
+    """
+    sessions = os.path.join(bdir, "sessions")
+    if os.path.islink(sessions):
+        return "sessions/ is a symlink: no marker written"
+    os.makedirs(sessions, exist_ok=True)
+    final = os.path.join(sessions, marker["actor_id"] + ".json")
+    if os.path.lexists(final):
+        return "marker exists (first write wins)"
+    tmp = os.path.join(sessions, ".%s.%s.tmp" % (marker["actor_id"][:80], random_hex()))
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
+    try:
+        try:
+            _write_all(fd, go_line(marker))
+        finally:
+            os.close(fd)
+        os.link(tmp, final)
+        return "marker written"
+    except FileExistsError:
+        return "marker exists (first write wins)"
+    finally:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+
+
+def _entity_slug(rest):
+    """The entity slug of the path segments below a workflow's state root, or None."""
+    if rest and rest[0] == ".spacedock-state":
+        rest = rest[1:]
+    if len(rest) == 1 and rest[0].endswith(".md") and rest[0] != "README.md":
+        slug = rest[0][:-3]
+    elif len(rest) == 2 and rest[1] == "index.md":
+        slug = rest[0]
+    else:
+        return None
+    return slug if is_safe_id(slug) else None
+
+
+def _readme_state(path):
+    """The `state:` value of a README.md's YAML front matter, or None."""
+    try:
+        import stat
+        if not stat.S_ISREG(os.lstat(path).st_mode):
+            return None
+        with open(path, "rb") as handle:
+            text = handle.read(65536).decode("utf-8", "replace")
+    except OSError:
+        return None
+    lines = text.splitlines()
+    if not lines or lines[0].strip() != "---":
+        return None
+    for line in lines[1:]:
+        if line.strip() == "---":
+            return None
+        if line.startswith("state:"):
+            return line[6:].strip().strip("\"'")
+    return None
+
+
+def derive_entity(cwd, path):
+    """(workflow, entity) for an entity file path inside `cwd`, or None (DeriveEntity)."""
+    if not path.strip() or not cwd:
+        return None
+    clean = os.path.normpath(path)
+    if "_archive" in clean.split(os.sep):
+        return None
+    cwd = os.path.abspath(cwd)
+    full = os.path.abspath(clean if os.path.isabs(clean) else os.path.join(cwd, clean))
+    rel = os.path.relpath(full, cwd)
+    if rel in (".", "..") or rel.startswith(".." + os.sep):
+        return None
+    segs = rel.split(os.sep)
+    # (a) the legacy layout docs/spacedock/<workflow>/...
+    for i in range(len(segs) - 3):
+        if segs[i] == "docs" and segs[i + 1] == "spacedock":
+            slug = _entity_slug(segs[i + 3:])
+            if slug and is_safe_id(segs[i + 2]):
+                return segs[i + 2], slug
+            break
+    # (b) a README.md whose front matter names a split-root state directory
+    directory = os.path.dirname(full)
+    while True:
+        state = _readme_state(os.path.join(directory, "README.md"))
+        if state and state != "$inline" and not os.path.isabs(state):
+            state_root = os.path.normpath(os.path.join(directory, state))
+            inside = os.path.relpath(state_root, directory)
+            if inside != ".." and not inside.startswith(".." + os.sep):
+                below = os.path.relpath(full, state_root)
+                if below != ".." and not below.startswith(".." + os.sep):
+                    slug = _entity_slug(below.split(os.sep))
+                    workflow = os.path.basename(directory)
+                    if slug and is_safe_id(workflow):
+                        return workflow, slug
+        if directory == cwd or len(directory) <= len(cwd):
+            break
+        directory = os.path.dirname(directory)
+    # (c) a .spacedock-state directory below its workflow directory
+    for i, seg in enumerate(segs):
+        if seg == ".spacedock-state" and i >= 1:
+            slug = _entity_slug(segs[i + 1:])
+            if slug and is_safe_id(segs[i - 1]):
+                return segs[i - 1], slug
+            break
+    return None
+
+
+# ---- inbox: reading intent, routing, replies -----------------------------------------
+
+_INBOX_STRINGS = ("id", "kind", "text", "target", "entity", "field", "value", "verdict",
+                  "request_id")
+
+
+def parse_intent(obj):
+    """An inbox record as Go decodes it, or None when Go would reject the line.
+
+    A field of the wrong type, or a `ts` that is present but not RFC 3339, drops
+    the record (its line still counts). Returns a dict with the fields, the raw
+    `ts` string and the parsed time under "_ts".
+    """
+    if not isinstance(obj, dict):
+        return None
+    rec = {}
+    for key in _INBOX_STRINGS:
+        value = obj.get(key)
+        if value is not None and not isinstance(value, str):
+            return None
+        rec[key] = value or ""
+    raw_ts = obj.get("ts")
+    if raw_ts is None:
+        rec["ts"], rec["_ts"] = "", None
+    else:
+        parsed = parse_rfc3339(raw_ts)
+        if parsed is None:
+            return None
+        rec["ts"], rec["_ts"] = raw_ts, parsed
+    granted = obj.get("granted")
+    if granted is not None and not isinstance(granted, bool):
+        return None
+    rec["granted"] = granted
+    for key in ("target_set", "directives"):
+        value = obj.get(key)
+        if value is not None and not (isinstance(value, list)
+                                      and all(isinstance(v, str) for v in value)):
+            return None
+        rec[key] = value or []
+    return rec
+
+
+def discover_slugs(bdir):
+    """Workflow slugs that have a heartbeat file fo.<slug>.json."""
+    try:
+        names = os.listdir(bdir)
+    except OSError:
+        return []
+    return clean_slugs(name[3:-5] for name in names
+                       if name.startswith("fo.") and name.endswith(".json"))
+
+
+def intent_targets(rec, members, bdir):
+    """targetsFor: the slugs an intent is addressed to."""
+    if rec["target_set"]:
+        return clean_slugs(rec["target_set"])
+    target = rec["target"].strip()
+    if target in ("", "all"):
+        return clean_slugs(members) if members else discover_slugs(bdir)
+    return clean_slugs([target])
+
+
+def reply_key(line, id_or_ts, kind, target):
+    return "%d\0%s\0%s\0%s" % (line, id_or_ts, kind, target)
+
+
+def intent_key(line, rec, target):
+    return reply_key(line, rec["id"] or render_rfc3339_nano(rec["_ts"]), rec["kind"], target)
+
+
+# The history is append-only, so what a scan learned about its first bytes stays
+# true: `.seam-index.json` remembers where line N of inbox.jsonl starts and which
+# acks in fo-replies.jsonl answer lines past the lowest cursor. Each entry is
+# checked against the file (inode, size, the 32 bytes before the offset) before
+# use, so a stale or foreign index only costs a full scan. It is a cache: losing
+# it loses nothing, so it is replaced without fsync.
+SEAM_INDEX = ".seam-index.json"
+_INDEX_MAX_KEYS = 20000
+
+
+def _load_index(bdir):
+    try:
+        with open(os.path.join(bdir, SEAM_INDEX), "rb") as handle:
+            index = json.loads(handle.read(8 << 20))
+    except (OSError, ValueError):
+        return {}
+    return index if isinstance(index, dict) else {}
+
+
+def _save_index(bdir, index):
+    path = os.path.join(bdir, SEAM_INDEX)
+    tmp = "%s.%s.tmp" % (path, random_hex())
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
+        try:
+            _write_all(fd, json.dumps(index, separators=(",", ":")).encode("utf-8"))
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except OSError:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+
+
+def _mark(handle, st, offset):
+    """What identifies the first `offset` bytes of an open file: [inode, offset, tail hex]."""
+    size = min(offset, 32)
+    handle.seek(offset - size)
+    return [st.st_ino, offset, handle.read(size).hex()]
+
+
+def _mark_ok(handle, st, mark):
+    if not (isinstance(mark, list) and len(mark) == 3 and mark[0] == st.st_ino
+            and isinstance(mark[1], int) and 0 <= mark[1] <= st.st_size):
+        return False
+    return _mark(handle, st, mark[1])[2] == mark[2]
+
+
+def read_inbox(bdir, start, index):
+    """[(line, record or None)] for the complete inbox lines after line `start`, and
+    the inbox's complete line count; resumes from the index's nearest checkpoint."""
+    try:
+        handle = open(os.path.join(bdir, "inbox.jsonl"), "rb")
+    except OSError:
+        return [], 0
+    with handle:
+        st = os.fstat(handle.fileno())
+        base_line, base_offset = 0, 0
+        points = [p for p in index.get("inbox") or () if isinstance(p, list) and len(p) == 2
+                  and isinstance(p[0], int) and 0 < p[0] <= start]
+        for line, mark in sorted(points, key=lambda p: -p[0]):
+            if _mark_ok(handle, st, mark):
+                base_line, base_offset = line, mark[1]
+                break
+        handle.seek(base_offset)
+        number = base_line + _skip_lines(handle, start - base_line)
+        first_line, first_offset = number, handle.tell()
+        out, offset = [], first_offset
+        for raw in handle:
+            if not raw.endswith(b"\n"):
+                break
+            number += 1
+            offset += len(raw)
+            try:
+                out.append((number, json.loads(raw)))
+            except ValueError:
+                out.append((number, None))
+        new = [[line, mark] for line, mark in points if line not in (first_line, number)]
+        for line, at in ((first_line, first_offset), (number, offset)):
+            if line > 0:
+                new.append([line, _mark(handle, st, at)])
+        index["inbox"] = sorted(new, key=lambda p: p[0])[-16:]
+    return out, number
+
+
+_REPLY_LINE = None
+
+
+def load_reply_keys(bdir, lines, floor, index):
+    """(terminal, acting): replyKey sets of the acks in fo-replies.jsonl for inbox `lines`.
+
+    A reply counts only if it is well formed as Go's loadReplies requires
+    (schema 1, safe target, line > 0, intent kind); status `acting` goes to the
+    second set (decision 2). Acks of lines at or below `floor` (the lowest
+    cursor asked about) can never matter again, so the index keeps only the
+    rest and later calls read just the bytes appended since.
+    """
+    global _REPLY_LINE
+    terminal, acting = set(), set()
+    try:
+        handle = open(os.path.join(bdir, "fo-replies.jsonl"), "rb")
+    except OSError:
+        return terminal, acting
+    with handle:
+        st = os.fstat(handle.fileno())
+        cache = index.get("replies")
+        entries = []
+        if (isinstance(cache, dict) and isinstance(cache.get("floor"), int) and cache["floor"] <= floor
+                and isinstance(cache.get("keys"), list) and _mark_ok(handle, st, cache.get("mark"))):
+            entries = [e for e in cache["keys"] if isinstance(e, list) and len(e) == 3
+                       and isinstance(e[0], int) and e[0] > floor]
+            handle.seek(cache["mark"][1])
+        else:
+            handle.seek(0)
+        begin = handle.tell()
+        data = handle.read()
+        end = data.rfind(b"\n") + 1  # a torn last line is not there yet
+        if _REPLY_LINE is None:
+            _REPLY_LINE = re.compile(rb'"in_reply_to_line"[ \t\r\n]*:[ \t\r\n]*([0-9]+)(?![0-9.eE])')
+        seen = -1
+        for match in _REPLY_LINE.finditer(data, 0, end):
+            if int(match.group(1)) <= floor or match.start() < seen:
+                continue
+            start = data.rfind(b"\n", 0, match.start()) + 1
+            seen = data.find(b"\n", match.end()) + 1
+            try:
+                reply = json.loads(data[start:seen])
+            except ValueError:
+                continue
+            key = _reply_record_key(reply)
+            if key is not None and reply["in_reply_to_line"] > floor:
+                entries.append([reply["in_reply_to_line"], key, reply.get("status") != "acting"])
+        if len(entries) <= _INDEX_MAX_KEYS:
+            index["replies"] = {"floor": floor, "mark": _mark(handle, st, begin + end), "keys": entries}
+    for line, key, is_terminal in entries:
+        if line in lines:
+            (terminal if is_terminal else acting).add(key)
+    return terminal, acting
+
+
+def _reply_record_key(reply):
+    """The replyKey of one fo-replies record, or None when loadReplies would skip it."""
+    if not isinstance(reply, dict):
+        return None
+    schema, line = reply.get("schema"), reply.get("in_reply_to_line")
+    if type(schema) is not int or schema != 1 or type(line) is not int or line <= 0:
+        return None
+    target, kind = reply.get("target"), reply.get("intent_kind")
+    rid, rts, status = reply.get("in_reply_to_id"), reply.get("in_reply_to_ts"), reply.get("status")
+    if not isinstance(target, str) or not is_safe_id(target.strip()) or target.strip() != target:
+        return None
+    if not isinstance(kind, str) or not kind:
+        return None
+    if (rid is not None and not isinstance(rid, str)) or (status is not None and not isinstance(status, str)):
+        return None
+    parsed = None
+    if rts is not None:
+        parsed = parse_rfc3339(rts)
+        if parsed is None:
+            return None
+    return reply_key(line, rid or render_rfc3339_nano(parsed), kind, target)
+
+
+def pending_intents(bdir, slugs, members=None):
+    """Undelivered intent per slug: ({slug: [(line, rec)]}, high_water, cursors, acting keys).
+
+    A record is pending for a slug when its line is past the slug's cursor, it
+    is addressed to the slug (`members` None means each slug alone; [] means
+    the heartbeat slugs), and no terminal ack answers it. Only the lines past
+    the lowest cursor are read, so the cost follows what is pending, not the
+    history (see read_inbox and load_reply_keys).
+    """
+    index = _load_index(bdir)
+    before = json.dumps(index, sort_keys=True)
+    cursors = {slug: read_cursor(bdir, slug) for slug in slugs}
+    floor = min(cursors.values()) if cursors else 0
+    found = {slug: [] for slug in slugs}
+    lines, high_water = read_inbox(bdir, floor, index)
+    for number, obj in lines:
+        rec = parse_intent(obj) if obj is not None else None
+        if rec is None:
+            continue
+        for slug in slugs:
+            if number > cursors[slug] and slug in intent_targets(
+                    rec, [slug] if members is None else members, bdir):
+                found[slug].append((number, rec))
+    wanted = {line for items in found.values() for line, _ in items}
+    terminal, acting = load_reply_keys(bdir, wanted, floor, index) if wanted else (set(), set())
+    if json.dumps(index, sort_keys=True) != before:
+        _save_index(bdir, index)
+    pending = {slug: [(line, rec) for line, rec in items
+                      if intent_key(line, rec, slug) not in terminal]
+               for slug, items in found.items()}
+    return pending, high_water, cursors, acting
+
+
+def reply_record(kind, target, line, intent_kind, status, rid="", rts="", extra=()):
+    """An fo-replies.jsonl record in Go's key order; empty optional fields are omitted."""
+    rec = {"schema": 1, "ts": utc_iso(), "kind": kind, "target": target}
+    if rid:
+        rec["in_reply_to_id"] = rid
+    rec["in_reply_to_line"] = line
+    if rts:
+        rec["in_reply_to_ts"] = rts
+    rec["intent_kind"] = intent_kind
+    rec["status"] = status
+    for key, value in extra:
+        if value not in ("", None):
+            rec[key] = value
+    return rec
+
+
+# ---- inbox verbs ---------------------------------------------------------------
+
+def inbox_drain(root, slug, host="", session_id=None, members=None):
+    """Return the intent pending for `slug` (peek: the cursor does not move).
+
+    Stamps the heartbeat fo.<slug>.json first (the roster sees the FO alive even
+    with an empty inbox) and appends one `acting` ack per returned record that
+    has none yet.
+    """
+    out = {"status": "ok", "slug": slug}
+    if host:
+        out["host"] = host
+    out.update(cursor=0, high_water=0, count=0, heartbeat=False, records=[])
+    if not is_safe_id(slug):
+        out.update(status="failed", records=None, error="invalid or missing --slug")
+        return out
+    if session_id is None:
+        session_id = _session_from_env(host)
+    if session_id and not is_safe_session_id(session_id):
+        out.update(status="failed", error="invalid session id %r" % session_id)
+        return out
+    bdir = bridge_dir(root, create=True)
+    beat = {"session_id": session_id}
+    if host:
+        beat["host"] = host
+    beat.update(ts=utc_iso(), state="idle")
+    try:
+        write_state(os.path.join(bdir, "fo.%s.json" % slug), beat)
+        out["heartbeat"] = True
+    except OSError as exc:
+        out["error"] = "heartbeat not written: %s" % (exc.strerror or exc)
+    if not os.path.exists(os.path.join(bdir, "inbox.jsonl")):
+        out["status"] = "no-inbox"
+        return out
+    adopt_cursor(bdir, slug)
+    pending, high_water, cursors, acting = pending_intents(
+        bdir, [slug], members if members else [slug])
+    out.update(cursor=cursors[slug], high_water=high_water)
+    acks = []
+    for line, rec in pending[slug]:
+        item = {"line": line, "id": rec["id"], "ts": rec["ts"], "kind": rec["kind"]}
+        for key in ("text", "granted", "target", "target_set", "entity", "field", "value",
+                    "verdict", "directives", "request_id"):
+            if rec[key] not in ("", None, []):
+                item[key] = rec[key]
+        out["records"].append(item)
+        ack_kind = ACK_KINDS.get(rec["kind"])
+        if ack_kind and intent_key(line, rec, slug) not in acting:
+            acks.append(reply_record(ack_kind, slug, line, rec["kind"], "acting", rec["id"],
+                                     rec["ts"], (("request_id", rec["request_id"]),
+                                                 ("session_id", session_id), ("host", host))))
+    out["count"] = len(out["records"])
+    if acks:
+        try:
+            seam_append(os.path.join(bdir, "fo-replies.jsonl"),
+                        b"".join(go_line(ack) for ack in acks))
+        except OSError as exc:
+            out["error"] = "acting acks not written: %s" % (exc.strerror or exc)
+    return out
+
+
+def inbox_ack(root, opts):
+    """Append one reply to fo-replies.jsonl for an intent, after checking it exists.
+
+    Loud guard: the ack must name the inbox line, its kind and a correlator
+    (--id or --ts), and they must match what is on that line; otherwise
+    nothing is written and the error says which part disagrees.
+    """
+    slug, host = opts.get("slug", ""), opts.get("host", "").strip().lower()
+    if not is_safe_id(slug):
+        raise SeamFailure("invalid or missing --slug")
+    line_text = opts.get("line", "")
+    if not (line_text.isascii() and line_text.isdigit() and int(line_text) > 0):
+        raise SeamFailure("--line must be a positive integer, got %r" % line_text)
+    line = int(line_text)
+    kind = opts.get("kind", "")
+    if kind not in ACK_KINDS:
+        raise SeamFailure("unknown --kind (want tell|conn|decision|permission-decision)")
+    status = opts.get("status", "").strip()
+    if not status:
+        raise SeamFailure("--status is required")
+    rid, rts = opts.get("id", ""), opts.get("ts", "")
+    if not rid and not rts:
+        raise SeamFailure("ack has no correlator: pass --id (from the drained record) or --ts")
+    if rid and not is_safe_id(rid):
+        raise SeamFailure("--id %r must match [A-Za-z0-9._-]+" % rid)
+    if rts and parse_rfc3339(rts) is None:
+        raise SeamFailure("--ts %r is not an RFC 3339 time" % rts)
+    session_id = opts["session-id"] if "session-id" in opts else _session_from_env(host)
+    if session_id and not is_safe_session_id(session_id):
+        raise SeamFailure("invalid session id %r" % session_id)
+    bdir = bridge_dir(root)
+    rec = None
+    for item in scan_jsonl(os.path.join(bdir, "inbox.jsonl"), line - 1):
+        rec = parse_intent(item.record) if item.record is not None else False
+        break
+    if rec is None:
+        raise SeamFailure("inbox line %d does not exist (%s has %d complete lines)" % (
+            line, os.path.join(SEAM_DIR, "inbox.jsonl"),
+            count_complete_lines(os.path.join(bdir, "inbox.jsonl"))))
+    if rec is False:
+        raise SeamFailure("inbox line %d is not a valid intent record" % line)
+    if rid and rec["id"] != rid:
+        raise SeamFailure("--id %s does not match inbox line %d (id %r)" % (rid, line, rec["id"]))
+    if rts and render_rfc3339_nano(parse_rfc3339(rts)) != render_rfc3339_nano(rec["_ts"]):
+        raise SeamFailure("--ts %s does not match inbox line %d (ts %r)" % (rts, line, rec["ts"]))
+    if rec["kind"] != kind:
+        raise SeamFailure("--kind %s does not match inbox line %d (kind %r)" % (kind, line, rec["kind"]))
+    text = opts.get("text", "")
+    if text:
+        text = _seam_redactor(root).redact(text.replace("\r", " ").replace("\n", " ").strip())
+    granted = opts.get("granted")
+    reply = reply_record(ACK_KINDS[kind], slug, line, kind, status, rid, rts, (
+        ("text", text), ("granted", granted), ("entity", opts.get("entity", "")),
+        ("field", opts.get("field", "")), ("value", opts.get("value", "")),
+        ("verdict", opts.get("verdict", "")), ("request_id", opts.get("request-id", "")),
+        ("session_id", session_id), ("host", host)))
+    try:
+        seam_append(os.path.join(bdir, "fo-replies.jsonl"), go_line(reply))
+    except OSError as exc:
+        raise SeamFailure("cannot append to fo-replies.jsonl: %s" % (exc.strerror or exc))
+    return {"appended": True, "kind": reply["kind"], "target": slug, "line": line}
+
+
+def inbox_commit(root, slug, cursor_text):
+    """Advance `slug`'s cursor to N, never backwards and never past the inbox's end."""
+    if not is_safe_id(slug):
+        raise SeamFailure("invalid or missing --slug")
+    if not (cursor_text.isascii() and cursor_text.isdigit()):
+        raise SeamFailure("negative --cursor" if cursor_text.startswith("-") or not cursor_text
+                          else "--cursor must be a line count, got %r" % cursor_text)
+    wanted = int(cursor_text)
+    bdir = bridge_dir(root, create=True)
+    lock = acquire_flock(os.path.join(bdir, ".inbox-cursor.%s.lock" % slug), timeout=10.0)
+    if lock is None:
+        raise SeamFailure("another commit for %s holds its cursor lock" % slug)
+    try:
+        adopt_cursor(bdir, slug)
+        current = read_cursor(bdir, slug)
+        lines = count_complete_lines(os.path.join(bdir, "inbox.jsonl"))
+        if wanted > lines:
+            raise SeamFailure("--cursor %d is past the inbox's %d complete lines (an over-advanced "
+                              "cursor loses intent)" % (wanted, lines))
+        new = max(wanted, current)
+        if new != current or not os.path.exists(os.path.join(bdir, ".inbox-cursor." + slug)):
+            atomic_write(os.path.join(bdir, ".inbox-cursor." + slug), "%d\n" % new, mode=0o644)
+        return {"cursor": new}
+    finally:
+        release_flock(lock)
+
+
+def _seam_command(root):
+    """How instructions name bridge.py (config `seam.command`)."""
+    try:
+        return config_get(load_config(root), "seam.command") or "python3 scripts/bridge.py"
+    except BridgeError:
+        return "python3 scripts/bridge.py"
+
+
+def inbox_check(data, host="", repo_root=None, slug=None, session_id=None):
+    """The Claude Stop hook: {"decision":"block",...} when intent is queued for this
+    session's workflows, else {}. Never blocks twice in a row (stop_hook_active);
+    the CLI turns any failure into {} so a broken seam never traps the agent."""
+    try:
+        payload = json.loads(data.decode("utf-8", "replace")) if data.strip() else {}
+    except ValueError:
+        payload = {}
+    if not isinstance(payload, dict):
+        payload = {}
+    if payload.get("stop_hook_active") is True:
+        return {}
+    host = (host or "claude").strip().lower()
+    root = seam_root(repo_root, _payload_str(payload, "cwd") or None)
+    bdir = os.path.join(root, SEAM_DIR)
+    if not os.path.isfile(os.path.join(bdir, "inbox.jsonl")):
+        return {}
+    session_id = session_id or _payload_str(payload, "session_id")
+    if slug is not None:
+        slugs = [slug] if is_safe_id(slug) else []
+    elif is_safe_id(session_id):
+        slugs = [s for s in discover_slugs(bdir) if _heartbeat_session(bdir, s) == session_id]
+        marker_slug = _marker_workflow(bdir, session_id)
+        if marker_slug and marker_slug not in slugs:
+            slugs.append(marker_slug)
+    else:
+        slugs = []
+    if not slugs:
+        return {}
+    pending, _, _, _ = pending_intents(bdir, slugs)
+    counts = [(s, len(pending[s])) for s in slugs if pending[s]]
+    total = sum(n for _, n in counts)
+    if not total:
+        return {}
+    command = _seam_command(root)
+    names = ", ".join(s for s, _ in counts)
+    reason = ("Bridge has %d queued captain-intent record%s in _bridge/inbox.jsonl for "
+              "workflow(s): %s. Before stopping, drain them: run `%s inbox drain --host %s "
+              "--slug %s` (repeat per slug), act on each record, ack each with `%s inbox ack "
+              "...`, then advance the cursor with `%s inbox commit ...`." % (
+                  total, "" if total == 1 else "s", names, command, host, counts[0][0],
+                  command, command))
+    return {"decision": "block", "reason": reason}
+
+
+def _heartbeat(bdir, slug):
+    """The parsed fo.<slug>.json heartbeat, or None (a malformed ts fails it whole)."""
+    try:
+        with open(os.path.join(bdir, "fo.%s.json" % slug), "rb") as handle:
+            beat = json.loads(handle.read(1 << 20))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(beat, dict):
+        return None
+    if beat.get("ts") is not None and parse_rfc3339(beat.get("ts")) is None:
+        return None
+    return beat
+
+
+def _heartbeat_session(bdir, slug):
+    beat = _heartbeat(bdir, slug)
+    value = beat.get("session_id") if beat else None
+    return value.strip() if isinstance(value, str) else ""
+
+
+def _markers(bdir):
+    """[(mtime, path, marker dict)] of sessions/*.json, in name order."""
+    sessions = os.path.join(bdir, "sessions")
+    out = []
+    try:
+        names = sorted(os.listdir(sessions))
+    except OSError:
+        return out
+    for name in names:
+        if not name.endswith(".json") or name.startswith("."):
+            continue
+        path = os.path.join(sessions, name)
+        try:
+            with open(path, "rb") as handle:
+                marker = json.loads(handle.read(65536))
+            mtime = os.stat(path).st_mtime
+        except (OSError, ValueError):
+            continue
+        if isinstance(marker, dict):
+            out.append((mtime, path, marker))
+    return out
+
+
+def _marker_workflow(bdir, session_id):
+    for _, _, marker in _markers(bdir):
+        if marker.get("session_id") == session_id and is_safe_id(marker.get("workflow")):
+            return marker["workflow"]
+    return None
+
+
+# ---- FO -> Bridge: initiate, alert, feed -----------------------------------------------
+
+INITIATE_KINDS = ("status", "reco", "gate-review")
+FEED_VERBS = ("dispatch", "advance", "complete")
+
+
+def initiate(root, opts):
+    """Append a status / reco / gate-review card to fo-initiate.jsonl (folded by id)."""
+    rid, kind = opts.get("id", "").strip(), opts.get("kind", "").strip()
+    redactor = _seam_redactor(root)
+    headline = one_line_summary(redactor.redact(opts.get("headline", "")), 240)
+    body = one_line_summary(redactor.redact(opts.get("body", "")), 2000)
+    request_id = opts.get("request-id", "").strip()
+    if kind == "gate-review" and not request_id:
+        request_id = rid
+    out = {"id": rid, "request_id": request_id, "queued": False}
+    if not rid:
+        raise SeamFailure("initiation: id is required", out)
+    if not is_safe_id(rid):
+        raise SeamFailure("initiation: id %r must match [A-Za-z0-9._-]+" % rid, out)
+    if kind not in INITIATE_KINDS:
+        raise SeamFailure("initiation: kind must be one of status|reco|gate-review", out)
+    if not headline:
+        raise SeamFailure("initiation: headline is required", out)
+    rec = {"schema": 1, "id": rid, "ts": utc_iso(), "kind": kind}
+    for key, flag in (("workflow", "workflow"), ("entity", "entity"), ("ship_id", "ship-id"),
+                      ("host", "host"), ("session_id", "session-id")):
+        value = opts.get(flag, "").strip()
+        if value:
+            rec[key] = value.lower() if key == "host" else value
+    rec["headline"] = headline
+    if body:
+        rec["body"] = body
+    if request_id:
+        rec["request_id"] = request_id
+    rec["status"] = "open"
+    path = os.path.join(bridge_dir(root, create=True), "fo-initiate.jsonl")
+    try:
+        seam_append(path, go_line(rec))
+        if count_complete_lines(path) > INITIATE_MAX_LINES:
+            seam_trim(path, INITIATE_MAX_LINES, INITIATE_KEEP_LINES,
+                      lambda head, tail: _open_gates(os.path.dirname(path), head, tail))
+    except OSError as exc:
+        raise SeamFailure("initiation: cannot write %s: %s" % (path, exc.strerror or exc), out)
+    out["queued"] = True
+    return out
+
+
+def _open_gates(bdir, head, tail):
+    """Lines of `head` to keep through a trim: each undecided open gate's latest line."""
+    def ident(raw):
+        try:
+            rec = json.loads(raw)
+        except ValueError:
+            return None, None
+        return (rec.get("id") if isinstance(rec, dict) and isinstance(rec.get("id"), str)
+                else None), rec
+    in_tail = {ident(raw)[0] for raw in tail}
+    latest = {}
+    for index, raw in enumerate(head):
+        rid, rec = ident(raw)
+        if rid and rid not in in_tail:
+            latest[rid] = (index, rec)
+    decided = _decided_requests(bdir)
+    keep = []
+    for rid, (index, rec) in latest.items():
+        if rec.get("kind") == "gate-review" and rec.get("status") == "open" and \
+                (rec.get("request_id") or rid) not in decided:
+            keep.append(index)
+    return [head[i] for i in sorted(keep)]
+
+
+def _decided_requests(bdir):
+    """request_ids the captain has decided (inbox `decision` lines), for gate eviction."""
+    decided = set()
+    for item in scan_jsonl(os.path.join(bdir, "inbox.jsonl")):
+        if b'"decision"' not in item.raw:
+            continue
+        rec = item.record
+        if isinstance(rec, dict) and rec.get("kind") == "decision" and isinstance(rec.get("request_id"), str):
+            decided.add(rec["request_id"])
+    return decided
+
+
+def alert_permission(root, opts):
+    """Append a non-blocking permission interrupt to fo-alerts.jsonl."""
+    rid = opts.get("id", "").strip() or "perm_" + random_hex(16)
+    out = {"id": rid, "request_id": rid, "queued": False}
+    if not is_safe_id(rid):
+        raise SeamFailure("permission alert: id %r must match [A-Za-z0-9._-]+" % rid, out)
+    redactor = _seam_redactor(root)
+    reason = one_line_summary(redactor.redact(opts.get("reason", "")), 240)
+    if not reason:
+        raise SeamFailure("permission alert: reason is required", out)
+    rec = {"schema": 1, "id": rid, "ts": utc_iso(), "kind": "permission-request",
+           "severity": "blocked"}
+    for key in ("workflow", "entity", "host", "session_id"):
+        value = opts.get(key.replace("_", "-"), "").strip()
+        if value:
+            rec[key] = value.lower() if key == "host" else value
+    rec["reason"] = reason
+    command = one_line_summary(redactor.redact(opts.get("command", "")), 500)
+    if command:
+        rec["command"] = command
+    rule = [part.strip() for part in opts.get("prefix-rule", "").split(",") if part.strip()]
+    if rule:
+        rec["prefix_rule"] = rule
+    rec["status"] = "open"
+    try:
+        seam_append(os.path.join(bridge_dir(root, create=True), "fo-alerts.jsonl"), go_line(rec))
+    except (OSError, SeamFailure) as exc:
+        raise SeamFailure("permission alert: cannot write: %s" % (
+            getattr(exc, "strerror", None) or exc), out)
+    out["queued"] = True
+    return out
+
+
+def feed(root, opts):
+    """Append one line of ambient narration to fo-feed.jsonl (the shape Bridge reads)."""
+    verb = opts.get("verb", "").strip()
+    if verb not in FEED_VERBS:
+        raise SeamFailure("feed: --verb must be one of dispatch|advance|complete")
+    text = one_line_summary(_seam_redactor(root).redact(opts.get("text", "")), 120)
+    if not text:
+        raise SeamFailure("feed: --text is required")
+    rec = {"ts": utc_iso(), "verb": verb}
+    for key in ("entity", "workflow", "stage"):
+        value = opts.get(key, "").strip()
+        if value and not is_safe_id(value):
+            raise SeamFailure("feed: --%s %r must match [A-Za-z0-9._-]+" % (key, value))
+        rec[key] = value
+    rec["text"] = text
+    try:
+        seam_append(os.path.join(bridge_dir(root, create=True), "fo-feed.jsonl"), go_line(rec))
+    except OSError as exc:
+        raise SeamFailure("feed: cannot write fo-feed.jsonl: %s" % (exc.strerror or exc))
+    return {"appended": True, "verb": verb}
+
+
+# ---- wake: resume parked Codex sessions --------------------------------------------
+
+def wake_codex(root, members=None, codex_bin=None):
+    """Resume each parked Codex FO session that has undelivered intent.
+
+    Holds the exclusive wake lock for the whole pass (a crashed holder's flock
+    is released by the kernel, so a stale lock reclaims itself), runs the wake
+    command per session and waits for it with a timeout, so one session is never
+    resumed twice at once. Never moves a cursor: delivery is the FO's drain + ack.
+    """
+    config = load_config(root)
+    bdir = bridge_dir(root)
+    if not os.path.isfile(os.path.join(bdir, "inbox.jsonl")):
+        return {"status": "noop", "message": "no pending inbox records"}
+    lock = FileLock(os.path.join(bdir, ".wake-lock.codex"),
+                    ttl_sec=float(config_get(config, "seam.wake_timeout_sec", 1800)) + 300,
+                    meta={"purpose": "bridge.py wake --host codex"})
+    if not lock.acquire():
+        return {"status": "locked", "message": "another bridge ingress wake is running"}
+    try:
+        return _wake_pass(root, bdir, config, members, codex_bin)
+    finally:
+        lock.release()
+
+
+def _wake_pass(root, bdir, config, members, codex_bin):
+    # Targets are the --members, else the slugs with a heartbeat; broadcasts
+    # route to them as in Go's wake.
+    targets = clean_slugs(members) if members else discover_slugs(bdir)
+    found, _, _, _ = pending_intents(bdir, targets, clean_slugs(members) if members else [])
+    pending = {slug: [line for line, _ in items] for slug, items in found.items() if items}
+    if not pending:
+        return {"status": "noop", "message": "no pending inbox records"}
+    inbox = os.path.join(bdir, "inbox.jsonl")
+    all_lines = sorted({line for lines in pending.values() for line in lines})
+    groups = {}  # session id -> slugs
+    for slug in sorted(pending):
+        session = _resumable_session(bdir, slug)
+        if session:
+            groups.setdefault(session, []).append(slug)
+    if not groups:
+        _wake_event(bdir, "skipped-no-session", all_lines, sorted(pending), "",
+                    message="no resumable Codex session id")
+        return {"status": "skipped-no-session", "lines": all_lines, "targets": sorted(pending),
+                "message": "no resumable Codex session id"}
+    template = config_get(config, "seam.wake_command") or ["codex", "exec", "resume", "{session_id}", "-"]
+    timeout = float(config_get(config, "seam.wake_timeout_sec", 1800))
+    command = _seam_command(root)
+    woke, failures = 0, []
+    for session, slugs in groups.items():
+        lines = sorted({line for slug in slugs for line in pending[slug]})
+        argv = [part.replace("{session_id}", session) for part in template]
+        if codex_bin:
+            argv[0] = codex_bin
+        prompt = ("Bridge has queued captain intent for this Codex session.\n"
+                  "Pending physical inbox lines for this session: %s\n"
+                  "Addressed workflow slugs: %s\n"
+                  "Inbox: %s\n"
+                  "For each slug run `%s inbox drain --host codex --slug SLUG`, act on each "
+                  "record, ack it with `%s inbox ack ...`, then `%s inbox commit ...`.\n" % (
+                      ",".join(map(str, lines)), ",".join(slugs), inbox, command, command, command))
+        result = run_command(argv, cwd=root, stdin_data=prompt, timeout=timeout, kill_grace=5.0)
+        if result.ok:
+            woke += 1
+            _wake_event(bdir, "woke", lines, slugs, session)
+        else:
+            error = result.describe()
+            tail = result.stderr.strip().splitlines()[-1:] if result.stderr else []
+            if tail:
+                error += ": " + tail[0][:300]
+            failures.append(error)
+            _wake_event(bdir, "failed", lines, slugs, session, error=error)
+    status = "woke" if not failures else ("partial" if woke else "failed")
+    out = {"status": status, "lines": all_lines, "sessions": len(groups),
+           "targets": sorted(pending),
+           "message": {"woke": "resumed Codex FO session", "partial": "some Codex sessions failed to resume",
+                       "failed": "no Codex session resumed"}[status]}
+    if failures:
+        out["error"] = "; ".join(failures)
+    return out
+
+
+def _resumable_session(bdir, slug):
+    """The Codex session to resume for `slug`: heartbeat, else newest marker, else latest codex event."""
+    session = _heartbeat_session(bdir, slug)
+    if is_safe_session_id(session):
+        return session
+    best = None
+    for mtime, path, marker in _markers(bdir):
+        sid = marker.get("session_id")
+        if marker.get("workflow") == slug and is_safe_session_id(sid):
+            if best is None or (mtime, path) > best[:2]:
+                best = (mtime, path, sid)
+    if best:
+        return best[2]
+    latest = None
+    for item in scan_jsonl(os.path.join(bdir, "events.jsonl")):
+        rec = item.record
+        if not isinstance(rec, dict) or rec.get("host") != "codex":
+            continue
+        sid, when = rec.get("session_id"), parse_rfc3339(rec.get("ts"))
+        if is_safe_session_id(sid) and when and (latest is None or when[:2] >= latest[0]):
+            latest = (when[:2], sid)
+    return latest[1] if latest else None
+
+
+def _wake_event(bdir, status, lines, targets, session, message="", error=""):
+    now = utc_iso()
+    rec = {"timestamp": now, "ts": now, "host": "codex", "event": "wake", "status": status,
+           "lines": lines, "targets": targets, "session_id": session}
+    if message:
+        rec["message"] = message
+    if error:
+        rec["error"] = error
+    try:
+        seam_append(os.path.join(bdir, "wake-events.jsonl"), go_line(rec))
+    except OSError as exc:
+        warn("wake: cannot append to wake-events.jsonl: %s" % (exc.strerror or exc))
 
 
 # =============================================================================
@@ -2524,7 +3928,1403 @@ def unlock_worker(root, force=False):
 # =============================================================================
 # 6. CHANGES - change sets and their MCP executor (seed 004)
 # =============================================================================
-# (built on the `changes` branch)
+
+# Change sets (seed 004, issue 5). A planning agent writes reviewable change sets under
+# changes/<id>/; the trusted executor (`changes run`) validates each one offline (schema,
+# integrity) and against the repository's MCP server (alignment, governance, impact), then
+# applies it through the server, gates it for a human (Tier 2) or rejects it. Every decision
+# lands in changes/<id>/05-status.json (written only here, atomically and canonically) and in
+# the decision log changes/.log/executor.jsonl.
+
+CHANGESET_PROTOCOL = "changeset_id_v1"
+CHANGESET_STATUS_SCHEMA = "changeset_status_v1"
+PLAN_VERSION = "plan_v1"
+CS_META = "00-meta.json"
+CS_ARCH = "01-architecture.md"
+CS_PLAN = "02-implementation-plan.json"
+CS_TASKS = "03-task-list.md"
+CS_STATUS = "05-status.json"
+CS_STATES = ("draft", "ready", "validating", "pending_review", "executing", "completed",
+             "failed", "superseded")
+CS_TERMINAL = ("completed", "failed", "superseded")
+CS_DECISIONS = ("auto", "review_required", "rejected", "approved")
+CS_META_KEYS = ("artifact_manifest", "base_state", "plan_sha256", "protocol", "repo_key",
+                "subject", "supersedes", "title")
+# Tools a plan may call. Everything else (run.execute, workspace.write_file, shell_command...)
+# rejects the whole plan: mutation goes through patches the server checks, nothing else.
+CS_READ_TOOLS = ("gov.preflight", "gov.drift", "features.overview", "features.locate",
+                 "features.impact", "xray.scan")
+CS_MAX_SAFE_INT = 2 ** 53 - 1
+
+
+class CanonicalJSONError(BridgeError):
+    """A value that canonical JSON (our subset of RFC 8785) cannot represent."""
+
+
+def _canonical_check(value, where="$"):
+    """Refuse what canonical JSON may not hold: floats, NaN, out-of-range integers,
+    non-string keys, lone surrogates. `where` is a JSONPath-like location for the message."""
+    if value is None or value is True or value is False:
+        return
+    if isinstance(value, int):
+        if not -CS_MAX_SAFE_INT <= value <= CS_MAX_SAFE_INT:
+            shown = str(value) if value.bit_length() < 256 else "of %d bits" % value.bit_length()
+            raise CanonicalJSONError("%s: integer %s is outside +/-(2^53-1)" % (where, shown))
+        return
+    if isinstance(value, float):
+        raise CanonicalJSONError("%s: number %r is not an integer (floats are not allowed in "
+                                 "canonical JSON)" % (where, value))
+    if isinstance(value, str):
+        _canonical_check_text(value, where)
+        return
+    if isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            _canonical_check(item, "%s[%d]" % (where, i))
+        return
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise CanonicalJSONError("%s: object key %r is not a string" % (where, key))
+            _canonical_check_text(key, where + " (key)")
+            _canonical_check(item, "%s.%s" % (where, key))
+        return
+    raise CanonicalJSONError("%s: %s is not a JSON value" % (where, type(value).__name__))
+
+
+def _canonical_check_text(text, where):
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise CanonicalJSONError("%s: lone surrogate U+%04X in string" % (
+            where, ord(text[exc.start])))
+
+
+def canonical_json(value):
+    """Canonical JSON bytes: UTF-8, keys sorted by code point (= UTF-8 byte order, the seed's
+    rule; RFC 8785 sorts by UTF-16 code units, which differs only for astral-plane vs
+    U+E000..U+FFFF keys), no whitespace, arrays in order, no trailing newline."""
+    import json
+    _canonical_check(value)
+    # Python compares str by code point, so sort_keys gives the byte order we want.
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                      allow_nan=False).encode("utf-8")
+
+
+def canonical_sha256(value):
+    import hashlib
+    return hashlib.sha256(canonical_json(value)).hexdigest()
+
+
+def canonical_loads(data, what="JSON"):
+    """Parse JSON strictly for hashed artifacts: duplicate keys, floats, NaN/Infinity,
+    out-of-range integers, lone surrogates and invalid UTF-8 are errors naming `what`."""
+    import json
+
+    def pairs(items):
+        seen = {}
+        for key, val in items:
+            if key in seen:
+                raise CanonicalJSONError("%s: duplicate key %s" % (what, json.dumps(key)))
+            seen[key] = val
+        return seen
+
+    def bad_float(text):
+        raise CanonicalJSONError("%s: number %s is not an integer (floats are not allowed)"
+                                 % (what, text))
+
+    def bad_constant(text):
+        raise CanonicalJSONError("%s: %s is not valid JSON here" % (what, text))
+
+    if isinstance(data, bytes):
+        try:
+            data = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise CanonicalJSONError("%s: invalid UTF-8 at byte %d" % (what, exc.start))
+    if data.startswith("\ufeff"):
+        raise CanonicalJSONError("%s: byte order mark is not allowed" % what)
+    try:
+        value = json.loads(data, object_pairs_hook=pairs, parse_float=bad_float,
+                           parse_constant=bad_constant)
+    except json.JSONDecodeError as exc:
+        raise CanonicalJSONError("%s: line %d column %d: %s" % (what, exc.lineno, exc.colno,
+                                                                exc.msg))
+    except (ValueError, RecursionError) as exc:  # e.g. an integer of 5000 digits
+        raise CanonicalJSONError("%s: %s" % (what, exc))
+    try:
+        _canonical_check(value)
+    except CanonicalJSONError as exc:
+        raise CanonicalJSONError("%s: %s" % (what, exc))
+    return value
+
+
+def read_canonical_file(path, what=None):
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as exc:
+        raise BridgeError("cannot read %s: %s" % (path, exc.strerror or exc))
+    return canonical_loads(data, what or str(path))
+
+
+# ---- slug, repo key, id -------------------------------------------------------------------
+
+_SLUG_EXTRA = {"ß": "ss", "æ": "ae", "Æ": "ae", "ø": "o", "Ø": "o", "œ": "oe", "Œ": "oe",
+               "đ": "d", "Đ": "d", "ł": "l", "Ł": "l", "þ": "th", "Þ": "th", "ı": "i"}
+
+
+def changeset_slug(subject, max_len=48):
+    """ASCII slug: accents transliterated (NFKD, combining marks dropped), anything not
+    [a-z0-9] becomes one `-`, trimmed, cut to `max_len` and trimmed again; `change` if empty."""
+    import unicodedata
+    text = "".join(_SLUG_EXTRA.get(ch, ch) for ch in str(subject))
+    text = unicodedata.normalize("NFKD", text).encode("ascii", "ignore").decode("ascii")
+    text = re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+    text = text[:max_len].strip("-")
+    return text or "change"
+
+
+def normalize_repo_key(url):
+    """`host/owner/repo` from a git remote URL (scheme, user, password/token and port removed,
+    host lower-cased, `.git` and slashes stripped), or None for local paths and file:// URLs.
+    Never raises on odd input and never returns any part of the userinfo."""
+    from urllib.parse import urlsplit
+    url = (url or "").strip()
+    if not url:
+        return None
+    if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", url):
+        try:
+            parts = urlsplit(url)
+            host = parts.hostname  # lower-cased, brackets, port and userinfo removed
+        except ValueError:
+            return None
+        if parts.scheme.lower() == "file" or not host:
+            return None
+        path = parts.path
+    else:
+        # scp-like [user@]host:path -- only when no '/' comes before the first ':'
+        m = re.match(r"^(?:[^@/:]*@)?(\[[^\]/]+\]|[^:/\\]+):(.*)$", url)
+        if not m or "/" in url.split(":", 1)[0]:
+            return None
+        host = m.group(1).strip("[]").lower()
+        path = m.group(2)
+        if len(host) == 1:  # C:\src\repo is a drive letter, not a host
+            return None
+    while True:
+        stripped = path.strip("/")
+        if stripped.endswith(".git"):
+            stripped = stripped[:-4]
+        if stripped == path:
+            break
+        path = stripped
+    if not path or not host:
+        return None
+    return host + "/" + path
+
+
+def changeset_repo_key(root):
+    """Repo key of `root`: the normalised `origin` URL, else the absolute repository path."""
+    res = Git(root).run("remote", "get-url", "origin", check=False)
+    key = normalize_repo_key(res.stdout.strip()) if res.exit_code == 0 else None
+    return key or os.path.abspath(str(root))
+
+
+def changeset_identity(subject, repo_key, base_state):
+    """The hashed identity payload of changeset_id_v1 (normalised inputs only)."""
+    return {"base_state": {"id": str(base_state["id"]), "kind": str(base_state["kind"])},
+            "protocol": CHANGESET_PROTOCOL, "repo_key": repo_key,
+            "subject": changeset_slug(subject)}
+
+
+def changeset_id(identity, length=12):
+    return identity["subject"] + "--" + canonical_sha256(identity)[:length]
+
+
+# ---- MCP client -----------------------------------------------------------------------------
+
+class McpError(BridgeError):
+    """An error reply from the MCP server; `mcp_code` may be an int or a string (STALE_LEASE)."""
+
+    def __init__(self, message, mcp_code=None, data=None):
+        BridgeError.__init__(self, message, EXIT_FAILED)
+        self.mcp_code = mcp_code
+        self.data = data
+
+
+class McpServerGone(BridgeError):
+    """The server exited, closed its output or did not answer in time."""
+
+
+class McpClient:
+    """JSON-RPC client for one MCP server process over stdio.
+
+    Sends in the configured framing (`content-length`, what axiomregent reads, or `line`, the
+    MCP standard) and reads either (kernel MessageReader). Replies are matched by id; replies
+    with a null id (axiomregent answers notifications) and unknown ids are ignored. One process
+    lives for a whole change set so the server's in-memory leases stay valid."""
+
+    def __init__(self, command, cwd, framing="content-length", timeout=30.0, env=None,
+                 log=None):
+        import shlex
+        if isinstance(command, str):
+            command = shlex.split(command)
+        if not command:
+            raise BridgeError("changes.mcp.command is empty", EXIT_USAGE)
+        self.command = [str(c) for c in command]
+        self.cwd = str(cwd)
+        self.framing = framing
+        self.timeout = float(timeout)
+        self.env = env
+        self.log = log or (lambda msg: None)
+        self.proc = None
+        self._next_id = 0
+        self._replies = None
+        self._stderr_tail = []
+        self._stalled = False
+        self.server_info = None
+        self.tools = None
+
+    def start(self):
+        import queue
+        import subprocess
+        import threading
+        env = dict(os.environ)
+        env.update(self.env or {})
+        try:
+            self.proc = subprocess.Popen(
+                self.command, cwd=self.cwd, env=env, stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        except OSError as exc:
+            raise McpServerGone("cannot start MCP server %s: %s" % (
+                self.command[0], exc.strerror or exc), EXIT_FAILED)
+        self._replies = queue.Queue()
+        threading.Thread(target=self._read_stdout, daemon=True).start()
+        threading.Thread(target=self._read_stderr, daemon=True).start()
+        init = self.request("initialize", {
+            "protocolVersion": "2024-11-05", "capabilities": {},
+            "clientInfo": {"name": "bridge.py", "version": __version__}})
+        self.server_info = init if isinstance(init, dict) else {}
+        self.notify("notifications/initialized", {})
+        return self
+
+    def _read_stdout(self):
+        import json
+        reader = MessageReader(self.proc.stdout)
+        while True:
+            try:
+                raw = reader.read()
+            except Exception as exc:  # framing error: the stream is unusable
+                self._replies.put(("gone", "unreadable server output: %s" % exc))
+                return
+            if raw is None:
+                self._replies.put(("gone", "server closed its output"))
+                return
+            try:
+                msg = json.loads(raw)
+            except ValueError:
+                self.log("mcp: ignoring unparseable message from server")
+                continue
+            self._replies.put(("msg", msg))
+
+    def _read_stderr(self):
+        for line in iter(self.proc.stderr.readline, b""):
+            self._stderr_tail.append(line.decode("utf-8", "replace").rstrip())
+            del self._stderr_tail[:-20]
+
+    def _send(self, obj):
+        try:
+            self.proc.stdin.write(frame_message(obj, self.framing))
+            self.proc.stdin.flush()
+        except (OSError, ValueError):
+            raise McpServerGone(self._gone_message("cannot write to server"), EXIT_FAILED)
+
+    def _gone_message(self, what):
+        code = self.proc.poll() if self.proc else None
+        if code is None and self.proc is not None:
+            try:
+                code = self.proc.wait(timeout=1.0)
+            except Exception:
+                code = None
+        msg = "MCP server %s" % what
+        if code is not None:
+            msg += " (exit code %s)" % code
+        tail = [t for t in self._stderr_tail if t][-3:]
+        if tail:
+            msg += "; stderr: " + " | ".join(tail)
+        return get_redactor().redact(msg)
+
+    def notify(self, method, params=None):
+        self._send({"jsonrpc": "2.0", "method": method, "params": params or {}})
+
+    def request(self, method, params=None, timeout=None):
+        import queue
+        import time
+        self._next_id += 1
+        rid = self._next_id
+        self._send({"jsonrpc": "2.0", "id": rid, "method": method, "params": params or {}})
+        deadline = time.monotonic() + (timeout or self.timeout)
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self._stalled = True
+                hint = ""
+                if method == "initialize":
+                    hint = " (is changes.mcp.framing %r what it speaks?)" % self.framing
+                raise McpServerGone("MCP server did not answer %s within %.0f s%s" % (
+                    _mcp_label(method, params), timeout or self.timeout, hint), EXIT_FAILED)
+            try:
+                kind, msg = self._replies.get(timeout=left)
+            except queue.Empty:
+                continue
+            if kind == "gone":
+                self._replies.put((kind, msg))  # later calls fail the same way
+                raise McpServerGone(self._gone_message(
+                    "exited during %s: %s" % (_mcp_label(method, params), msg)), EXIT_FAILED)
+            if isinstance(msg, dict) and "method" in msg:
+                if msg.get("id") is not None:  # a request from the server: we offer nothing
+                    self._send({"jsonrpc": "2.0", "id": msg["id"], "error": {
+                        "code": -32601, "message": "Method not found"}})
+                continue
+            if not isinstance(msg, dict) or msg.get("id") != rid:
+                continue  # null-id replies to notifications, stale ids
+            err = msg.get("error")
+            if err is not None:
+                if not isinstance(err, dict):
+                    err = {"message": str(err)}
+                raise McpError("%s failed: %s%s" % (
+                    _mcp_label(method, params), err.get("message", "error"),
+                    " (%s)" % err["code"] if "code" in err else ""),
+                    err.get("code"), err.get("data"))
+            return msg.get("result")
+
+    def call_tool(self, name, arguments, timeout=None):
+        """tools/call, unwrapping the result: structuredContent, else `json` blocks (axiomregent)
+        or `text` blocks holding JSON (the standard); several blocks give a list."""
+        import json
+        result = self.request("tools/call", {"name": name, "arguments": arguments},
+                              timeout=timeout)
+        if not isinstance(result, dict):
+            return result
+        if result.get("isError"):
+            raise McpError("%s failed: %s" % (name, _mcp_text(result)), "tool_error")
+        if "structuredContent" in result:
+            return result["structuredContent"]
+        blocks = result.get("content")
+        if not isinstance(blocks, list):
+            return result
+        values = []
+        for block in blocks:
+            if not isinstance(block, dict):
+                continue
+            if block.get("type") == "json":
+                values.append(block.get("json"))
+            elif block.get("type") == "text":
+                text = block.get("text", "")
+                try:
+                    values.append(json.loads(text))
+                except ValueError:
+                    values.append(text)
+        if len(values) == 1:
+            return values[0]
+        return values
+
+    def close(self):
+        """EOF on stdin (a polite server exits), then the whole process group goes: a
+        server that stalled or spawned helpers must not outlive its change set."""
+        import subprocess
+        if self.proc is None:
+            return
+        try:
+            self.proc.stdin.close()
+        except (OSError, ValueError):
+            pass
+        if not self._stalled:
+            try:
+                self.proc.wait(timeout=2.0)
+            except subprocess.TimeoutExpired:
+                pass
+        kill_process_group(self.proc, grace=1.0)
+        self.proc = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _mcp_label(method, params):
+    if method == "tools/call" and isinstance(params, dict):
+        return str(params.get("name"))
+    return method
+
+
+def _mcp_text(result):
+    parts = []
+    for block in result.get("content") or []:
+        if isinstance(block, dict) and block.get("type") == "text":
+            parts.append(str(block.get("text")))
+    return " ".join(parts) or "error"
+
+
+# ---- change sets on disk ------------------------------------------------------------------
+
+def changeset_patch_paths(patch, strip=1):
+    """Paths a unified diff touches (its `---`/`+++` headers, /dev/null skipped; hunk bodies
+    are skipped by their line counts, so a removed line `-- x` is not a header)."""
+    paths = set()
+    old_left = new_left = 0
+    for line in str(patch).splitlines():
+        if old_left > 0 or new_left > 0:  # inside a hunk
+            if line.startswith("\\"):
+                continue  # "\ No newline at end of file"
+            tag = line[:1]
+            if tag in (" ", ""):
+                old_left, new_left = old_left - 1, new_left - 1
+            elif tag == "-":
+                old_left -= 1
+            elif tag == "+":
+                new_left -= 1
+            continue
+        m = re.match(r"^@@ -\d+(?:,(\d+))? \+\d+(?:,(\d+))? @@", line)
+        if m:
+            old_left = int(m.group(1)) if m.group(1) is not None else 1
+            new_left = int(m.group(2)) if m.group(2) is not None else 1
+            continue
+        if not (line.startswith("+++ ") or line.startswith("--- ")):
+            continue
+        name = line[4:].split("\t", 1)[0].strip()
+        if name.startswith('"') and name.endswith('"') and len(name) > 1:
+            name = name[1:-1]
+        if name == "/dev/null" or not name:
+            continue
+        parts = name.split("/")
+        if len(parts) > strip:
+            paths.add("/".join(parts[strip:]))
+    return sorted(paths)
+
+
+def changeset_tool_allowed(tool):
+    return (tool == "workspace.apply_patch" or tool in CS_READ_TOOLS
+            or (tool.startswith("snapshot.") and len(tool) > len("snapshot.")))
+
+
+def changeset_plan_problems(plan, base_kind=None, folder=None):
+    """Schema problems of a plan_v1 document as (code, message) pairs; empty when valid."""
+    problems = []
+
+    def bad(code, msg):
+        problems.append((code, msg))
+
+    if not isinstance(plan, dict):
+        return [("invalid_plan", "the plan must be a JSON object")]
+    allowed = ("version", "change_set_id", "generated_from_digest", "prerequisites", "tasks",
+               "goal", "description")
+    for key in sorted(plan):
+        if key not in allowed:
+            bad("invalid_plan", "unknown plan field %r" % key)
+    if plan.get("version") != PLAN_VERSION:
+        bad("invalid_plan", "version must be %r, not %r" % (PLAN_VERSION, plan.get("version")))
+    if "change_set_id" in plan and folder is not None and plan["change_set_id"] != folder:
+        bad("integrity_mismatch", "plan change_set_id %r is not the folder name %r"
+            % (plan["change_set_id"], folder))
+    for key in ("generated_from_digest", "goal", "description", "change_set_id"):
+        if key in plan and not isinstance(plan[key], str):
+            bad("invalid_plan", "%s must be a string" % key)
+    pre = plan.get("prerequisites", {})
+    if not isinstance(pre, dict):
+        bad("invalid_plan", "prerequisites must be an object")
+    else:
+        if "base_snapshot_id" in pre and not isinstance(pre["base_snapshot_id"], str):
+            bad("invalid_plan", "prerequisites.base_snapshot_id must be a string")
+        leases = pre.get("required_leases", [])
+        if not isinstance(leases, list) or not all(isinstance(x, str) for x in leases):
+            bad("invalid_plan", "prerequisites.required_leases must be a list of strings")
+    tasks = plan.get("tasks")
+    if not isinstance(tasks, list) or not tasks:
+        bad("invalid_plan", "tasks must be a non-empty list")
+        return problems
+    seen = set()
+    for i, task in enumerate(tasks):
+        where = "tasks[%d]" % i
+        if not isinstance(task, dict):
+            bad("invalid_plan", "%s must be an object" % where)
+            continue
+        tid = task.get("id")
+        if not isinstance(tid, str) or not tid:
+            bad("invalid_plan", "%s.id must be a non-empty string" % where)
+        elif tid in seen:
+            bad("invalid_plan", "%s.id %r is used twice" % (where, tid))
+        else:
+            seen.add(tid)
+        if task.get("type") != "mcp_call":
+            bad("forbidden_task", "%s.type %r: only mcp_call tasks may run (no shell)"
+                % (where, task.get("type")))
+        tool = task.get("tool")
+        if not isinstance(tool, str) or not tool:
+            bad("invalid_plan", "%s.tool must be a non-empty string" % where)
+        elif not changeset_tool_allowed(tool):
+            bad("forbidden_tool", "%s.tool %r is not allowlisted (workspace.apply_patch, "
+                "snapshot.*, %s)" % (where, tool, ", ".join(CS_READ_TOOLS)))
+        params = task.get("params", {})
+        if not isinstance(params, dict):
+            bad("invalid_plan", "%s.params must be an object" % where)
+            params = {}
+        if tool == "workspace.apply_patch":
+            if not isinstance(params.get("patch"), str) or not params.get("patch"):
+                bad("invalid_plan", "%s.params.patch must be a non-empty string" % where)
+            mode = params.get("mode", base_kind)
+            if mode is None and base_kind is None:
+                pass  # decided by the base state, checked once that is known
+            elif mode not in ("worktree", "snapshot"):
+                bad("invalid_plan", "%s.params.mode must be worktree or snapshot" % where)
+            elif base_kind and mode != base_kind:
+                bad("invalid_plan", "%s.params.mode %r does not match base_state.kind %r"
+                    % (where, mode, base_kind))
+            if "strip" in params and (not isinstance(params["strip"], int)
+                                      or isinstance(params["strip"], bool)):
+                bad("invalid_plan", "%s.params.strip must be an integer" % where)
+        risk = task.get("risk_profile")
+        if not isinstance(risk, dict):
+            bad("invalid_plan", "%s.risk_profile must be an object" % where)
+        else:
+            if risk.get("impact_score") not in ("none", "low", "medium", "high"):
+                bad("invalid_plan", "%s.risk_profile.impact_score must be none, low, medium or "
+                    "high" % where)
+            feats = risk.get("touched_features", [])
+            if not isinstance(feats, list) or not all(isinstance(x, str) for x in feats):
+                bad("invalid_plan", "%s.risk_profile.touched_features must be a list of "
+                    "strings" % where)
+            if not isinstance(risk.get("destructive", False), bool):
+                bad("invalid_plan", "%s.risk_profile.destructive must be a boolean" % where)
+    return problems
+
+
+def changeset_meta_problems(meta):
+    problems = []
+
+    def bad(msg):
+        problems.append(("invalid_meta", msg))
+
+    if not isinstance(meta, dict):
+        return [("invalid_meta", "00-meta.json must be a JSON object")]
+    for key in sorted(meta):
+        if key not in CS_META_KEYS:
+            bad("unknown field %r" % key)
+    if meta.get("protocol") != CHANGESET_PROTOCOL:
+        bad("protocol must be %r" % CHANGESET_PROTOCOL)
+    subject = meta.get("subject")
+    if not isinstance(subject, str) or changeset_slug(subject) != subject:
+        bad("subject must be a normalised slug, not %r" % (subject,))
+    if not isinstance(meta.get("repo_key"), str) or not meta.get("repo_key"):
+        bad("repo_key must be a non-empty string")
+    base = meta.get("base_state")
+    if (not isinstance(base, dict) or sorted(base) != ["id", "kind"]
+            or base.get("kind") not in ("snapshot", "worktree")
+            or not isinstance(base.get("id"), str) or not base.get("id")):
+        bad("base_state must be {\"kind\": \"snapshot\"|\"worktree\", \"id\": \"...\"}")
+    if not re.match(r"^[0-9a-f]{64}$", str(meta.get("plan_sha256", ""))):
+        bad("plan_sha256 must be 64 lower-case hex digits")
+    if "title" in meta and not isinstance(meta["title"], str):
+        bad("title must be a string")
+    sup = meta.get("supersedes", [])
+    if not isinstance(sup, list) or not all(isinstance(x, str) and _SAFE_NAME.match(x)
+                                            and x not in (".", "..") for x in sup):
+        bad("supersedes must be a list of change set ids")
+    man = meta.get("artifact_manifest", {})
+    if not isinstance(man, dict) or not all(isinstance(v, str) for v in man.values()):
+        bad("artifact_manifest must map file names to sha256 strings")
+    return problems
+
+
+class ChangeSets:
+    """The `changes/` directory of one repository: change sets, their status, the executor."""
+
+    def __init__(self, root, config):
+        self.root = str(root)
+        self.config = config
+        self.cfg = config.get("changes") or {}
+        self.dir = os.path.join(self.root, self.cfg.get("dir") or "changes")
+        self.lock_path = os.path.join(self.dir, ".locks", "worktree.lock")
+        self.log_path = os.path.join(self.dir, ".log", "executor.jsonl")
+        self.redactor = get_redactor(config)
+
+    # -- plumbing --
+    def path(self, cs_id, name=None):
+        safe_name(cs_id, "change set id")
+        base = os.path.join(self.dir, cs_id)
+        return os.path.join(base, name) if name else base
+
+    def ids(self):
+        try:
+            names = sorted(os.listdir(self.dir))
+        except FileNotFoundError:
+            return []
+        return [n for n in names if not n.startswith(".")
+                and os.path.isdir(os.path.join(self.dir, n))]
+
+    def mcp_configured(self):
+        return bool((self.cfg.get("mcp") or {}).get("command"))
+
+    def client(self):
+        mcp = self.cfg.get("mcp") or {}
+        if not mcp.get("command"):
+            raise BridgeError("no MCP server configured: set changes.mcp.command in "
+                              "bridge.config.json", EXIT_USAGE)
+        framing = mcp.get("framing") or "content-length"
+        if framing not in ("content-length", "line"):
+            raise BridgeError("changes.mcp.framing must be content-length or line, not %r"
+                              % framing, EXIT_USAGE)
+        return McpClient(mcp["command"], self.root, framing=framing,
+                         timeout=float(mcp.get("timeout_sec") or 30),
+                         env={str(k): str(v) for k, v in (mcp.get("env") or {}).items()},
+                         log=self.say)
+
+    def say(self, msg):
+        sys.stderr.write("bridge changes: %s\n" % self.redactor.redact(msg))
+
+    def record(self, cs_id, event, **fields):
+        rec = {"ts": now_iso(), "change_set_id": cs_id, "event": event}
+        rec.update(fields)
+        append_jsonl(self.log_path, self.redactor.redact_obj(rec))
+
+    def ensure_excluded(self):
+        """Keep changes/ out of `git status` (and so out of the worktree fingerprint): the
+        change sets written after an id is derived must not make their own base stale."""
+        res = Git(self.root).run("rev-parse", "--git-path", "info/exclude", check=False)
+        if res.exit_code != 0:
+            return
+        path = res.stdout.strip()
+        if not os.path.isabs(path):
+            path = os.path.join(self.root, path)
+        pattern = "/%s/" % os.path.relpath(self.dir, self.root).replace(os.sep, "/")
+        try:
+            with open(path, "r", encoding="utf-8", errors="replace") as f:
+                if pattern in f.read().splitlines():
+                    return
+        except FileNotFoundError:
+            pass
+        append_text(path, pattern + "\n")
+
+    # -- status --
+    def status_lock(self):
+        """A short flock serialising status writes between the executor and `approve`."""
+        import contextlib
+
+        @contextlib.contextmanager
+        def held():
+            path = os.path.join(self.dir, ".locks", "status.lock")
+            fd = acquire_flock(path, timeout=10.0)
+            if fd is None:
+                raise BridgeError("%s stayed locked for 10 s" % path, EXIT_LOCKED)
+            try:
+                yield
+            finally:
+                release_flock(fd)
+        return held()
+
+    def read_status(self, cs_id):
+        path = self.path(cs_id, CS_STATUS)
+        if not os.path.exists(path):
+            return None
+        status = read_canonical_file(path, path)
+        if (not isinstance(status, dict)
+                or status.get("schema_version") != CHANGESET_STATUS_SCHEMA
+                or status.get("state") not in CS_STATES
+                or status.get("decision") not in CS_DECISIONS):
+            raise BridgeError("%s is not a %s document" % (path, CHANGESET_STATUS_SCHEMA))
+        return status
+
+    def write_status(self, cs_id, state, decision, reason, meta=None, prev=None, **extra):
+        """Replace 05-status.json (canonical, atomic) and log the decision."""
+        status = dict(prev or {})
+        status.update({
+            "schema_version": CHANGESET_STATUS_SCHEMA, "change_set_id": cs_id,
+            "state": state, "decision": decision, "reason": self.redactor.redact(reason),
+            "updated_at": now_iso()})
+        if isinstance(meta, dict) and isinstance(meta.get("base_state"), dict):
+            status["validated_against"] = {"base_state": meta["base_state"],
+                                           "plan_sha256": meta.get("plan_sha256")}
+        status.setdefault("validated_against", None)
+        status.setdefault("execution", {"started_task_id": None, "completed_task_ids": [],
+                                        "last_error": None})
+        for key, value in extra.items():
+            status[key] = value
+        execution = status["execution"]
+        if execution.get("last_error"):
+            execution["last_error"] = self.redactor.redact(execution["last_error"])
+        # Server answers (violations...) may hold floats or odd text: store them as strings
+        # rather than fail to record a decision.
+        status = _canonical_safe(status)
+        with self.status_lock():
+            atomic_write(self.path(cs_id, CS_STATUS), canonical_json(status))
+        self.record(cs_id, "status", state=state, decision=decision, reason=status["reason"])
+        return status
+
+    # -- offline checks --
+    def load(self, cs_id):
+        """(meta, plan, problems) after every offline check: schema, folder name vs the id
+        recomputed from 00-meta.json, plan_sha256 vs the plan's canonical bytes."""
+        problems = []
+        meta = plan = None
+        try:
+            safe_name(cs_id, "change set id")
+        except BridgeError as exc:
+            return None, None, [("integrity_mismatch", str(exc))]
+        meta_path, plan_path = self.path(cs_id, CS_META), self.path(cs_id, CS_PLAN)
+        try:
+            meta = read_canonical_file(meta_path, CS_META)
+        except BridgeError as exc:
+            problems.append(("invalid_meta", str(exc)))
+        if meta is not None:
+            mp = changeset_meta_problems(meta)
+            problems.extend(mp)
+            if not mp:
+                identity = {k: meta[k] for k in ("base_state", "protocol", "repo_key",
+                                                 "subject")}
+                digest = canonical_sha256(identity)
+                ok_names = (meta["subject"] + "--" + digest[:12],
+                            meta["subject"] + "--" + digest[:16])
+                if cs_id not in ok_names:
+                    problems.append(("integrity_mismatch",
+                                     "folder name %s does not match the id recomputed from "
+                                     "00-meta.json (%s)" % (cs_id, ok_names[0])))
+        try:
+            plan = read_canonical_file(plan_path, CS_PLAN)
+        except BridgeError as exc:
+            problems.append(("invalid_plan", str(exc)))
+        if plan is not None:
+            base_kind = None
+            if meta is not None and isinstance(meta, dict):
+                base_kind = (meta.get("base_state") or {}).get("kind") \
+                    if isinstance(meta.get("base_state"), dict) else None
+            if (isinstance(meta, dict) and isinstance(meta.get("plan_sha256"), str)):
+                actual = canonical_sha256(plan)
+                if actual != meta["plan_sha256"]:
+                    problems.append(("plan_tampered",
+                                     "plan_sha256 in 00-meta.json is %s but the plan hashes "
+                                     "to %s" % (meta["plan_sha256"][:16], actual[:16])))
+            problems.extend(changeset_plan_problems(plan, base_kind, cs_id))
+            problems.extend(self.path_problems(plan))
+            if (base_kind == "snapshot" and isinstance(plan.get("prerequisites"), dict)
+                    and plan["prerequisites"].get("base_snapshot_id") not in
+                    (None, meta["base_state"]["id"])):
+                problems.append(("invalid_plan", "prerequisites.base_snapshot_id is not "
+                                 "base_state.id"))
+        if isinstance(meta, dict) and isinstance(meta.get("artifact_manifest"), dict):
+            import hashlib
+            for name, digest in sorted(meta["artifact_manifest"].items()):
+                try:
+                    with open(self.path(cs_id, safe_name(name, "artifact")), "rb") as f:
+                        actual = hashlib.sha256(f.read()).hexdigest()
+                except (OSError, BridgeError) as exc:
+                    problems.append(("integrity_mismatch", "artifact %s: %s" % (name, exc)))
+                    continue
+                if actual != digest.split(":")[-1]:
+                    problems.append(("integrity_mismatch", "artifact %s does not match "
+                                     "artifact_manifest" % name))
+        return meta, plan, problems
+
+    def path_problems(self, plan):
+        """Patches may not reach outside the repository, into .git, or into changes/ (the
+        executor's own records and other change sets)."""
+        problems = []
+        own = os.path.relpath(self.dir, self.root).replace(os.sep, "/").strip("/")
+        for i, task in enumerate(plan.get("tasks") or []):
+            if not isinstance(task, dict) or task.get("tool") != "workspace.apply_patch":
+                continue
+            params = task.get("params") if isinstance(task.get("params"), dict) else {}
+            strip = params.get("strip", 1) if isinstance(params.get("strip", 1), int) else 1
+            for path in changeset_patch_paths(params.get("patch") or "", strip):
+                parts = path.split("/")
+                if (path.startswith("/") or ".." in parts or parts[0] == ".git"
+                        or path == own or path.startswith(own + "/")):
+                    problems.append(("forbidden_path", "tasks[%d] patches %s (outside the "
+                                     "repository, .git or %s/)" % (i, path, own)))
+        return problems
+
+    def state_of(self, cs_id):
+        """(state, decision, reason) for display: the status file, else draft/ready."""
+        try:
+            status = self.read_status(cs_id)
+        except BridgeError as exc:
+            return "unknown", None, str(exc)
+        if status is not None:
+            return status["state"], status.get("decision"), status.get("reason")
+        if os.path.exists(self.path(cs_id, CS_META)) and os.path.exists(
+                self.path(cs_id, CS_PLAN)):
+            return "ready", None, "waiting for the executor"
+        return "draft", None, "00-meta.json or 02-implementation-plan.json missing"
+
+    # -- base state --
+    def base_state(self, client, snapshot=None):
+        """snapshot -> {"kind": "snapshot", "id": ID}; worktree -> sha256 of the canonical JSON
+        of snapshot.info's fingerprint; servers without snapshot.info anchor to a new
+        snapshot (the seed's fallback)."""
+        if snapshot:
+            return {"kind": "snapshot", "id": str(snapshot)}
+        try:
+            return {"kind": "worktree", "id": self.worktree_fingerprint(client)}
+        except McpError as exc:
+            if exc.mcp_code != -32601:
+                raise
+        snap = client.call_tool("snapshot.create", {"repo_root": self.root})
+        if not isinstance(snap, dict) or not snap.get("snapshot_id"):
+            raise BridgeError("snapshot.create returned no snapshot_id", EXIT_FAILED)
+        return {"kind": "snapshot", "id": str(snap["snapshot_id"])}
+
+    def worktree_fingerprint(self, client):
+        info = client.call_tool("snapshot.info", {"repo_root": self.root})
+        fp = info.get("fingerprint") if isinstance(info, dict) else None
+        if not isinstance(fp, dict):
+            raise BridgeError("snapshot.info returned no fingerprint object", EXIT_FAILED)
+        return canonical_sha256(fp)
+
+    # -- validation against the server --
+    def check_online(self, client, meta, plan):
+        """Alignment, governance, impact. Returns (outcome, code, reason, details):
+        outcome is "reject", "review" or "auto"."""
+        base = meta["base_state"]
+        kind = base["kind"]
+        details = {"server": (client.server_info or {}).get("serverInfo")}
+        rejects = []  # every reason to reject, so `validate` can print them all
+        if kind == "worktree":
+            current = self.worktree_fingerprint(client)
+            if current != base["id"]:
+                rejects.append(("stale_base", "the worktree fingerprint is %s, the plan was "
+                                "made against %s; re-plan under a new id" % (
+                                    current[:16], base["id"][:16])))
+        else:
+            try:
+                client.call_tool("snapshot.info", {"repo_root": self.root,
+                                                   "snapshot_id": base["id"]})
+            except McpError as exc:
+                return ("reject", "stale_base", "snapshot %s is not available: %s"
+                        % (base["id"], exc), details)
+        paths = set()
+        for task in plan["tasks"]:
+            if task["tool"] == "workspace.apply_patch":
+                paths.update(changeset_patch_paths(task["params"]["patch"],
+                                                   task["params"].get("strip", 1)))
+        paths = sorted(paths)
+        details["changed_paths"] = paths
+        args = {"repo_root": self.root, "intent": "edit", "mode": kind, "changed_paths": paths}
+        if kind == "snapshot":
+            args["snapshot_id"] = base["id"]
+        pre = client.call_tool("gov.preflight", args)
+        if not isinstance(pre, dict):
+            raise BridgeError("gov.preflight returned %s, not an object" % type(pre).__name__,
+                              EXIT_FAILED)
+        tier = pre.get("safety_tier")
+        violations = pre.get("violations") or []
+        details["safety_tier"] = tier
+        details["preflight_violations"] = violations
+        errors = [v for v in violations if not isinstance(v, dict)
+                  or v.get("severity") != "warning"]
+        if tier == "tier3" or errors:
+            rejects.append(("tier3", "gov.preflight: Tier 3 change (never approvable): %s"
+                            % _violation_text(violations)))
+        elif tier not in ("tier1", "tier2"):
+            raise BridgeError("gov.preflight returned an unknown safety_tier %r" % (tier,),
+                              EXIT_FAILED)
+        drift = client.call_tool("gov.drift", {"repo_root": self.root})
+        if isinstance(drift, dict):
+            drift = drift.get("violations") or []
+        if drift:
+            details["drift"] = drift
+            rejects.append(("gov_drift", "gov.drift reports %d violation(s): %s"
+                            % (len(drift), _violation_text(drift))))
+        if rejects:
+            details["problems"] = ["%s: %s" % r for r in rejects]
+            code, reason = rejects[0]
+            if len(rejects) > 1:
+                reason += " (+ %s)" % ", ".join(c for c, _ in rejects[1:])
+            return ("reject", code, reason, details)
+        touched, source = self.impact(client, paths, base)
+        details["touched_features"] = touched
+        details["impact_source"] = source
+        critical = sorted(set(touched) & set(self.cfg.get("critical_features") or []))
+        reasons = []
+        if tier == "tier2":
+            reasons.append("gov.preflight: Tier 2 change")
+        if violations:
+            reasons.append("gov.preflight warnings: %s" % _violation_text(violations))
+        if critical:
+            reasons.append("touches critical feature(s) %s" % ", ".join(critical))
+        if reasons:
+            return ("review", "review_required", "; ".join(reasons) +
+                    " -- approve with `bridge.py changes approve ID`", details)
+        return ("auto", "auto", "Tier 1, no drift, no critical feature touched", details)
+
+    def impact(self, client, paths, base):
+        """Feature ids touched by `paths`: features.impact, or where the server does not offer
+        it (-32601, axiomregent) the same intersection computed from features.overview."""
+        args = {"repo_root": self.root, "changed_paths": paths}
+        if base["kind"] == "snapshot":
+            args["snapshot_id"] = base["id"]
+        try:
+            res = client.call_tool("features.impact", args)
+            if isinstance(res, dict):
+                res = res.get("features") or res.get("feature_ids") or []
+            return sorted(set(str(x) for x in res)), "features.impact"
+        except McpError as exc:
+            if exc.mcp_code != -32601:
+                raise
+        overview = client.call_tool("features.overview", {"repo_root": self.root})
+        if not isinstance(overview, dict):
+            raise BridgeError("features.overview returned %s, not an object"
+                              % type(overview).__name__, EXIT_FAILED)
+        touched = set()
+        for feat in overview.get("features") or []:
+            if not isinstance(feat, dict):
+                continue
+            files = [feat.get("spec_path")] + list(feat.get("impl_files") or []) + \
+                list(feat.get("test_files") or [])
+            for f in files:
+                if not isinstance(f, str) or not f:
+                    continue
+                f = f.strip("/")
+                if any(p == f or p.startswith(f + "/") for p in paths):
+                    touched.add(str(feat.get("feature_id")))
+        return sorted(touched), "features.overview"
+
+
+def _canonical_safe(value):
+    """`value` with everything canonical JSON refuses turned into strings."""
+    if isinstance(value, dict):
+        return {_canonical_safe_text(str(k)): _canonical_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_canonical_safe(v) for v in value]
+    if isinstance(value, str):
+        return _canonical_safe_text(value)
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, int) and -CS_MAX_SAFE_INT <= value <= CS_MAX_SAFE_INT:
+        return value
+    if isinstance(value, int) and value.bit_length() >= 256:
+        return "<integer of %d bits>" % value.bit_length()
+    return str(value)
+
+
+def _canonical_safe_text(text):
+    return text.encode("utf-8", "replace").decode("utf-8")
+
+
+def _violation_text(violations):
+    parts = []
+    for v in violations[:5]:
+        if isinstance(v, dict):
+            parts.append("%s %s" % (v.get("code"), v.get("path") or v.get("feature_id") or ""))
+        else:
+            parts.append(str(v))
+    if len(violations) > 5:
+        parts.append("... %d more" % (len(violations) - 5))
+    return "; ".join(p.strip() for p in parts) or "(none listed)"
+
+
+# ---- the executor ---------------------------------------------------------------------------
+
+class ChangeExecutor:
+    """The trusted local executor of seed section 6: one change set at a time, under
+    changes/.locks/worktree.lock, each with its own MCP server process."""
+
+    def __init__(self, sets):
+        self.sets = sets
+        self.lock = None
+        self.stopping = False
+        self.skipped = set()  # unreadable statuses already reported by this process
+
+    def acquire(self):
+        cfg = self.sets.cfg
+        self.lock = FileLock(self.sets.lock_path, ttl_sec=int(cfg.get("lock_ttl_sec") or 7200),
+                             meta={"command": "changes run", "root": self.sets.root})
+        if not self.lock.acquire():
+            raise BridgeError("another executor holds %s: %s" % (
+                self.sets.lock_path, describe_holder(self.lock.holder)), EXIT_LOCKED)
+        if self.lock.recovered:
+            self.sets.say("recovered the executor lock from a dead holder: %s"
+                          % describe_holder(self.lock.recovered))
+            self.sets.record(None, "lock_recovered", holder=self.lock.recovered)
+        self.sets.ensure_excluded()
+
+    def release(self):
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
+
+    def run_once(self):
+        """One pass over every change set. Returns the list of (id, final state) processed."""
+        sets = self.sets
+        done = []
+        self.apply_supersessions()
+        for cs_id in sets.ids():
+            if self.stopping:
+                break
+            self.lock.heartbeat()
+            final = self.process(cs_id)
+            if final:
+                done.append((cs_id, final))
+        return done
+
+    def apply_supersessions(self):
+        """A valid, unprocessed change set naming `supersedes` retires those ids first."""
+        sets = self.sets
+        for cs_id in sets.ids():
+            try:
+                if sets.read_status(cs_id) is not None:
+                    continue
+            except BridgeError:
+                continue
+            if not os.path.exists(sets.path(cs_id, CS_PLAN)):
+                continue
+            meta, plan, problems = sets.load(cs_id)
+            if problems or not meta.get("supersedes"):
+                continue
+            for old in meta["supersedes"]:
+                try:
+                    status = sets.read_status(old) if os.path.isdir(sets.path(old)) else None
+                except BridgeError:
+                    continue
+                if not os.path.isdir(sets.path(old)):
+                    continue
+                if status is not None and (status["state"] in CS_TERMINAL
+                                           or status["state"] == "executing"):
+                    continue
+                old_meta, _, _ = sets.load(old)
+                sets.write_status(old, "superseded", "rejected", "superseded by %s" % cs_id,
+                                  meta=old_meta if isinstance(old_meta, dict) else None,
+                                  prev=status)
+
+    def process(self, cs_id):
+        sets = self.sets
+        try:
+            status = sets.read_status(cs_id)
+        except BridgeError as exc:
+            if cs_id not in self.skipped:  # once per process, not on every poll
+                self.skipped.add(cs_id)
+                sets.record(cs_id, "skipped", reason="unreadable status: %s" % exc)
+                sets.say("%s: skipped: %s" % (cs_id, exc))
+            return None
+        if status is None:
+            if not (os.path.exists(sets.path(cs_id, CS_META))
+                    and os.path.exists(sets.path(cs_id, CS_PLAN))):
+                return None  # draft: the agent is still writing it
+            return self.validate_and_run(cs_id, None)
+        state = status["state"]
+        if state in ("ready", "draft", "validating"):
+            return self.validate_and_run(cs_id, status)
+        if state == "pending_review" and status.get("decision") == "approved":
+            return self.validate_and_run(cs_id, status, approved=True)
+        if state == "executing":
+            # We hold the worktree lock, so whoever was executing died mid-way.
+            task = (status.get("execution") or {}).get("started_task_id")
+            st = sets.write_status(
+                cs_id, "failed", status.get("decision") or "auto",
+                "interrupted: the executor stopped during task %s; the worktree may hold "
+                "part of this change set" % task, prev=status)
+            sets.say("%s: failed: %s" % (cs_id, st["reason"]))
+            return "failed"
+        return None
+
+    def validate_and_run(self, cs_id, status, approved=False):
+        sets = self.sets
+        meta, plan, problems = sets.load(cs_id)
+        decision = "approved" if approved else "auto"
+        if problems:
+            code, msg = problems[0]
+            more = " (+%d more problem(s); see `changes validate %s`)" % (
+                len(problems) - 1, cs_id) if len(problems) > 1 else ""
+            st = sets.write_status(cs_id, "failed", "rejected", "%s: %s%s" % (code, msg, more),
+                                   meta=meta if isinstance(meta, dict)
+                                   and "base_state" in meta else None, prev=status,
+                                   problems=["%s: %s" % p for p in problems])
+            sets.say("%s: failed: %s" % (cs_id, st["reason"]))
+            return "failed"
+        if approved:
+            approval = status.get("approval") or {}
+            if approval.get("plan_sha256") != meta["plan_sha256"]:
+                st = sets.write_status(cs_id, "failed", "rejected",
+                                       "plan_tampered: the plan changed after it was approved",
+                                       meta=meta, prev=status)
+                sets.say("%s: failed: %s" % (cs_id, st["reason"]))
+                return "failed"
+        client = sets.client()  # a configuration error stops here, before any status moves
+        status = sets.write_status(cs_id, "validating", decision,
+                                   "validating against the MCP server", meta=meta, prev=status)
+        try:
+            client.start()
+            outcome, code, reason, details = sets.check_online(client, meta, plan)
+            if outcome == "reject":
+                status = sets.write_status(cs_id, "failed", "rejected", "%s: %s" % (code, reason),
+                                           meta=meta, prev=status, validation=details)
+                sets.say("%s: failed: %s" % (cs_id, status["reason"]))
+                return "failed"
+            if outcome == "review" and not approved:
+                status = sets.write_status(cs_id, "pending_review", "review_required",
+                                           reason, meta=meta, prev=status, validation=details)
+                sets.say("%s: pending_review: %s" % (cs_id, reason))
+                return "pending_review"
+            return self.execute(client, cs_id, meta, plan, status, decision, details)
+        except Exception as exc:  # nothing may leave a change set silently half-decided
+            if isinstance(exc, McpServerGone):
+                code = "mcp_server_gone"
+            elif isinstance(exc, BridgeError):
+                code = "mcp_error"
+            else:
+                code = "internal_error"
+                exc = "%s: %s" % (type(exc).__name__, exc)
+            status = sets.write_status(cs_id, "failed", status["decision"],
+                                       "%s: %s" % (code, exc), meta=meta, prev=status)
+            sets.say("%s: failed: %s" % (cs_id, status["reason"]))
+            return "failed"
+        finally:
+            client.close()
+
+    def execute(self, client, cs_id, meta, plan, status, decision, details):
+        sets = self.sets
+        base = meta["base_state"]
+        execution = {"started_task_id": None, "completed_task_ids": [], "last_error": None}
+        status = sets.write_status(cs_id, "executing", decision,
+                                   "executing %d task(s)" % len(plan["tasks"]), meta=meta,
+                                   prev=status, validation=details, execution=execution)
+        lease_id = None
+        snapshot_id = base["id"] if base["kind"] == "snapshot" else None
+        results = []
+        try:
+            if base["kind"] == "worktree" and any(t["tool"] == "workspace.apply_patch"
+                                                  for t in plan["tasks"]):
+                # Leases live in the server process; take one now and keep the process.
+                listing = client.call_tool("snapshot.list", {"repo_root": sets.root})
+                lease_id = listing.get("lease_id") if isinstance(listing, dict) else None
+                if not lease_id:  # snapshot.create issues leases too
+                    snap = client.call_tool("snapshot.create", {"repo_root": sets.root})
+                    lease_id = snap.get("lease_id") if isinstance(snap, dict) else None
+            for task in plan["tasks"]:
+                self.lock.heartbeat()
+                execution["started_task_id"] = task["id"]
+                status = sets.write_status(cs_id, "executing", decision, "running task %s (%s)"
+                                           % (task["id"], task["tool"]), meta=meta, prev=status,
+                                           execution=execution)
+                params = dict(task.get("params") or {})
+                params["repo_root"] = sets.root  # never a path the plan chose
+                timeout = None
+                if task["tool"] == "workspace.apply_patch":
+                    params["mode"] = base["kind"]
+                    params.pop("lease_id", None)
+                    params.pop("snapshot_id", None)
+                    if lease_id:
+                        params["lease_id"] = lease_id
+                    if snapshot_id and base["kind"] == "snapshot":
+                        params["snapshot_id"] = snapshot_id
+                    timeout = float((sets.cfg.get("mcp") or {}).get("apply_timeout_sec") or 120)
+                result = client.call_tool(task["tool"], params, timeout=timeout)
+                if task["tool"] == "workspace.apply_patch":
+                    rejects = result.get("rejects") if isinstance(result, dict) else None
+                    if rejects:
+                        raise _TaskFailed("patch_rejected", "task %s: the server rejected %s"
+                                          % (task["id"], _rejects_text(rejects)))
+                    if not isinstance(result, dict):
+                        raise _TaskFailed("mcp_error", "task %s: workspace.apply_patch "
+                                          "returned no result object" % task["id"])
+                    lease_id = result.get("lease_id") or lease_id
+                    if base["kind"] == "snapshot" and result.get("snapshot_id"):
+                        snapshot_id = result["snapshot_id"]
+                    results.append({"task_id": task["id"], "applied": [
+                        a.get("path") for a in result.get("applied") or []
+                        if isinstance(a, dict)]})
+                else:
+                    results.append({"task_id": task["id"], "tool": task["tool"]})
+                execution["completed_task_ids"].append(task["id"])
+        except _TaskFailed as exc:
+            return self._fail(cs_id, meta, status, decision, execution, exc.code, exc.message)
+        except McpError as exc:
+            code = "stale_lease" if exc.mcp_code == "STALE_LEASE" else "mcp_error"
+            return self._fail(cs_id, meta, status, decision, execution, code, str(exc))
+        except McpServerGone as exc:
+            return self._fail(cs_id, meta, status, decision, execution, "mcp_server_gone",
+                              str(exc))
+        except BridgeError as exc:
+            return self._fail(cs_id, meta, status, decision, execution, "mcp_error", str(exc))
+        execution["started_task_id"] = None
+        extra = {"execution": execution, "results": results}
+        if base["kind"] == "snapshot":
+            extra["result_snapshot_id"] = snapshot_id
+        status = sets.write_status(cs_id, "completed", decision, "applied %d task(s)"
+                                   % len(plan["tasks"]), meta=meta, prev=status, **extra)
+        sets.say("%s: completed (%s)" % (cs_id, decision))
+        return "completed"
+
+    def _fail(self, cs_id, meta, status, decision, execution, code, message):
+        execution["last_error"] = "%s: %s" % (code, message)
+        status = self.sets.write_status(cs_id, "failed", decision, "%s: %s" % (code, message),
+                                        meta=meta, prev=status, execution=execution)
+        self.sets.say("%s: failed: %s" % (cs_id, status["reason"]))
+        return "failed"
+
+
+class _TaskFailed(Exception):
+    def __init__(self, code, message):
+        Exception.__init__(self, message)
+        self.code = code
+        self.message = message
+
+
+def _rejects_text(rejects):
+    parts = []
+    for rej in rejects[:5]:
+        if isinstance(rej, dict):
+            reasons = sorted({str(h.get("reason")) for h in rej.get("hunks") or []
+                              if isinstance(h, dict)})
+            parts.append("%s (%s)" % (rej.get("path"), ", ".join(reasons) or "rejected"))
+        else:
+            parts.append(str(rej))
+    return "; ".join(parts)
+
+
+# ---- creating and approving change sets ---------------------------------------------------
+
+def changeset_task_list(cs_id, title, plan):
+    """03-task-list.md: the human checklist derived from the plan (never edited by hand)."""
+    lines = ["# Task list: %s" % (title or cs_id), "",
+             "Change set `%s`. Derived from `%s`; regenerate it instead of editing it." % (
+                 cs_id, CS_PLAN), ""]
+    for task in plan.get("tasks") or []:
+        risk = task.get("risk_profile") or {}
+        bits = ["impact %s" % risk.get("impact_score", "?")]
+        if risk.get("touched_features"):
+            bits.append("features: " + ", ".join(risk["touched_features"]))
+        if risk.get("destructive"):
+            bits.append("destructive")
+        line = "- [ ] `%s` %s (%s)" % (task.get("id"), task.get("tool"), "; ".join(bits))
+        if task.get("description"):
+            line += " - " + " ".join(str(task["description"]).split())
+        if task.get("tool") == "workspace.apply_patch":
+            paths = changeset_patch_paths((task.get("params") or {}).get("patch", ""),
+                                          (task.get("params") or {}).get("strip", 1))
+            if paths:
+                line += "\n  - files: " + ", ".join("`%s`" % p for p in paths)
+        lines.append(line)
+    return "\n".join(lines) + "\n"
+
+
+def changeset_new(sets, subject, plan_path, arch_path=None, snapshot=None, worktree=False):
+    """Create (or idempotently rewrite) changes/<id>/. Returns the id."""
+    if not str(subject).strip():
+        raise BridgeError("--subject must not be empty", EXIT_USAGE)
+    try:
+        with open(plan_path, "rb") as f:
+            plan = canonical_loads(f.read(), plan_path)
+    except OSError as exc:
+        raise BridgeError("cannot read %s: %s" % (plan_path, exc.strerror or exc))
+    arch = None
+    if arch_path:
+        try:
+            with open(arch_path, "r", encoding="utf-8") as f:
+                arch = f.read()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise BridgeError("cannot read %s: %s" % (arch_path, exc))
+    def refuse(problems):
+        raise BridgeError("%s is not a valid %s plan (%d problem(s)): %s" % (
+            plan_path, PLAN_VERSION, len(problems),
+            "; ".join("%s: %s" % p for p in problems)), EXIT_USAGE)
+
+    problems = changeset_plan_problems(plan) + sets.path_problems(plan)
+    if problems:  # before starting any server
+        refuse(problems)
+    base = changeset_resolve_base(sets, snapshot, worktree)
+    problems = changeset_plan_problems(plan, base["kind"])
+    if problems:
+        refuse(problems)
+    identity = changeset_identity(subject, changeset_repo_key(sets.root), base)
+    title = " ".join(str(subject).split())  # for 03-task-list.md; not part of the meta
+    supersedes = []
+    for length in (12, 16):
+        cs_id = changeset_id(identity, length)
+        plan = dict(plan, change_set_id=cs_id)
+        meta = dict(identity, plan_sha256=canonical_sha256(plan))
+        if supersedes:
+            meta["supersedes"] = supersedes
+        meta_path = sets.path(cs_id, CS_META)
+        if not os.path.exists(meta_path):
+            break
+        with open(meta_path, "rb") as f:
+            existing = f.read()
+        if existing == canonical_json(meta):
+            break
+        if length == 16:
+            raise BridgeError(
+                "change set ids %s and %s are both taken by other plans for the same subject "
+                "and base; change the subject or re-plan on a new base"
+                % (changeset_id(identity, 12), cs_id), EXIT_FAILED)
+        supersedes = [cs_id]  # same identity, different plan: the new plan supersedes it
+    try:
+        status = sets.read_status(cs_id)
+    except BridgeError:
+        status = {"state": "unknown", "decision": None}
+    if status is not None and (status.get("state") not in ("draft", "ready", "pending_review")
+                               or status.get("decision") == "approved"):
+        raise BridgeError("change set %s is already %s (%s); it is immutable: an edited plan "
+                          "gets a new id" % (cs_id, status.get("state"), status.get("decision")),
+                          EXIT_FAILED)
+    os.makedirs(sets.path(cs_id), exist_ok=True)
+    atomic_write(sets.path(cs_id, CS_PLAN), canonical_json(plan))
+    atomic_write(sets.path(cs_id, CS_TASKS), changeset_task_list(cs_id, title, plan))
+    if arch is not None:
+        atomic_write(sets.path(cs_id, CS_ARCH), arch)
+    # The meta goes last: its presence with the plan is what makes the change set READY.
+    atomic_write(sets.path(cs_id, CS_META), canonical_json(meta))
+    sets.record(cs_id, "created", subject=identity["subject"], base_state=base,
+                plan_sha256=meta["plan_sha256"], supersedes=supersedes)
+    return cs_id
+
+
+def changeset_resolve_base(sets, snapshot=None, worktree=False):
+    if snapshot:
+        return {"kind": "snapshot", "id": str(snapshot)}
+    if not sets.mcp_configured():
+        raise BridgeError("a worktree base state comes from the MCP server's snapshot.info: set "
+                          "changes.mcp.command, or pass --snapshot ID", EXIT_USAGE)
+    sets.ensure_excluded()
+    client = sets.client()
+    try:
+        client.start()
+        if worktree:
+            return {"kind": "worktree", "id": sets.worktree_fingerprint(client)}
+        return sets.base_state(client)
+    finally:
+        client.close()
+
+
+def changeset_approve(sets, cs_id):
+    """Tier-2 human approval: pending_review -> approved; the next run executes it."""
+    if not os.path.isdir(sets.path(cs_id)):
+        raise BridgeError("no change set %s in %s" % (cs_id, sets.dir))
+    with sets.status_lock():
+        status = sets.read_status(cs_id)
+        if status is None:
+            raise BridgeError("%s has not been validated yet: run `bridge.py changes run` first"
+                              % cs_id, EXIT_FAILED)
+        if status["state"] == "pending_review" and status.get("decision") == "approved":
+            return status, False
+        if status["state"] != "pending_review" or status.get("decision") != "review_required":
+            extra = ""
+            if str(status.get("reason", "")).startswith("tier3"):
+                extra = "; Tier 3 changes can never be approved"
+            raise BridgeError("%s is %s (%s), not waiting for review%s" % (
+                cs_id, status["state"], status.get("decision"), extra), EXIT_FAILED)
+        meta, plan, problems = sets.load(cs_id)
+        if problems:
+            raise BridgeError("%s no longer passes its checks (%s: %s); not approved" % (
+                cs_id, problems[0][0], problems[0][1]), EXIT_FAILED)
+        validated = (status.get("validated_against") or {}).get("plan_sha256")
+        if validated != meta["plan_sha256"]:
+            raise BridgeError("%s: the plan changed since it was validated; not approved"
+                              % cs_id, EXIT_FAILED)
+    user = os.environ.get("USER") or os.environ.get("LOGNAME") or "unknown"
+    approval = {"approved_at": now_iso(), "by": user, "plan_sha256": meta["plan_sha256"]}
+    status = sets.write_status(cs_id, "pending_review", "approved",
+                               "approved by %s (Tier 2); the next `changes run` executes it"
+                               % user, meta=meta, prev=status, approval=approval)
+    return status, True
 
 
 # =============================================================================
@@ -2647,8 +5447,265 @@ def cmd_unlock(args):
 
 
 # ---- seam commands ----
+# The seam verbs keep the Go CLI's flag grammar (`--flag value` or `--flag=value`,
+# the first occurrence wins) and print one JSON answer, so they are parsed here
+# rather than by argparse; argparse only lists them in --help. seam_main() is
+# also the fast entry point the hooks use (see the README): `egress emit` must
+# start in the time Python takes to import json.
+
+SEAM_USAGE = {
+    "egress": "egress emit --host claude|codex|pi [--repo-root DIR]  < hook payload",
+    "inbox drain": "inbox drain --slug SLUG [--host H] [--session-id ID] [--members a,b] [--repo-root DIR]",
+    "inbox ack": ("inbox ack --slug SLUG --line N --kind tell|conn|decision|permission-decision "
+                  "--status STATUS (--id ID | --ts TS) [--text T] [--granted [true|false]] "
+                  "[--entity E] [--field F] [--value V] [--verdict V] [--request-id R] "
+                  "[--session-id ID] [--host H] [--repo-root DIR]"),
+    "inbox commit": "inbox commit --slug SLUG --cursor N [--repo-root DIR]",
+    "inbox check": "inbox check [--host claude] [--slug SLUG] [--session-id ID] [--repo-root DIR]  < Stop payload",
+    "initiate": ("initiate --kind status|reco|gate-review --id ID --headline TEXT [--body TEXT] "
+                 "[--workflow W] [--entity E] [--ship-id S] [--host H] [--session-id ID] "
+                 "[--request-id R] [--repo-root DIR]"),
+    "alert": ("alert permission --reason TEXT [--id ID] [--command CMD] [--prefix-rule a,b] "
+              "[--workflow W] [--entity E] [--host H] [--session-id ID] [--repo-root DIR]"),
+    "feed": ("feed --verb dispatch|advance|complete --text TEXT [--entity E] [--workflow W] "
+             "[--stage S] [--repo-root DIR]"),
+    "wake": "wake --host codex [--members a,b] [--codex-bin PATH] [--repo-root DIR]",
+}
+
+SEAM_EXAMPLES = {
+    "egress": "echo '{\"hook_event_name\":\"PreToolUse\",\"session_id\":\"s1\"}' | "
+              "python3 scripts/bridge.py egress emit --host claude",
+    "inbox drain": "python3 scripts/bridge.py inbox drain --slug fo-main",
+    "inbox ack": ("python3 scripts/bridge.py inbox ack --slug fo-main --line 3 --kind tell "
+                  "--status done --id msg-17 --text 'shipped'"),
+    "inbox commit": "python3 scripts/bridge.py inbox commit --slug fo-main --cursor 3",
+    "inbox check": "echo '{\"stop_hook_active\":false}' | python3 scripts/bridge.py inbox check --slug fo-main",
+    "initiate": ("python3 scripts/bridge.py initiate --kind status --id st-1 "
+                 "--headline 'tests green on feat/x'"),
+    "alert": "python3 scripts/bridge.py alert permission --reason 'wants to run rm -rf build/'",
+    "feed": "python3 scripts/bridge.py feed --verb advance --text 'moved task 4 to review'",
+    "wake": "python3 scripts/bridge.py wake --host codex",
+}
+
+_SEAM_FLAGS = {
+    "egress": ("host",),
+    "inbox drain": ("host", "slug", "session-id", "members"),
+    "inbox ack": ("host", "slug", "line", "id", "ts", "kind", "status", "text", "entity", "field",
+                  "value", "verdict", "request-id", "session-id"),
+    "inbox commit": ("slug", "cursor"),
+    "inbox check": ("host", "slug", "session-id"),
+    "initiate": ("kind", "id", "headline", "workflow", "entity", "ship-id", "host", "session-id",
+                 "body", "request-id"),
+    "alert": ("id", "workflow", "entity", "host", "session-id", "reason", "command", "prefix-rule"),
+    "feed": ("verb", "text", "entity", "workflow", "stage"),
+    "wake": ("host", "members", "codex-bin"),
+}
+
+
+def parse_go_flags(argv, names, strict=False, tristate=()):
+    """Parse flags as the Go `spacedock bridge` verbs do.
+
+    `--flag value` or `--flag=value`; the first occurrence wins. Lenient mode
+    takes the next word as the value even when it starts with `--`; strict mode
+    (initiate, alert) calls that a missing value. Unknown flags and stray words
+    are errors in both. A `tristate` flag is absent (not in the result), bare
+    (True), or `--flag X` / `--flag=X` (True iff X is "true", case-insensitive).
+    """
+    names = set(names) | {"repo-root", "root"}
+    values, index = {}, 0
+    while index < len(argv):
+        token = argv[index]
+        index += 1
+        if not token.startswith("--") or token == "--":
+            raise SeamFailure("unexpected positional argument: %s" % token)
+        name, has_value, value = token[2:].partition("=")
+        if name in tristate:
+            if not has_value:
+                if index < len(argv) and not argv[index].startswith("--"):
+                    value, index = argv[index], index + 1
+                else:
+                    value = "true"
+            values.setdefault(name, value.startswith("--") or value.lower() == "true")
+            continue
+        if name not in names:
+            raise SeamFailure("unknown flag: --%s" % name)
+        if not has_value:
+            if index >= len(argv) or (strict and argv[index].startswith("--")):
+                raise SeamFailure("missing value for --%s" % name)
+            value, index = argv[index], index + 1
+        values.setdefault(name, value)
+    if "root" in values:
+        values.setdefault("repo-root", values["root"])
+    return values
+
+
+def _seam_print(obj):
+    sys.stdout.write(go_json(obj) + "\n")
+    sys.stdout.flush()
+
+
+def _csv(text):
+    return [part.strip() for part in (text or "").split(",") if part.strip()]
+
+
+def seam_main(argv=None):
+    """Run one seam verb; returns the exit code. Never shows a traceback.
+
+    egress emit prints nothing and exits 0 whatever happens (BRIDGE_DEBUG=1 says
+    why on stderr); inbox check prints {} on any failure and exits 0; initiate,
+    alert and feed answer {"queued"/"appended": false, "error": ...} and exit 0
+    (they must never block the agent); drain, ack, commit and wake exit 1 on
+    failure (2 for usage), so `ack && commit` never advances past a failed ack.
+    """
+    argv = sys.argv[1:] if argv is None else list(argv)
+    verb = argv[0] if argv else ""
+    if verb in ("inbox", "alert", "egress") and len(argv) > 1 and not argv[1].startswith("-"):
+        verb, rest = "%s %s" % (argv[0], argv[1]), argv[2:]
+    else:
+        rest = argv[1:]
+    if verb == "egress emit":
+        return _cmd_egress_emit(rest)
+    if verb == "inbox check":
+        return _cmd_inbox_check(rest)
+    key = {"alert permission": "alert"}.get(verb, verb)
+    if "-h" in rest or "--help" in rest or key not in SEAM_USAGE or verb in ("inbox", "egress", "alert"):
+        usage = SEAM_USAGE.get(key) or "\n  ".join(
+            text for name, text in SEAM_USAGE.items() if name.startswith(verb or " "))
+        if "-h" in rest or "--help" in rest:
+            example = SEAM_EXAMPLES.get(key) or "\n  ".join(
+                text for name, text in SEAM_EXAMPLES.items() if name.startswith(verb or " "))
+            sys.stdout.write("usage: bridge.py %s\n\nexample:\n  %s\n" % (usage, example))
+            return EXIT_OK
+        if verb.startswith("inbox "):
+            _seam_print({"error": "unknown inbox subcommand: %s" % verb[6:]})
+        else:
+            warn("error: usage: bridge.py %s" % (usage or " | ".join(SEAM_VERBS)))
+        return EXIT_USAGE
+    try:
+        return _run_seam_verb(key, rest)
+    except Exception as exc:  # the last line of defence: one clear line, no traceback
+        if debug_enabled():
+            raise
+        warn("internal error: %s: %s (set BRIDGE_DEBUG=1 for a traceback)" % (type(exc).__name__, exc))
+        return EXIT_FAILED
+
+
+def _run_seam_verb(key, rest):
+    failed = {
+        "inbox drain": lambda e: {"status": "failed", "slug": "", "cursor": 0, "high_water": 0,
+                                  "count": 0, "heartbeat": False, "records": None, "error": e},
+        "inbox ack": lambda e: {"appended": False, "error": e},
+        "inbox commit": lambda e: {"cursor": 0, "error": e},
+        "initiate": lambda e: {"queued": False, "error": e},
+        "alert": lambda e: {"queued": False, "error": e},
+        "feed": lambda e: {"appended": False, "error": e},
+        "wake": lambda e: {"status": "failed", "error": e},
+    }[key]
+    strict = key in ("initiate", "alert")
+    try:
+        opts = parse_go_flags(rest, _SEAM_FLAGS[key], strict,
+                              tristate=("granted",) if key == "inbox ack" else ())
+    except SeamFailure as exc:
+        _seam_print(failed(exc.message))
+        return EXIT_OK if key in ("initiate", "alert", "feed") else EXIT_USAGE
+    try:
+        root = seam_root(opts.get("repo-root"))
+        if key == "inbox drain":
+            host = opts.get("host", "").strip().lower()
+            out = inbox_drain(root, opts.get("slug", ""), host, opts.get("session-id"),
+                              _csv(opts.get("members")))
+            _seam_print(out)
+            return EXIT_FAILED if out["status"] == "failed" else EXIT_OK
+        if key == "inbox ack":
+            _seam_print(inbox_ack(root, opts))
+        elif key == "inbox commit":
+            _seam_print(inbox_commit(root, opts.get("slug", ""), opts.get("cursor", "")))
+        elif key == "initiate":
+            _seam_print(initiate(root, opts))
+        elif key == "alert":
+            _seam_print(alert_permission(root, opts))
+        elif key == "feed":
+            _seam_print(feed(root, opts))
+        elif key == "wake":
+            host = opts.get("host", "codex").strip().lower() or "codex"
+            if host != "codex":
+                _seam_print({"status": "failed",
+                             "error": "bridge ingress wake currently supports host codex only"})
+                return EXIT_USAGE
+            out = wake_codex(root, _csv(opts.get("members")), opts.get("codex-bin"))
+            _seam_print(out)
+            return {"locked": EXIT_LOCKED, "failed": EXIT_FAILED,
+                    "partial": EXIT_FAILED}.get(out["status"], EXIT_OK)
+        return EXIT_OK
+    except (SeamFailure, BridgeError, OSError) as exc:
+        message = getattr(exc, "message", None) or "%s: %s" % (
+            getattr(exc, "filename", "") or "", getattr(exc, "strerror", None) or exc)
+        answer = dict(getattr(exc, "answer", None) or failed(message))
+        answer["error"] = message
+        if key == "inbox commit" and opts.get("slug") and is_safe_id(opts["slug"]):
+            answer["cursor"] = read_cursor(os.path.join(seam_root(opts.get("repo-root")), SEAM_DIR),
+                                           opts["slug"])
+        _seam_print(answer)
+        return EXIT_OK if key in ("initiate", "alert", "feed") else EXIT_FAILED
+
+
+def _cmd_egress_emit(rest):
+    """Observe-only: read the payload, record it, print nothing, exit 0."""
+    debug = debug_enabled()
+    if "-h" in rest or "--help" in rest:
+        sys.stdout.write("usage: bridge.py %s\n" % SEAM_USAGE["egress"])
+        return EXIT_OK
+    try:
+        opts = parse_go_flags(rest, _SEAM_FLAGS["egress"])
+        data = sys.stdin.buffer.read()
+        done = egress_emit(data, opts.get("host", ""), opts.get("repo-root"))
+    except Exception as exc:  # the host must never see us fail
+        done = "not recorded: %s: %s" % (type(exc).__name__, exc)
+    if debug:
+        warn("egress emit: %s" % done)
+    return EXIT_OK
+
+
+def _cmd_inbox_check(rest):
+    """The Stop hook: prints {"decision":"block",...} or {}, always exits 0."""
+    answer = {}
+    try:
+        opts = parse_go_flags(rest, _SEAM_FLAGS["inbox check"])
+        data = sys.stdin.buffer.read() if not sys.stdin.isatty() else b""
+        answer = inbox_check(data, opts.get("host", ""), opts.get("repo-root"),
+                             opts.get("slug"), opts.get("session-id"))
+    except Exception as exc:
+        if debug_enabled():
+            warn("inbox check: %s: %s" % (type(exc).__name__, exc))
+    try:
+        _seam_print(answer)
+    except (OSError, ValueError):
+        pass
+    return EXIT_OK
+
+
+def cmd_seam(args):
+    return seam_main([args.seam_verb] + list(args.seam_args))
+
+
 def add_seam_parsers(subparsers):
     """egress, inbox, initiate, alert, feed, wake."""
+    helps = {
+        "egress": "record an agent hook payload in _bridge/events.jsonl (silent, exit 0)",
+        "inbox": "drain|ack|commit|check captain intent from _bridge/inbox.jsonl",
+        "initiate": "push a status / reco / gate-review card to _bridge/fo-initiate.jsonl",
+        "alert": "raise a permission alert in _bridge/fo-alerts.jsonl",
+        "feed": "append ambient narration to _bridge/fo-feed.jsonl",
+        "wake": "resume parked Codex sessions that have undelivered intent",
+    }
+    for verb in SEAM_VERBS:
+        usage = "\n  ".join("bridge.py " + text for name, text in SEAM_USAGE.items()
+                            if name.split()[0] == verb)
+        # prefix_chars that no flag uses: every word after the verb reaches seam_main
+        parser = subparsers.add_parser(verb, help=helps[verb], add_help=False, prefix_chars="\x01",
+                                       usage=usage)
+        parser.add_argument("seam_args", nargs="*")
+        parser.set_defaults(func=cmd_seam, seam_verb=verb)
 # ---- end seam commands ----
 
 
@@ -2667,6 +5724,190 @@ def add_proxy_parsers(subparsers):
 # ---- changes commands ----
 def add_changes_parsers(subparsers):
     """changes id|new|validate|run|status|approve."""
+    import argparse
+    top = subparsers.add_parser(
+        "changes", help="deterministic change sets, validated and executed through an MCP server",
+        description="Change sets under changes/<id>/ (seed 004): a planning agent proposes, the "
+                    "executor validates against the MCP server and applies, or gates for review.",
+        epilog="example:\n  python3 bridge.py changes new --subject 'Fix login' --plan plan.json\n"
+               "  python3 bridge.py changes run --once",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = top.add_subparsers(dest="changes_command", metavar="ACTION")
+    top.set_defaults(func=lambda args: (top.print_help(sys.stderr), EXIT_USAGE)[1])
+
+    p = add_command(sub, "id", cmd_changes_id, "print the changeset_id_v1 id for a subject",
+                    "python3 bridge.py changes id --subject 'Refactor login flow' --snapshot snap1")
+    p.add_argument("--subject", required=True, help="brief description of the intent")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--snapshot", metavar="ID", help="anchor to this MCP snapshot id")
+    g.add_argument("--worktree", action="store_true",
+                   help="anchor to the worktree fingerprint (snapshot.info; the default)")
+
+    p = add_command(sub, "new", cmd_changes_new, "create changes/<id>/ from a plan",
+                    "python3 bridge.py changes new --subject 'Fix typo' --plan plan.json "
+                    "--architecture notes.md")
+    p.add_argument("--subject", required=True, help="brief description of the intent")
+    p.add_argument("--plan", required=True, metavar="PLAN.json", help="a plan_v1 document")
+    p.add_argument("--architecture", metavar="FILE.md", help="copied to 01-architecture.md")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--snapshot", metavar="ID", help="anchor to this MCP snapshot id")
+    g.add_argument("--worktree", action="store_true",
+                   help="anchor to the worktree fingerprint (snapshot.info; the default)")
+
+    p = add_command(sub, "validate", cmd_changes_validate,
+                    "check a change set (offline, then through the MCP server if configured)",
+                    "python3 bridge.py changes validate fix-typo--0123456789ab")
+    p.add_argument("id", metavar="ID")
+
+    p = add_command(sub, "run", cmd_changes_run, "the executor: validate, gate and apply",
+                    "python3 bridge.py changes run --once")
+    p.add_argument("--once", action="store_true", help="one pass over changes/, then exit")
+    p.add_argument("--poll", type=float, metavar="SECONDS",
+                   help="seconds between passes (default changes.poll_sec)")
+
+    p = add_command(sub, "status", cmd_changes_status, "states and decisions of change sets",
+                    "python3 bridge.py changes status --json")
+    p.add_argument("id", nargs="?", metavar="ID")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+    p = add_command(sub, "approve", cmd_changes_approve,
+                    "Tier-2 human approval of a change set waiting for review",
+                    "python3 bridge.py changes approve fix-login--0123456789ab")
+    p.add_argument("id", metavar="ID")
+
+
+def _changes_open(args):
+    root, config = load_args_config(args)
+    return ChangeSets(root, config)
+
+
+def cmd_changes_id(args):
+    sets = _changes_open(args)
+    base = changeset_resolve_base(sets, args.snapshot, args.worktree)
+    identity = changeset_identity(args.subject, changeset_repo_key(sets.root), base)
+    print(changeset_id(identity))
+    return EXIT_OK
+
+
+def cmd_changes_new(args):
+    sets = _changes_open(args)
+    cs_id = changeset_new(sets, args.subject, args.plan, args.architecture, args.snapshot,
+                          args.worktree)
+    print(cs_id)
+    return EXIT_OK
+
+
+def cmd_changes_validate(args):
+    sets = _changes_open(args)
+    cs_id = safe_name(args.id, "change set id")
+    if not os.path.isdir(sets.path(cs_id)):
+        raise BridgeError("no change set %s in %s" % (cs_id, sets.dir))
+    meta, plan, problems = sets.load(cs_id)
+    for code, msg in problems:
+        print("%s: %s: %s" % (cs_id, code, msg))
+    if problems:
+        return EXIT_FAILED
+    if not sets.mcp_configured():
+        print("%s: offline checks passed; repository alignment and governance skipped (no "
+              "changes.mcp.command)" % cs_id)
+        return EXIT_OK
+    client = sets.client()
+    try:
+        client.start()
+        outcome, code, reason, details = sets.check_online(client, meta, plan)
+    except (McpError, McpServerGone) as exc:
+        print("%s: mcp_error: %s" % (cs_id, exc))
+        return EXIT_FAILED
+    finally:
+        client.close()
+    if outcome == "reject":
+        for problem in details.get("problems") or ["%s: %s" % (code, reason)]:
+            print("%s: %s" % (cs_id, problem))
+        return EXIT_FAILED
+    print("%s: valid; the executor would decide %s: %s" % (cs_id, code, reason))
+    return EXIT_OK
+
+
+def cmd_changes_run(args):
+    import signal
+    sets = _changes_open(args)
+    if not sets.mcp_configured():
+        raise BridgeError("changes run needs an MCP server: set changes.mcp.command", EXIT_USAGE)
+    executor = ChangeExecutor(sets)
+    executor.acquire()
+
+    def stop(signum, frame):
+        executor.stopping = True
+    old = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
+    failed = False
+    poll = args.poll if args.poll is not None else float(sets.cfg.get("poll_sec") or 2.0)
+    try:
+        while True:
+            for cs_id, final in executor.run_once():
+                print("%s %s" % (cs_id, final))
+                sys.stdout.flush()
+                failed = failed or final == "failed"
+            if args.once or executor.stopping:
+                break
+            deadline = time.monotonic() + poll
+            while time.monotonic() < deadline and not executor.stopping:
+                time.sleep(min(0.2, poll))
+            executor.lock.heartbeat()
+    finally:
+        executor.release()
+        for s, h in old.items():
+            signal.signal(s, h)
+    return EXIT_FAILED if failed else EXIT_OK
+
+
+def cmd_changes_status(args):
+    sets = _changes_open(args)
+    if args.id:
+        cs_id = safe_name(args.id, "change set id")
+        if not os.path.isdir(sets.path(cs_id)):
+            raise BridgeError("no change set %s in %s" % (cs_id, sets.dir))
+        status = sets.read_status(cs_id)
+        if status is None:
+            state, decision, reason = sets.state_of(cs_id)
+            status = {"change_set_id": cs_id, "state": state, "decision": decision,
+                      "reason": reason}
+        if args.json:
+            print(json.dumps(status, ensure_ascii=False, sort_keys=True, indent=2))
+        else:
+            for key in ("change_set_id", "state", "decision", "reason"):
+                print("%-14s %s" % (key + ":", status.get(key)))
+            ex = status.get("execution") or {}
+            if ex.get("completed_task_ids") or ex.get("last_error"):
+                print("%-14s %s" % ("completed:", ", ".join(ex.get("completed_task_ids") or [])
+                                    or "-"))
+                print("%-14s %s" % ("last_error:", ex.get("last_error") or "-"))
+        return EXIT_OK
+    rows = []
+    for cs_id in sets.ids():
+        state, decision, reason = sets.state_of(cs_id)
+        rows.append({"change_set_id": cs_id, "state": state, "decision": decision,
+                     "reason": reason})
+    holder = FileLock.probe(sets.lock_path)
+    if args.json:
+        print(json.dumps({"change_sets": rows, "executor": {
+            "lock": holder[0], "holder": holder[1] if holder[0] == "held" else None}},
+            ensure_ascii=False, sort_keys=True, indent=2))
+        return EXIT_OK
+    if not rows:
+        print("no change sets in %s" % sets.dir)
+    for row in rows:
+        print("%-16s %-16s %s  %s" % (row["state"], row["decision"] or "-",
+                                      row["change_set_id"], row["reason"] or ""))
+    if holder[0] == "held":
+        print("executor running: %s" % describe_holder(holder[1]))
+    return EXIT_OK
+
+
+def cmd_changes_approve(args):
+    sets = _changes_open(args)
+    status, changed = changeset_approve(sets, safe_name(args.id, "change set id"))
+    print("%s %s" % (status["change_set_id"], "approved" if changed else "already approved"))
+    return EXIT_OK
 # ---- end changes commands ----
 
 
@@ -2686,6 +5927,11 @@ def build_parser():
 
 
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in SEAM_VERBS:
+        # Hooks run the seam verbs on every tool call: skip building the argparse
+        # tree (it costs more than the verb itself); seam_main parses its own flags.
+        return seam_main(argv)
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):
