@@ -2146,6 +2146,12 @@ class Watcher:
         """An agent or verify command with the task timeout, group kill and progress."""
         def started(proc):
             self.child = proc
+            if self.stopping:  # the signal came between two steps: stop this one at once
+                import signal
+                try:
+                    os.killpg(proc.pid, signal.SIGTERM)
+                except (ProcessLookupError, PermissionError):
+                    pass
             if step == "agent" and self.task_lock is not None:
                 agent = {"pid": proc.pid, "start_ticks": _start_ticks(proc.pid)}
                 self.note_in_task_lock(agent=agent)
