@@ -764,3 +764,22 @@ def test_make_demo_script_runs_and_prints_every_result():
     for expected in ("reason verified", "reason verify_failed", "reason requires_confirmation",
                      "approved 2026-01-15_03_remove-readme", "demo done."):
         assert expected in out.stdout, expected
+
+
+def test_ai_handoff_never_committed_even_if_exclude_was_removed(queue):
+    exclude = queue.repo / ".git" / "info" / "exclude"
+    exclude.write_text("# emptied by someone\n")
+    queue.put(queue.task("ex"))
+    out = queue.watch()
+    assert out.returncode == 0, out.stderr
+    assert "/.ai-handoff/" in exclude.read_text()  # the watcher put it back before any task
+    commit = queue.result("ex")["git"]["commit"]
+    files = git(queue.repo, "show", "--name-only", "--format=", commit).split()
+    assert files == ["ex.txt"]
+
+
+def test_submit_from_stdin(queue):
+    out = run_bridge("submit", "-", "--root", queue.repo, input=json.dumps(queue.task("stdin-task")))
+    assert out.returncode == 0 and "queued stdin-task" in out.stdout, out.stderr
+    out = run_bridge("submit", "-", "--root", queue.repo, input="{not json")
+    assert out.returncode == 2 and "stdin" in out.stderr
