@@ -822,12 +822,17 @@ _PEM_TAIL = (r"(?:(?:\r?\n|\\r?\\n)[A-Za-z-]{1,40}:[^\r\n\\]{0,200}){0,6}"
              r"[A-Za-z0-9+/=\r\n\\]{0,65536}")
 _PEM_WINDOW = 65536
 
-# Context rules. Keywords are looked for on the lowercased copy; a name ends in one of
-# the secret words below; the value after `:`/`=`/`:=`/`=>` (or a space after a --flag).
-_KV_KEYWORDS = (b"pass", b"pwd", b"secret", b"token", b"key", b"auth", b"credential",
-                b"cookie", b"sig")
-_KV_GATE = (rb"[a-z0-9_.-]{0,40}\\{0,2}[\"']?[ \t]{0,8}(?::=|=>|=|:|[ \t])")
-_KV_RULE = (r"(?P<tail>[A-Za-z0-9_.-]{0,40})(?P<q>\\{0,2}[\"']?)"
+# Context rules. A secret-named key ends in one of these words; each gate finds the word
+# followed by an assignment operator on the lowercased copy (one literal-led scan each),
+# and only those hits reach Python. `--password VALUE` flags have their own gate.
+_KV_OP = rb"(\\{0,2}[\"']?[ \t]{0,8}(?::=|=>|=|:))"
+_KV_GATES = (
+    (b"pass", rb"pass(?:w(?:or)?d|phrase)"), (b"pwd", rb"pwd"), (b"secret", rb"secret"),
+    (b"token", rb"token"), (b"key", rb"key(?<=[a-z0-9_.-]key)"),
+    (b"auth", rb"auth(?:orization)?"), (b"credential", rb"credentials?"),
+    (b"cookie", rb"cookie"), (b"sig", rb"sig(?:nature)?"))
+_FLAG_GATE = rb"--(?:[a-z0-9]{1,20}-){0,3}(?:passw(?:or)?d|passphrase|secret|token|api-?key|auth)([ \t])"
+_KV_RULE = (r"(?P<q>\\{0,2}[\"']?)"
             r"(?P<op>[ \t]{0,8}(?::=|=>|=|:)[ \t]{0,8}|[ \t]{1,8})"
             r"(?P<scheme>(?:bearer|basic|token|bot|apikey|sso-key|digest|negotiate|ntlm)[ \t]{1,8})?"
             r"(?:\"(?P<dq>(?:[^\"\\\r\n]|\\.){1,2048})"
@@ -839,13 +844,15 @@ _SECRET_NAME = (r"(?:passw(?:or)?d|passphrase|(?:^|[-_.])pwd|secret|token|creden
                 r"|(?:api|access|secret|private|account|sharedaccess|master|auth|client|signing"
                 r"|encryption|license|subscription|storage|service|app|consumer|admin|session"
                 r"|webhook|hmac|jwt|csrf|x-api)[-_.]?key)$")
-_NAME_CHARS = frozenset(b"abcdefghijklmnopqrstuvwxyz0123456789_.-")
+_NAME_MASK = bytes(110 if chr(c) in "abcdefghijklmnopqrstuvwxyz0123456789_.-" else 32
+                   for c in range(256))
 # Values that are clearly not secrets (types, booleans, prose after a colon).
 _NOT_SECRET = frozenset(
     "true false null none nil undefined yes no on off required optional str string int "
     "bool bytes any object dict list hidden masked redacted empty unset default missing "
     "invalid expired denied failed ok n/a na tbd todo example placeholder secretstr "
     "number boolean char varchar text".split())
+_AUTH_SCHEMES = frozenset("bearer basic token bot apikey sso-key digest negotiate ntlm".split())
 _CODE_VALUE = r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)+|[A-Za-z_][A-Za-z0-9_]*"
 
 _BEARER_RULE = r"(?i:bearer)[ \t]{1,8}(?P<v>[A-Za-z0-9._~+/-]{8,4096}={0,8})"
@@ -871,7 +878,8 @@ def _redaction_regexes():
             url=re.compile(_URL_RULE),
             pem_header=re.compile(_PEM_HEADER),
             pem_tail=re.compile(_PEM_TAIL),
-            kv_gates=[(kw, re.compile(re.escape(kw) + _KV_GATE)) for kw in _KV_KEYWORDS],
+            kv_gates=[(kw, re.compile(gate + _KV_OP)) for kw, gate in _KV_GATES]
+            + [(b"--", re.compile(_FLAG_GATE))],
             kv=re.compile(_KV_RULE, re.I),
             secret_name=re.compile(_SECRET_NAME),
             code_value=re.compile(_CODE_VALUE),
@@ -883,6 +891,10 @@ def _redaction_regexes():
                                  re.S),
         )
     return _COMPILED
+
+
+def _has_keyword(low_value):
+    return any(word in low_value for word in ("pass", "pwd", "secret", "token", "key", "auth"))
 
 
 def _is_placeholder(value):
@@ -1024,7 +1036,8 @@ class Redactor:
                 if token.startswith(":AA"):                    # Telegram: the bot id digits
                     while start > 0 and start > m.start() - 12 and text[start - 1].isdigit():
                         start -= 1
-                    if m.start() - start < 6 or (start and text[start - 1].isalnum()):
+                    if m.start() - start < 6 or (start and text[start - 1].isalnum()
+                                                 and not text[:start].endswith("bot")):
                         continue
                 elif token.startswith("sk-") and token[3:7] not in ("ant-", "proj", "svca", "admi", "serv", "or-v"):
                     if not any(c.isdigit() for c in token):
@@ -1042,7 +1055,7 @@ class Redactor:
                 if name == "pw" and _is_placeholder(m.group("pw")):
                     continue
                 spans.append(m.span(name))
-        at = 0
+        at, next_end = 0, -1
         while True:
             at = text.find("-----BEGIN", at)
             if at < 0:
@@ -1052,58 +1065,67 @@ class Redactor:
                 at += 10
                 continue
             body = m.end()
-            end = text.find("-----END", body, body + _PEM_WINDOW)
+            if next_end < body:                  # one search serves a flood of headers
+                next_end = text.find("-----END", body)
+                if next_end < 0:
+                    next_end = len(text) + 1
+            end = next_end if next_end - body <= _PEM_WINDOW else -1
             if end < 0:
                 end = rx["pem_tail"].match(text, body).end()
-            if end > body:
+            if text[body:end].strip():
                 spans.append((body, end))
             at = max(end, body)
 
     def _context(self, text, low, spans):
         rx = self._rx
         kv, secret_name, code_value = rx["kv"], rx["secret_name"], rx["code_value"]
+        mask = None
         for keyword, gate in rx["kv_gates"]:
             if keyword not in low:
                 continue
-            resume = 0
-            for g in gate.finditer(low):
-                at = g.start()
-                if at < resume:
-                    continue
-                m = kv.match(text, at + len(keyword))
-                if not m:
-                    continue
-                # the whole name: walk left over name characters (bounded)
-                start, floor = at, max(0, at - 64)
-                while start > floor and low[start - 1] in _NAME_CHARS:
-                    start -= 1
-                name = low[start:at].decode("ascii") + keyword.decode("ascii") + m.group("tail").lower()
-                if not secret_name.search(name.rstrip(".-_")):
-                    if not (name.endswith("_key") and text[start:m.end("tail")].isupper()):
+            search, pos = gate.search, 0
+            while True:
+                g = search(low, pos)
+                if g is None:
+                    break
+                pos, at = g.end(), g.start(1)      # at: where the name ends
+                if mask is None:   # name characters -> "n", others -> " " (one C pass)
+                    mask = low.translate(_NAME_MASK)
+                start = mask.rfind(b" ", max(0, at - 64), at) + 1 or max(0, at - 64)
+                name = low[start:at].decode("ascii").rstrip(".-_")
+                weak = False
+                if not secret_name.search(name, max(0, len(name) - 24)):
+                    # UPPER_CASE_KEY=<random> (env-style names) counts too
+                    if not (name.endswith("_key") and text[start:at].isupper()):
                         continue
                     weak = True
-                else:
-                    weak = False
-                op = m.group("op")
-                if not op.strip() and not name.startswith("-"):
-                    continue                   # `token count`: a space only counts after --flag
-                value, group = None, None
-                for group in ("dq", "sq", "eq", "bare"):
-                    value = m.group(group)
-                    if value is not None:
-                        break
-                if _is_placeholder(value) or value[0] in ":=" or value.isdigit() and len(value) < 6:
+                m = kv.match(text, at)
+                if not m:
+                    continue
+                pos = m.end()              # rejected or not, never rescan this value
+                group = m.lastgroup
+                value = m.group(group)
+                if not m.group("op").strip() and not name.startswith("-"):
+                    continue               # `token count`: a space only counts after --flag
+                begin = m.start(group)
+                if group != "bare" and not m.group("scheme"):    # "Bearer xyz" inside quotes
+                    word, _, rest = value.partition(" ")
+                    if word.lower() in _AUTH_SCHEMES:
+                        stripped = rest.lstrip(" ")
+                        begin += len(value) - len(stripped)
+                        value = stripped
+                if (not value or value[0] in ":=" or _is_placeholder(value)
+                        or value.isdigit() and len(value) < 6 or value.lower() in _AUTH_SCHEMES):
                     continue
                 if group == "bare" and not m.group("scheme"):
                     after = text[m.end():m.end() + 1]
                     if after in ("(", "[") or code_value.fullmatch(value) and (
-                            "." in value or any(k.decode() in value.lower() for k in _KV_KEYWORDS)
-                            or not any(c.isdigit() for c in value) and len(value) < 8 and value.islower()):
-                        continue
+                            "." in value or _has_keyword(value.lower())
+                            or len(value) < 8 and value.islower() and not any(c.isdigit() for c in value)):
+                        continue           # code: `password = getpass()`, `token=token`, `key: str`
                 if weak and not (len(value) >= 16 and any(c.isdigit() for c in value)):
                     continue
-                spans.append(m.span(group))
-                resume = m.end()
+                spans.append((begin, m.end(group)))
         for m in _matches_at(low, b"bearer", rx["bearer"], text):
             value = m.group("v")
             if any(c.isdigit() for c in value) or (value.lower() != value and value.upper() != value):
