@@ -774,32 +774,27 @@ _TOKEN_RULES = (
     # digit (checked in code) so `sk-learn`, `risk-assessment`, `task-manager` stay.
     (r"sk-(?<![A-Za-z0-9_-]sk-)(?:(?:ant-[a-z]{2,8}\d\d|proj|svcacct|admin|service|or-v1)"
      r"-[A-Za-z0-9_-]{20,400}|[A-Za-z0-9]{20,400})", 0),
-    # Stripe secret and restricted keys (sk_live_, rk_test_, ...), webhook secrets
-    (r"k_(?<=[rs]k_)(?<![A-Za-z0-9_].k_)(?:live|test|prod)_[A-Za-z0-9]{10,255}", 1),
-    (r"whsec_[A-Za-z0-9+/=]{24,100}", 0),
-    # Registries: npm, PyPI, Docker Hub, RubyGems
-    (r"npm_(?<![A-Za-z0-9_]npm_)[A-Za-z0-9]{36}", 0),
-    (r"pypi-AgE[A-Za-z0-9_-]{50,1000}", 0),
-    (r"dckr_(?:pat|oat)_[A-Za-z0-9_-]{20,40}", 0),
-    (r"rubygems_[a-f0-9]{48}", 0),
-    # Hugging Face, Replicate, Perplexity, NVIDIA, Google OAuth, SendGrid, Vault,
-    # DigitalOcean, Shopify, Databricks, Linear, Notion, Postman, Heroku, Pulumi, Doppler
-    (r"hf_(?<![A-Za-z0-9_]hf_)[A-Za-z0-9]{30,40}", 0),
-    (r"r8_(?<![A-Za-z0-9_]r8_)[A-Za-z0-9_-]{36,40}", 0),
-    (r"pplx-[A-Za-z0-9]{40,60}", 0),
-    (r"nvapi-[A-Za-z0-9_-]{60,70}", 0),
-    (r"ya29\.[A-Za-z0-9_-]{20,2048}", 0),
-    (r"SG\.[A-Za-z0-9_-]{22}\.[A-Za-z0-9_-]{43}", 0),
-    (r"hv[sb]\.[A-Za-z0-9_-]{24,256}", 0),
-    (r"_v1_(?<=do[por]_v1_)[a-f0-9]{64}", 3),
-    (r"shp(?:at|ca|pa|ss)_[a-fA-F0-9]{32}", 0),
-    (r"dapi[a-f0-9]{32}", 0),
+    # Stripe secret/restricted keys (sk_live_, rk_test_, ...), Replicate, RubyGems
+    (r"sk_(?<![A-Za-z0-9_]sk_)(?:live|test|prod)_[A-Za-z0-9]{10,255}", 0),
+    (r"r(?<![A-Za-z0-9_]r)(?:k_(?:live|test|prod)_[A-Za-z0-9]{10,255}|8_[A-Za-z0-9_-]{36,40}"
+     r"|ubygems_[a-f0-9]{48})", 0),
+    # Hugging Face, Vault, Heroku; Perplexity, PyPI, Pulumi, Postman
+    (r"h(?<![A-Za-z0-9_]h)(?:f_[A-Za-z0-9]{30,40}|v[sb]\.[A-Za-z0-9_-]{24,256})", 0),
+    (r"p(?<![A-Za-z0-9_]p)(?:plx-[A-Za-z0-9]{40,60}|ypi-AgE[A-Za-z0-9_-]{50,1000}"
+     r"|ul-[a-f0-9]{40})", 0),
+    # Docker Hub, Databricks, Doppler, DigitalOcean
+    (r"d(?<![A-Za-z0-9_]d)(?:ckr_(?:pat|oat)_[A-Za-z0-9_-]{20,40}|api[a-f0-9]{32}"
+     r"|p\.(?:pt|st|sa|ct)\.[A-Za-z0-9]{40,50}|o[por]_v1_[a-f0-9]{64})", 0),
+    # npm, Notion, NVIDIA; Linear; Stripe webhook secrets; Google OAuth; Shopify
+    (r"n(?<![A-Za-z0-9_]n)(?:pm_[A-Za-z0-9]{36}|tn_[A-Za-z0-9]{40,50}|vapi-[A-Za-z0-9_-]{60,70})", 0),
     (r"lin_api_[A-Za-z0-9]{40}", 0),
-    (r"ntn_[A-Za-z0-9]{40,50}", 0),
+    (r"whsec_[A-Za-z0-9+/=]{24,100}", 0),
+    (r"ya29\.[A-Za-z0-9_-]{20,2048}", 0),
+    (r"shp(?:at|ca|pa|ss)_[a-fA-F0-9]{32}", 0),
+    # SendGrid, Postman, Heroku
+    (r"SG\.[A-Za-z0-9_-]{22}\.[A-Za-z0-9_-]{43}", 0),
     (r"PMAK-[a-f0-9]{24}-[a-f0-9]{34}", 0),
     (r"HRKU-[A-Za-z0-9_-]{60}", 0),
-    (r"pul-[a-f0-9]{40}", 0),
-    (r"dp\.(?:pt|st|sa|ct)\.[A-Za-z0-9]{40,50}", 0),
     # Telegram bot tokens: digits ":AA" 33 chars (the digits are found in code)
     (r":AA(?<=\d:AA)[A-Za-z0-9_-]{33}(?![A-Za-z0-9_-])", 0),
     # Azure AD client secrets: 3 chars, a digit, "Q~", 31-34 chars
@@ -825,12 +820,19 @@ _PEM_WINDOW = 65536
 # Context rules. A secret-named key ends in one of these words; each gate finds the word
 # followed by an assignment operator on the lowercased copy (one literal-led scan each),
 # and only those hits reach Python. `--password VALUE` flags have their own gate.
+_STRONG_KEY_PREFIXES = (b"api", b"access", b"secret", b"private", b"account", b"sharedaccess",
+                        b"master", b"auth", b"client", b"signing", b"encryption", b"license",
+                        b"subscription", b"storage", b"service", b"app", b"consumer", b"admin",
+                        b"session", b"webhook", b"hmac", b"jwt", b"csrf", b"x-api")
 _KV_OP = rb"(\\{0,2}[\"']?[ \t]{0,8}(?::=|=>|=|:))"
-_KV_GATES = (
-    (b"pass", rb"pass(?:w(?:or)?d|phrase)"), (b"pwd", rb"pwd"), (b"secret", rb"secret"),
-    (b"token", rb"token"), (b"key", rb"key(?<=[a-z0-9_.-]key)"),
-    (b"auth", rb"auth(?:orization)?"), (b"credential", rb"credentials?"),
-    (b"cookie", rb"cookie"), (b"sig", rb"sig(?:nature)?"))
+_KV_GATES = (   # grouped by first letter: one scan per group
+    (b"p", rb"p(?:ass(?:w(?:or)?d|phrase)|wd)"), (b"s", rb"s(?:ecret|ig(?:nature)?)"),
+    (b"token", rb"token"), (b"key", rb"key(?=\\{0,2}[\"']?[ \t]{0,8}[:=])(?:" + b"|".join(
+        b"(?<=(?:%s)%skey)" % (b"|".join(p for p in _STRONG_KEY_PREFIXES if len(p) == size), sep)
+        for size in sorted({len(p) for p in _STRONG_KEY_PREFIXES}) for sep in (b"", b"[-_.]"))
+        + b")"),
+    (b"auth", rb"auth(?:orization)?"), (b"c", rb"c(?:redentials?|ookie)"))
+_UPPER_KEY_GATE = rb"_KEY([ \t]{0,8}[:=])"   # STRIPE_KEY=..., searched on the original text
 _FLAG_GATE = rb"--(?:[a-z0-9]{1,20}-){0,3}(?:passw(?:or)?d|passphrase|secret|token|api-?key|auth)([ \t])"
 _KV_RULE = (r"(?P<q>\\{0,2}[\"']?)"
             r"(?P<op>[ \t]{0,8}(?::=|=>|=|:)[ \t]{0,8}|[ \t]{1,8})"
@@ -840,10 +842,8 @@ _KV_RULE = (r"(?P<q>\\{0,2}[\"']?)"
             r"|\\{1,3}\"(?P<eq>[^\"\\\r\n]{1,2048})"
             r"|(?P<bare>[^\s\"'`,;&<>(){}\[\]\\]{1,2048}))")
 _SECRET_NAME = (r"(?:passw(?:or)?d|passphrase|(?:^|[-_.])pwd|secret|token|credentials?"
-                r"|authorization|(?:^|[-_.o])auth|cookie|signature|(?:^|[-_.])sig"
-                r"|(?:api|access|secret|private|account|sharedaccess|master|auth|client|signing"
-                r"|encryption|license|subscription|storage|service|app|consumer|admin|session"
-                r"|webhook|hmac|jwt|csrf|x-api)[-_.]?key)$")
+                r"|authorization|(?:^|[-_.o])auth|cookie|signature|(?:^|[-_.])sig|(?:%s)[-_.]?key)$"
+                % "|".join(p.decode() for p in _STRONG_KEY_PREFIXES))
 _NAME_MASK = bytes(110 if chr(c) in "abcdefghijklmnopqrstuvwxyz0123456789_.-" else 32
                    for c in range(256))
 # Values that are clearly not secrets (types, booleans, prose after a colon).
@@ -879,7 +879,7 @@ def _redaction_regexes():
             pem_header=re.compile(_PEM_HEADER),
             pem_tail=re.compile(_PEM_TAIL),
             kv_gates=[(kw, re.compile(gate + _KV_OP)) for kw, gate in _KV_GATES]
-            + [(b"--", re.compile(_FLAG_GATE))],
+            + [(b"--", re.compile(_FLAG_GATE)), (b"_KEY", re.compile(_UPPER_KEY_GATE))],
             kv=re.compile(_KV_RULE, re.I),
             secret_name=re.compile(_SECRET_NAME),
             code_value=re.compile(_CODE_VALUE),
@@ -1081,11 +1081,16 @@ class Redactor:
         kv, secret_name, code_value = rx["kv"], rx["secret_name"], rx["code_value"]
         mask = None
         for keyword, gate in rx["kv_gates"]:
-            if keyword not in low:
+            haystack = low
+            if keyword == b"_KEY":             # case matters: search the original text
+                if "_KEY" not in text:
+                    continue
+                haystack = text.encode("ascii", "replace")
+            elif len(keyword) > 1 and keyword not in low:
                 continue
             search, pos = gate.search, 0
             while True:
-                g = search(low, pos)
+                g = search(haystack, pos)
                 if g is None:
                     break
                 pos, at = g.end(), g.start(1)      # at: where the name ends
