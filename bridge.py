@@ -852,6 +852,7 @@ _NOT_SECRET = frozenset(
     "bool bytes any object dict list hidden masked redacted empty unset default missing "
     "invalid expired denied failed ok n/a na tbd todo example placeholder secretstr "
     "number boolean char varchar text".split())
+_PROSE = re.compile(r" [A-Za-z]")
 _AUTH_SCHEMES = frozenset("bearer basic token bot apikey sso-key digest negotiate ntlm".split())
 _CODE_VALUE = r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)+|[A-Za-z_][A-Za-z0-9_]*"
 
@@ -994,15 +995,34 @@ class Redactor:
         return "".join(out)
 
     def redact_obj(self, obj):
-        """A copy of a JSON-like object with every string (keys included) redacted."""
+        """A copy of a JSON-like object with every string (keys included) redacted, and the
+        string values of secret-named keys ("password", "api_key", "Authorization", ...)
+        replaced whole (an auth scheme word is kept), since a bare value carries no context."""
         if isinstance(obj, str):
             return self.redact(obj)
         if isinstance(obj, dict):
-            return {self.redact(k) if isinstance(k, str) else k: self.redact_obj(v)
-                    for k, v in obj.items()}
+            out = {}
+            for key, value in obj.items():
+                if isinstance(value, str) and isinstance(key, str) and self._secret_key(key):
+                    value = self._secret_value(value)
+                out[self.redact(key) if isinstance(key, str) else key] = self.redact_obj(value)
+            return out
         if isinstance(obj, (list, tuple)):
             return [self.redact_obj(value) for value in obj]
         return obj
+
+    def _secret_key(self, key):
+        name = key.lower().rstrip(".-_")
+        return bool(self._rx["secret_name"].search(name, max(0, len(name) - 24)))
+
+    @staticmethod
+    def _secret_value(value):
+        word, _, rest = value.partition(" ")
+        scheme = word.lower() in _AUTH_SCHEMES and rest.strip()
+        secret = rest.strip() if scheme else value
+        if not secret or _is_placeholder(secret) or secret.lower() in _AUTH_SCHEMES:
+            return value
+        return word + " " + REDACTED if scheme else REDACTED
 
     # -- the three layers --
 
@@ -1124,6 +1144,8 @@ class Redactor:
                     continue
                 if group == "bare" and not m.group("scheme"):
                     after = text[m.end():m.end() + 1]
+                    if value.isalpha() and _PROSE.match(text, m.end()):
+                        continue           # `Password: Enter your password` is prose
                     if after in ("(", "[") or code_value.fullmatch(value) and (
                             "." in value or _has_keyword(value.lower())
                             or len(value) < 8 and value.islower() and not any(c.isdigit() for c in value)):

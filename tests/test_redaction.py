@@ -363,6 +363,22 @@ def test_redact_obj_is_deep_and_keeps_types():
     assert out["nested"][0]["out"] == "token=" + R and out["nested"][1] == ["x", R]
 
 
+def test_redact_obj_redacts_values_of_secret_named_keys():
+    obj = {"password": "hunter2", "headers": {"Authorization": "Bearer abc", "X-Api-Key": "k3y"},
+           "apiKey": "plainvalue", "max_tokens": "4096", "token_type": "bearer", "key": "name",
+           "secret": "${SECRET}", "token": "", "user": "bob", "auth": {"password": "pw1"}}
+    out = redactor().redact_obj(obj)
+    assert out == {"password": R, "headers": {"Authorization": "Bearer " + R, "X-Api-Key": R},
+                   "apiKey": R, "max_tokens": "4096", "token_type": "bearer", "key": "name",
+                   "secret": "${SECRET}", "token": "", "user": "bob", "auth": {"password": R}}
+
+
+def test_prose_after_a_colon_is_not_a_value():
+    text = "Password: Enter your password below\nToken: Provide a token\n"
+    assert redactor().redact(text) == text
+    assert redactor().redact("password: Hunter # yaml\n") == "password: %s # yaml\n" % R
+
+
 # ---- the redact command as a stream -------------------------------------------------------
 
 def test_cli_streams_and_keeps_private_key_blocks_whole_across_reads(tmp_path):
