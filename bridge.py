@@ -772,10 +772,11 @@ _TOKEN_RULES = (
     # OpenAI (sk-, sk-proj-, sk-svcacct-, sk-admin-), Anthropic (sk-ant-api03-, -admin01-,
     # -oat01-, -ort01-), OpenRouter (sk-or-v1-), DeepSeek; bare sk- needs 20+ chars and a
     # digit (checked in code) so `sk-learn`, `risk-assessment`, `task-manager` stay.
-    (r"sk-(?<![A-Za-z0-9_-]sk-)(?:(?:ant-[a-z]{2,8}\d\d|proj|svcacct|admin|service|or-v1)"
-     r"-[A-Za-z0-9_-]{20,400}|[A-Za-z0-9]{20,400})", 0),
-    # Stripe secret/restricted keys (sk_live_, rk_test_, ...), Replicate, RubyGems
-    (r"sk_(?<![A-Za-z0-9_]sk_)(?:live|test|prod)_[A-Za-z0-9]{10,255}", 0),
+    # Stripe secret keys (sk_live_, sk_test_, ...); Shopify.
+    (r"s(?<![A-Za-z0-9_-]s)(?:k-(?:(?:ant-[a-z]{2,8}\d\d|proj|svcacct|admin|service|or-v1)"
+     r"-[A-Za-z0-9_-]{20,400}|[A-Za-z0-9]{20,400})|k_(?:live|test|prod)_[A-Za-z0-9]{10,255}"
+     r"|hp(?:at|ca|pa|ss)_[a-fA-F0-9]{32})", 0),
+    # Stripe restricted keys (rk_live_, ...), Replicate, RubyGems
     (r"r(?<![A-Za-z0-9_]r)(?:k_(?:live|test|prod)_[A-Za-z0-9]{10,255}|8_[A-Za-z0-9_-]{36,40}"
      r"|ubygems_[a-f0-9]{48})", 0),
     # Hugging Face, Vault, Heroku; Perplexity, PyPI, Pulumi, Postman
@@ -785,12 +786,11 @@ _TOKEN_RULES = (
     # Docker Hub, Databricks, Doppler, DigitalOcean
     (r"d(?<![A-Za-z0-9_]d)(?:ckr_(?:pat|oat)_[A-Za-z0-9_-]{20,40}|api[a-f0-9]{32}"
      r"|p\.(?:pt|st|sa|ct)\.[A-Za-z0-9]{40,50}|o[por]_v1_[a-f0-9]{64})", 0),
-    # npm, Notion, NVIDIA; Linear; Stripe webhook secrets; Google OAuth; Shopify
+    # npm, Notion, NVIDIA; Linear; Stripe webhook secrets; Google OAuth
     (r"n(?<![A-Za-z0-9_]n)(?:pm_[A-Za-z0-9]{36}|tn_[A-Za-z0-9]{40,50}|vapi-[A-Za-z0-9_-]{60,70})", 0),
     (r"lin_api_[A-Za-z0-9]{40}", 0),
     (r"whsec_[A-Za-z0-9+/=]{24,100}", 0),
     (r"ya29\.[A-Za-z0-9_-]{20,2048}", 0),
-    (r"shp(?:at|ca|pa|ss)_[a-fA-F0-9]{32}", 0),
     # SendGrid, Postman, Heroku
     (r"SG\.[A-Za-z0-9_-]{22}\.[A-Za-z0-9_-]{43}", 0),
     (r"PMAK-[a-f0-9]{24}-[a-f0-9]{34}", 0),
@@ -856,6 +856,8 @@ _PROSE = re.compile(r" [A-Za-z]")
 _AUTH_SCHEMES = frozenset("bearer basic token bot apikey sso-key digest negotiate ntlm".split())
 _CODE_VALUE = r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)+|[A-Za-z_][A-Za-z0-9_]*"
 
+_BEARER_GATE = rb"bearer[ \t]{1,8}[a-z0-9._~+/-]{8}"
+_BASIC_GATE = rb"basic[ \t]{1,8}[a-z0-9+/]{6}"
 _BEARER_RULE = r"(?i:bearer)[ \t]{1,8}(?P<v>[A-Za-z0-9._~+/-]{8,4096}={0,8})"
 _BASIC_RULE = r"(?i:basic)[ \t]{1,8}(?P<v>[A-Za-z0-9+/]{6,4096}={0,2})(?![A-Za-z0-9+/=])"
 
@@ -884,8 +886,8 @@ def _redaction_regexes():
             kv=re.compile(_KV_RULE, re.I),
             secret_name=re.compile(_SECRET_NAME),
             code_value=re.compile(_CODE_VALUE),
-            bearer=re.compile(_BEARER_RULE),
-            basic=re.compile(_BASIC_RULE),
+            bearer=(re.compile(_BEARER_GATE), re.compile(_BEARER_RULE)),
+            basic=(re.compile(_BASIC_GATE), re.compile(_BASIC_RULE)),
             env_name=re.compile(_ENV_SECRET_NAME, re.I),
             env_not_name=re.compile(_ENV_NOT_SECRET_NAME, re.I),
             env_plain=re.compile(r"[a-z]+|[A-Z]+|[0-9.,:_-]+|(?:\.{0,2}|~)/.*|[A-Za-z]:\\.*",
@@ -927,17 +929,19 @@ def _env_value_forms(value):
     return [form for form in forms if len(form) >= _ENV_MIN_LEN]
 
 
-def _matches_at(low, keyword, regex, text):
-    """regex.match(text, pos) at each occurrence of `keyword` in the lowercased copy, resuming
-    after each match (linear; the regex itself never scans)."""
-    at = low.find(keyword)
-    while at >= 0:
-        m = regex.match(text, at)
+def _matches_at(low, gates, text):
+    """For each hit of gates[0] (a bytes regex) in the lowercased copy, gates[1].match(text)
+    at that position; the search resumes after each match, so the work stays linear."""
+    gate, regex = gates
+    pos = 0
+    while True:
+        g = gate.search(low, pos)
+        if g is None:
+            return
+        m = regex.match(text, g.start())
         if m:
             yield m
-            at = low.find(keyword, max(m.end(), at + 1))
-        else:
-            at = low.find(keyword, at + len(keyword))
+        pos = max(m.end() if m else 0, g.end())
 
 
 class Redactor:
@@ -1153,11 +1157,11 @@ class Redactor:
                 if weak and not (len(value) >= 16 and any(c.isdigit() for c in value)):
                     continue
                 spans.append((begin, m.end(group)))
-        for m in _matches_at(low, b"bearer", rx["bearer"], text):
+        for m in _matches_at(low, rx["bearer"], text):
             value = m.group("v")
             if any(c.isdigit() for c in value) or (value.lower() != value and value.upper() != value):
                 spans.append(m.span("v"))
-        for m in _matches_at(low, b"basic", rx["basic"], text):
+        for m in _matches_at(low, rx["basic"], text):
             import base64
             import binascii
             try:
