@@ -824,7 +824,9 @@ _STRONG_KEY_PREFIXES = (b"api", b"access", b"secret", b"private", b"account", b"
                         b"master", b"auth", b"client", b"signing", b"encryption", b"license",
                         b"subscription", b"storage", b"service", b"app", b"consumer", b"admin",
                         b"session", b"webhook", b"hmac", b"jwt", b"csrf", b"x-api")
-_KV_OP = rb"(\\{0,2}[\"']?[ \t]{0,8}(?::=|=>|=|:))"
+# ... and a value must start right after (a quick C-level reject for `"password": ""`).
+_KV_OP = (rb"(\\{0,2}[\"']?[ \t]{0,8}(?::=|=>|=|:))"
+          rb"(?=[ \t]{0,8}(?:\"[^\"\\\r\n]|'[^'\r\n]|\\{1,3}\"[^\"\\]|[^\s\"'`,;&<>(){}\[\]\\]))")
 _KV_GATES = (   # grouped by first letter: one scan per group
     (b"p", rb"p(?:ass(?:w(?:or)?d|phrase)|wd)"), (b"s", rb"s(?:ecret|ig(?:nature)?)"),
     (b"token", rb"token"), (b"key", rb"key(?=\\{0,2}[\"']?[ \t]{0,8}[:=])(?:" + b"|".join(
@@ -866,7 +868,7 @@ _ENV_SECRET_NAME = (r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|PASSPHRASE|CREDENTIAL|PRI
                     r"|(?:^|_)PWD$|(?:^|_)AUTH(?:$|_)|COOKIE|SIGNING|(?:^|_)DSN$|WEBHOOK")
 _ENV_NOT_SECRET_NAME = (r"^TOKENIZERS?_|TOKENS$|_TOKENS_|KEYBOARD|KEYRING|_KEY_?(?:PATH|FILE|ID|NAME)$"
                         r"|_(?:PATH|FILE|DIR|URL|ENDPOINT|HOST|PORT|USER|USERNAME|TYPE|ID|NAME|SOCK)$"
-                        r"|^SSH_AUTH_SOCK$|^GPG_KEY$|^BRIDGE_")
+                        r"|^SSH_AUTH_SOCK$|^GPG_KEY$")
 _ENV_MIN_LEN = 8
 
 _COMPILED = {}
@@ -925,7 +927,8 @@ def _env_value_forms(value):
         if rest:                                  # last char depends on what follows
             encoded = encoded[:-(4 - rest)]
         forms.add(encoded)
-        forms.add(encoded.replace("+", "-").replace("/", "_"))
+        if not lead:                              # base64url (JWT payloads, URLs)
+            forms.add(encoded.replace("+", "-").replace("/", "_"))
     return [form for form in forms if len(form) >= _ENV_MIN_LEN]
 
 
@@ -976,9 +979,15 @@ class Redactor:
     # -- public API --
 
     def redact(self, text):
-        """`text` with every secret span replaced by REDACTED; everything else unchanged."""
-        if not text or not isinstance(text, str):
+        """`text` with every secret span replaced by REDACTED; everything else unchanged.
+        Bytes are redacted too (as UTF-8, undecodable bytes kept as they are)."""
+        if not text:
             return text
+        if isinstance(text, (bytes, bytearray)):
+            decoded = bytes(text).decode("utf-8", "surrogateescape")
+            return self.redact(decoded).encode("utf-8", "surrogateescape")
+        if not isinstance(text, str):
+            raise TypeError("redact() takes str or bytes, not %s" % type(text).__name__)
         spans = self.spans(text)
         if not spans:
             return text
@@ -1118,6 +1127,10 @@ class Redactor:
                 if g is None:
                     break
                 pos, at = g.end(), g.start(1)      # at: where the name ends
+                m = kv.match(text, at)
+                if not m:
+                    continue
+                pos = m.end()              # rejected or not, never rescan this value
                 if mask is None:   # name characters -> "n", others -> " " (one C pass)
                     mask = low.translate(_NAME_MASK)
                 start = mask.rfind(b" ", max(0, at - 64), at) + 1 or max(0, at - 64)
@@ -1128,10 +1141,6 @@ class Redactor:
                     if not (name.endswith("_key") and text[start:at].isupper()):
                         continue
                     weak = True
-                m = kv.match(text, at)
-                if not m:
-                    continue
-                pos = m.end()              # rejected or not, never rescan this value
                 group = m.lastgroup
                 value = m.group(group)
                 if not m.group("op").strip() and not name.startswith("-"):

@@ -373,6 +373,18 @@ def test_redact_obj_redacts_values_of_secret_named_keys():
                    "secret": "${SECRET}", "token": "", "user": "bob", "auth": {"password": R}}
 
 
+def test_bytes_are_redacted_and_undecodable_bytes_kept():
+    t = ("ghp_" + rnd(36)).encode()
+    assert redactor().redact(b"\xff\xfe token " + t + b" \xe9") == b"\xff\xfe token " + R.encode() + b" \xe9"
+    with pytest.raises(TypeError):
+        redactor().redact(42)
+
+
+def test_bridge_own_tokens_are_secret_env_values():
+    r = redactor(env={"BRIDGE_OBS_TOKEN": "obs-Tok3n-value-77"})
+    assert r.redact("ws://h/?token=x obs-Tok3n-value-77") == "ws://h/?token=x " + R
+
+
 def test_prose_after_a_colon_is_not_a_value():
     text = "Password: Enter your password below\nToken: Provide a token\n"
     assert redactor().redact(text) == text
