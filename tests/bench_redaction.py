@@ -111,12 +111,12 @@ def main():
 
     print("redaction throughput, %.0f MB ordinary log (target >= 20 MB/s); load average %.1f"
           % (mb, os.getloadavg()[0]))
-    print("  %-38s %8s %8s %8s" % ("", "median", "best", "seconds"))
+    print("  %-38s %11s %11s %8s" % ("", "median", "best", "seconds"))
     for label, name, t in (("plain", "Redactor.redact, no secret env vars", t_plain),
                            ("env", "Redactor.redact, 3 secret env vars", t_env),
                            ("cli", "bridge.py redact (CLI, whole process)", t_cli),
                            ("seed", "seed's 6 patterns as one re.sub", t_seed)):
-        print("  %-38s %6.1f/s %6.1f/s %8.2f" % (name, mb / t, mb / BEST[label], t))
+        print("  %-38s %6.1f MB/s %6.1f MB/s %8.2f" % (name, mb / t, mb / BEST[label], t))
     print("  ratio ours/seed (time, medians): %.2f" % (t_plain / t_seed))
 
     from test_redaction import adversarial_inputs
