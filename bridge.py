@@ -779,7 +779,7 @@ _TOKEN_RULES = (
     # Stripe restricted keys (rk_live_, ...), Replicate, RubyGems
     (r"r(?<![A-Za-z0-9_]r)(?:k_(?:live|test|prod)_[A-Za-z0-9]{10,255}|8_[A-Za-z0-9_-]{36,40}"
      r"|ubygems_[a-f0-9]{48})", 0),
-    # Hugging Face, Vault, Heroku; Perplexity, PyPI, Pulumi, Postman
+    # Hugging Face, Vault; Perplexity, PyPI, Pulumi
     (r"h(?<![A-Za-z0-9_]h)(?:f_[A-Za-z0-9]{30,40}|v[sb]\.[A-Za-z0-9_-]{24,256})", 0),
     (r"p(?<![A-Za-z0-9_]p)(?:plx-[A-Za-z0-9]{40,60}|ypi-AgE[A-Za-z0-9_-]{50,1000}"
      r"|ul-[a-f0-9]{40})", 0),
@@ -803,7 +803,8 @@ _TOKEN_RULES = (
     (r"eyJ(?<![A-Za-z0-9_-]eyJ)[A-Za-z0-9_-]{8,4096}\.[A-Za-z0-9_-]{8,8192}\.[A-Za-z0-9_-]{0,4096}", 0),
 )
 # Discord bot tokens have no literal prefix; searched only when "discord" is in the text.
-_DISCORD_RULE = r"\.(?:(?<=[MNO][A-Za-z0-9_-]{23}\.)|(?<=[MNO][A-Za-z0-9_-]{24}\.)|(?<=[MNO][A-Za-z0-9_-]{25}\.))[A-Za-z0-9_-]{6}\.[A-Za-z0-9_-]{27,40}"
+_DISCORD_RULE = (r"\.(?:(?<=[MNO][A-Za-z0-9_-]{23}\.)|(?<=[MNO][A-Za-z0-9_-]{24}\.)"
+                 r"|(?<=[MNO][A-Za-z0-9_-]{25}\.))[A-Za-z0-9_-]{6}\.[A-Za-z0-9_-]{27,40}")
 
 # URL userinfo password (the user stays), Slack and Discord webhook paths.
 _URL_RULE = (r"://(?:[^\s:/@?#\"'<>\\]{0,256}:(?P<pw>[^\s@/?#\"'<>\\]{1,256})@"
@@ -856,6 +857,7 @@ _NOT_SECRET = frozenset(
     "number boolean char varchar text".split())
 _PROSE = re.compile(r" [A-Za-z]")
 _AUTH_SCHEMES = frozenset("bearer basic token bot apikey sso-key digest negotiate ntlm".split())
+# An identifier or dotted name: `api_key = args.api_key` assigns a variable, not a secret.
 _CODE_VALUE = r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)+|[A-Za-z_][A-Za-z0-9_]*"
 
 _BEARER_GATE = rb"bearer[ \t]{1,8}[a-z0-9._~+/-]{8}"
@@ -899,6 +901,7 @@ def _redaction_regexes():
 
 
 def _has_keyword(low_value):
+    """True if a (lowercased) value mentions a secret word: `token=self.token` is code."""
     return any(word in low_value for word in ("pass", "pwd", "secret", "token", "key", "auth"))
 
 

@@ -109,7 +109,6 @@ def _formats():
     add("pypi", "password = %s" % t, t)
     t = "dckr_pat_" + rnd(27, URLSAFE)
     add("docker-hub", "docker login -p %s" % t, t)
-    t = "ABCDEFGH" + rnd(12, string.ascii_uppercase + "234567")
     t = "AKIA" + rnd(16, string.ascii_uppercase + "234567")
     add("aws-access-key-id", "aws_access_key_id=%s" % t, t)
     t = "ASIA" + rnd(16, string.ascii_uppercase + "234567")
