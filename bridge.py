@@ -910,7 +910,8 @@ def _is_placeholder(value):
     low = value.lower()
     return (not value or value[0] in "$%<{*" or "redacted" in low or "{{" in value
             or low in _NOT_SECRET or value.strip(value[0]) == "" or low.startswith("xxxx")
-            or value.startswith("..."))
+            or value.startswith("...")
+            or value.isupper() and value.replace("_", "").isalpha())   # --token TOKEN
 
 
 def _env_value_forms(value):
@@ -1144,6 +1145,8 @@ class Redactor:
                     if not (name.endswith("_key") and text[start:at].isupper()):
                         continue
                     weak = True
+                if text.startswith("://", start - 3):
+                    continue               # URL userinfo: the URL rule handles it
                 group = m.lastgroup
                 value = m.group(group)
                 if not m.group("op").strip() and not name.startswith("-"):
@@ -1158,6 +1161,8 @@ class Redactor:
                 if (not value or value[0] in ":=" or _is_placeholder(value)
                         or value.isdigit() and len(value) < 6 or value.lower() in _AUTH_SCHEMES):
                     continue
+                if m.group("scheme") and value.isalpha() and value.islower():
+                    continue               # "Auth: token from the header" is prose
                 if group == "bare" and not m.group("scheme"):
                     after = text[m.end():m.end() + 1]
                     if value.isalpha() and _PROSE.match(text, m.end()):

@@ -385,7 +385,9 @@ def test_bridge_own_tokens_are_secret_env_values():
 
 
 def test_prose_after_a_colon_is_not_a_value():
-    text = "Password: Enter your password below\nToken: Provide a token\n"
+    text = ("Password: Enter your password below\nToken: Provide a token\n"
+            "Auth: token from `Authorization: Bearer <t>` header\n"
+            "usage: tool --password VALUE --token TOKEN; git clone https://x-access-token:TOKEN@host/r\n")
     assert redactor().redact(text) == text
     assert redactor().redact("password: Hunter # yaml\n") == "password: %s # yaml\n" % R
 
