@@ -1654,16 +1654,22 @@ def cmd_redact(args):
     redactor = get_redactor(config)
     fd, out = sys.stdin.fileno(), sys.stdout.buffer
     pending, eof = b"", False
-    while not eof:
-        chunk = os.read(fd, 1 << 20)
-        eof = not chunk
-        pending += chunk
-        cut = _redact_split(pending, eof)
-        if cut:
-            text = pending[:cut].decode("utf-8", "surrogateescape")
-            out.write(redactor.redact(text).encode("utf-8", "surrogateescape"))
-            out.flush()
-            pending = pending[cut:]
+    try:
+        while not eof:
+            chunk = os.read(fd, 1 << 20)
+            eof = not chunk
+            pending += chunk
+            cut = _redact_split(pending, eof)
+            if cut:
+                text = pending[:cut].decode("utf-8", "surrogateescape")
+                out.write(redactor.redact(text).encode("utf-8", "surrogateescape"))
+                out.flush()
+                pending = pending[cut:]
+    except BrokenPipeError:
+        # The reader went away (`... | head`): stop like cat(1) does, without a traceback
+        # or a second error when Python flushes stdout at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_FAILED
     return EXIT_OK
 # ---- end kernel commands ----
 

@@ -480,3 +480,17 @@ def test_adversarial_input_through_cli(tmp_path):
     data = "Authorization: " * 70000 + "\n" + "-----BEGIN RSA PRIVATE KEY-----" * 30000
     proc = run_bridge("redact", "--root", tmp_path, input=data, timeout=25)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_cli_stops_quietly_when_the_reader_goes_away(tmp_path):
+    proc = subprocess.Popen([PYTHON, str(BRIDGE), "redact", "--root", str(tmp_path)],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            env=clean_env())
+    proc.stdout.close()
+    try:
+        proc.stdin.write(b"password=hunter2 and more\n" * 200000)
+        proc.stdin.close()
+    except BrokenPipeError:
+        pass
+    assert proc.wait(timeout=30) == 1
+    assert proc.stderr.read() == b""
