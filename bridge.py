@@ -856,6 +856,7 @@ _NOT_SECRET = frozenset(
     "invalid expired denied failed ok n/a na tbd todo example placeholder secretstr "
     "number boolean char varchar text".split())
 _PROSE = re.compile(r" [A-Za-z]")
+_LINE_REST = re.compile(r"[^\r\n\"'\\]{0,4096}")
 _AUTH_SCHEMES = frozenset("bearer basic token bot apikey sso-key digest negotiate ntlm".split())
 # An identifier or dotted name: `api_key = args.api_key` assigns a variable, not a secret.
 _CODE_VALUE = r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)+|[A-Za-z_][A-Za-z0-9_]*"
@@ -1173,7 +1174,10 @@ class Redactor:
                         continue           # code: `password = getpass()`, `token=token`, `key: str`
                 if weak and not (len(value) >= 16 and any(c.isdigit() for c in value)):
                     continue
-                spans.append((begin, m.end(group)))
+                end = m.end(group)
+                if name.endswith("cookie"):    # every cookie in the header, not just the first
+                    end = _LINE_REST.match(text, begin).end()
+                spans.append((begin, end))
         for m in _matches_at(low, rx["bearer"], text):
             value = m.group("v")
             if any(c.isdigit() for c in value) or (value.lower() != value and value.upper() != value):

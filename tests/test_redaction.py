@@ -193,6 +193,8 @@ def test_every_format_is_redacted(text, secret):
     ("-----BEGIN RSA PRIVATE KEY-----\nMIIEow\n-----END RSA PRIVATE KEY-----\nnext",
      "-----BEGIN RSA PRIVATE KEY-----[REDACTED]-----END RSA PRIVATE KEY-----\nnext"),
     ("https://hooks.slack.com/services/T0/B0/abcdefgh1234", "https://hooks.slack.com/services/[REDACTED]"),
+    ("Cookie: theme=dark; sid=Zk29dLq81x\nnext", "Cookie: [REDACTED]\nnext"),
+    ('-H "Set-Cookie: sid=Zk29dLq81x; Path=/; HttpOnly" -v', '-H "Set-Cookie: [REDACTED]" -v'),
 ])
 def test_replacement_keeps_keys_and_schemes(text, expected):
     assert redactor().redact(text) == expected
