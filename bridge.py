@@ -855,8 +855,8 @@ _NOT_SECRET = frozenset(
     "bool bytes any object dict list hidden masked redacted empty unset default missing "
     "invalid expired denied failed ok n/a na tbd todo example placeholder secretstr "
     "number boolean char varchar text".split())
-_PROSE = re.compile(r" [A-Za-z]")
-_LINE_REST = re.compile(r"[^\r\n\"'\\]{0,4096}")
+_PROSE = r" [A-Za-z]"
+_LINE_REST = r"[^\r\n\"'\\]{0,4096}"
 _AUTH_SCHEMES = frozenset("bearer basic token bot apikey sso-key digest negotiate ntlm".split())
 # An identifier or dotted name: `api_key = args.api_key` assigns a variable, not a secret.
 _CODE_VALUE = r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)+|[A-Za-z_][A-Za-z0-9_]*"
@@ -891,6 +891,8 @@ def _redaction_regexes():
             kv=re.compile(_KV_RULE, re.I),
             secret_name=re.compile(_SECRET_NAME),
             code_value=re.compile(_CODE_VALUE),
+            prose=re.compile(_PROSE),
+            line_rest=re.compile(_LINE_REST),
             bearer=(re.compile(_BEARER_GATE), re.compile(_BEARER_RULE)),
             basic=(re.compile(_BASIC_GATE), re.compile(_BASIC_RULE)),
             env_name=re.compile(_ENV_SECRET_NAME, re.I),
@@ -1166,7 +1168,7 @@ class Redactor:
                     continue               # "Auth: token from the header" is prose
                 if group == "bare" and not m.group("scheme"):
                     after = text[m.end():m.end() + 1]
-                    if value.isalpha() and _PROSE.match(text, m.end()):
+                    if value.isalpha() and rx["prose"].match(text, m.end()):
                         continue           # `Password: Enter your password` is prose
                     if after in ("(", "[") or code_value.fullmatch(value) and (
                             "." in value or _has_keyword(value.lower())
@@ -1176,7 +1178,7 @@ class Redactor:
                     continue
                 end = m.end(group)
                 if name.endswith("cookie"):    # every cookie in the header, not just the first
-                    end = _LINE_REST.match(text, begin).end()
+                    end = rx["line_rest"].match(text, begin).end()
                 spans.append((begin, end))
         for m in _matches_at(low, rx["bearer"], text):
             value = m.group("v")
