@@ -1108,7 +1108,7 @@ class Redactor:
             if next_end < body:                  # one search serves a flood of headers
                 next_end = text.find("-----END", body)
                 if next_end < 0:
-                    next_end = len(text) + 1
+                    next_end = sys.maxsize       # none anywhere: never in the window
             end = next_end if next_end - body <= _PEM_WINDOW else -1
             if end < 0:
                 end = rx["pem_tail"].match(text, body).end()
@@ -1148,7 +1148,7 @@ class Redactor:
                     if not (name.endswith("_key") and text[start:at].isupper()):
                         continue
                     weak = True
-                if text.startswith("://", start - 3):
+                if start >= 3 and text.startswith("://", start - 3):
                     continue               # URL userinfo: the URL rule handles it
                 group = m.lastgroup
                 value = m.group(group)
@@ -1163,6 +1163,8 @@ class Redactor:
                         value = stripped
                 if (not value or value[0] in ":=" or _is_placeholder(value)
                         or value.isdigit() and len(value) < 6 or value.lower() in _AUTH_SCHEMES):
+                    if group != "bare":        # look inside: "${X} password=hunter2"
+                        pos = min(pos, begin + (value.find(" ") + 1 or len(value)) + 1)
                     continue
                 if m.group("scheme") and value.isalpha() and value.islower():
                     continue               # "Auth: token from the header" is prose

@@ -182,6 +182,7 @@ def test_every_format_is_redacted(text, secret):
 
 
 @pytest.mark.parametrize("text,expected", [
+    ('"token": "${X} password=hunter2"', '"token": "${X} password=[REDACTED]"'),
     ("Authorization: Bearer abcDEF0123456789xyz", "Authorization: Bearer [REDACTED]"),
     ("Authorization: Basic YWxpY2U6czNjcjN0", "Authorization: Basic [REDACTED]"),
     ('"x-api-key": "k3y-abcdef-123"', '"x-api-key": "[REDACTED]"'),
@@ -464,6 +465,7 @@ def adversarial_inputs():
         "code-values": rep("token=token "),
         "flag-names": rep("--password "),
         "name-dash-run": rep("-" * 60 + "token:"),
+        "quoted-placeholder-spaces": rep('password:"$ '),
     }
 
 
