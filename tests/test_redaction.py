@@ -498,3 +498,22 @@ def test_cli_stops_quietly_when_the_reader_goes_away(tmp_path):
         pass
     assert proc.wait(timeout=30) == 1
     assert proc.stderr.read() == b""
+
+
+def test_random_mixtures_never_raise_and_never_keep_a_token():
+    # Fragments that trigger every rule, glued at random around real-shaped tokens.
+    pieces = ["password", "=", ":", " ", '"', "\\", "'", "token", "key", "api_", "Bearer ",
+              "Basic ", "-----BEGIN RSA PRIVATE KEY-----", "-----END", "\n", "eyJ", "abc123",
+              "sk-", "ghp_", "://", "@", "AKIA", "\u00e9", "\udcff", "\x00", "Authorization",
+              ": ", "x" * 20, "A1b2" * 6, "$", "{", R, "--token ", "Cookie: ", ":AA", "Q~", "."]
+    tokens = ["ghp_" + rnd(36), "sk-ant-api03-" + rnd(93, URLSAFE) + "AA", "AKIA" + rnd(16, "ABCDEFGHIJKLMNOPQRSTUVWXYZ234567"),
+              "xoxb-" + rnd(12, string.digits) + "-" + rnd(13, string.digits) + "-" + rnd(24)]
+    rng = random.Random(11)
+    r = redactor(env={"API_TOKEN": "Zk29dLq81xWm"})
+    for _ in range(3000):
+        token = rng.choice(tokens)
+        parts = [rng.choice(pieces) for _ in range(rng.randint(0, 12))]
+        parts.insert(rng.randint(0, len(parts)), " %s " % token)
+        text = "".join(parts) + rng.choice(["", " Zk29dLq81xWm "])
+        out = r.redact(text)
+        assert token not in out and "Zk29dLq81xWm" not in out, repr(text)
