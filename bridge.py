@@ -817,6 +817,7 @@ _PEM_HEADER = r"-----BEGIN[ A-Z0-9_-]{0,64}PRIVATE KEY(?: BLOCK)?-----"
 _PEM_TAIL = (r"(?:(?:\r?\n|\\r?\\n)[A-Za-z-]{1,40}:[^\r\n\\]{0,200}){0,6}"
              r"[A-Za-z0-9+/=\r\n\\]{0,65536}")
 _PEM_WINDOW = 65536
+_SK_KINDS = ("ant-", "proj", "svca", "admi", "serv", "or-v")   # sk-<kind>- keys, see above
 
 # Context rules. A secret-named key ends in one of these words; each gate finds the word
 # followed by an assignment operator on the lowercased copy (one literal-led scan each),
@@ -1077,16 +1078,17 @@ class Redactor:
                     while start > 0 and start > m.start() - 12 and text[start - 1].isdigit():
                         start -= 1
                     if m.start() - start < 6 or (start and text[start - 1].isalnum()
-                                                 and not text[:start].endswith("bot")):
+                                                 and not text.startswith("bot", start - 3)):
                         continue
-                elif token.startswith("sk-") and token[3:7] not in ("ant-", "proj", "svca", "admi", "serv", "or-v"):
-                    if not any(c.isdigit() for c in token):
+                elif token.startswith("sk-") and token[3:7] not in _SK_KINDS:
+                    if not any(c.isdigit() for c in token):    # bare sk-: 20+ chars AND a digit
                         continue
                 spans.append((start, end))
         if "discord" in text or "Discord" in text or "DISCORD" in text:
             for m in rx["discord"].finditer(text):
                 seg = m.start()                        # back over the 24-26 char id part
-                while seg > 0 and seg > m.start() - 26 and (text[seg - 1].isalnum() or text[seg - 1] in "_-"):
+                while seg > max(0, m.start() - 26) and (text[seg - 1].isalnum()
+                                                        or text[seg - 1] in "_-"):
                     seg -= 1
                 spans.append((seg, m.end()))
         if "://" in text:

@@ -466,6 +466,8 @@ def adversarial_inputs():
         "flag-names": rep("--password "),
         "name-dash-run": rep("-" * 60 + "token:"),
         "quoted-placeholder-spaces": rep('password:"$ '),
+        "telegram-flood": rep("x1234567890:AA" + "b" * 33 + " "),
+        "discord-flood": "discord " + rep("M" + "a" * 23 + ".bbbbbb." + "c" * 27 + " "),
     }
 
 
