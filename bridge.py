@@ -789,64 +789,483 @@ def config_get(config, dotted, default=None):
 
 
 # ---- redaction ----------------------------------------------------------------
+#
+# Three layers, all reporting (start, end) spans of the ORIGINAL text, which are merged
+# and replaced with REDACTED at the end (so layers never see each other's output and a
+# second pass changes nothing):
+#   1. self-identifying token formats (ghp_..., sk-ant-..., AKIA..., PEM blocks, JWTs,
+#      URL userinfo, webhooks): the whole token goes;
+#   2. context rules: the VALUE after a secret-named key (`password=`, `"api_key": "..."`,
+#      `Authorization: Bearer ...`, `--token X`), after `Bearer`, or a `Basic` credential;
+#      the key and the auth scheme stay so logs remain readable;
+#   3. known values: secret-named environment variables and their base64, URL- and
+#      JSON-escaped forms; plus `redaction_patterns` from the config (whole match).
+#
+# Python's `re` backtracks and has no timeout (reference/redaction.md section 5), so every
+# pattern starts with a literal (CPython then scans at ~1 GB/s with a fast prefix search),
+# checks its left boundary with a lookbehind placed AFTER the literal (in front it would
+# disable that fast search), bounds every repeat and never nests one. Matching resumes
+# after each match, so each adversarial shape (BEGIN floods, `eyJ` runs, `api_key=` x
+# 100 000) stays linear. Context rules are found by keyword on an ASCII-lowercased bytes
+# copy, then matched at that position only.
 
 REDACTED = "[REDACTED]"
 
-# The seed's minimum patterns. (Placeholder: the redaction branch replaces this
-# with the full set of real-world formats.)
-_BASE_PATTERNS = [
-    r"Bearer\s+[A-Za-z0-9\-_\.]+",
-    r"sk-[A-Za-z0-9_-]{10,}",
-    r"AIza[0-9A-Za-z\-_]{20,}",
-    r"(?i:anthropic[_-]?(?:api)?[_-]?key[:=]\s*\S+)",
-    r"(?i:x-api-key[:=]\s*\S+)",
-    r"(?i:authorization[:=]\s*\S+)",
-]
-_SECRET_ENV_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD", re.I)
+# Token formats grouped by first character: one scan per group instead of one per
+# prefix (a failing attempt costs about as much as the prefix search itself).
+# Entries: (regex, back) - `back` is how many characters before the match the token
+# really starts (the regex starts inside it to keep a literal first).
+_TOKEN_RULES = (
+    # GitHub (classic, fine-grained), GitLab, Grafana, Groq
+    (r"g(?<![A-Za-z0-9_]g)(?:h[pousr]_[A-Za-z0-9]{36,251}|ithub_pat_[A-Za-z0-9_]{22,255}"
+     r"|l(?:pat|dt|rt|ptt|ft|imt|agent|oas|soat|cbt|ffct)-[A-Za-z0-9_.-]{20,300}"
+     r"|l(?:sa|c)_[A-Za-z0-9_=+/-]{32,400}|sk_[A-Za-z0-9]{48,56})", 0),
+    # Slack tokens, Slack app tokens, xAI
+    (r"x(?<![A-Za-z0-9_]x)(?:ox[abposre][.-][A-Za-z0-9.-]{10,400}|app-\d-[A-Za-z0-9-]{10,300}"
+     r"|ai-[A-Za-z0-9_]{60,120})", 0),
+    # AWS access key ids, Google API keys, Atlassian, age
+    (r"A(?<![A-Za-z0-9_]A)(?:(?:KIA|SIA|BIA|CCA|3T[A-Z0-9])[A-Z2-7]{16}(?![A-Za-z0-9])"
+     r"|Iza[A-Za-z0-9_-]{35}|TATT3[A-Za-z0-9_=-]{100,300}|GE-SECRET-KEY-1[0-9A-Z]{58})", 0),
+    # OpenAI (sk-, sk-proj-, sk-svcacct-, sk-admin-), Anthropic (sk-ant-api03-, -admin01-,
+    # -oat01-, -ort01-), OpenRouter (sk-or-v1-), DeepSeek; bare sk- needs 20+ chars and a
+    # digit (checked in code) so `sk-learn`, `risk-assessment`, `task-manager` stay.
+    # Stripe secret keys (sk_live_, sk_test_, ...); Shopify.
+    (r"s(?<![A-Za-z0-9_-]s)(?:k-(?:(?:ant-[a-z]{2,8}\d\d|proj|svcacct|admin|service|or-v1)"
+     r"-[A-Za-z0-9_-]{20,400}|[A-Za-z0-9]{20,400})|k_(?:live|test|prod)_[A-Za-z0-9]{10,255}"
+     r"|hp(?:at|ca|pa|ss)_[a-fA-F0-9]{32})", 0),
+    # Stripe restricted keys (rk_live_, ...), Replicate, RubyGems
+    (r"r(?<![A-Za-z0-9_]r)(?:k_(?:live|test|prod)_[A-Za-z0-9]{10,255}|8_[A-Za-z0-9_-]{36,40}"
+     r"|ubygems_[a-f0-9]{48})", 0),
+    # Hugging Face, Vault; Perplexity, PyPI, Pulumi
+    (r"h(?<![A-Za-z0-9_]h)(?:f_[A-Za-z0-9]{30,40}|v[sb]\.[A-Za-z0-9_-]{24,256})", 0),
+    (r"p(?<![A-Za-z0-9_]p)(?:plx-[A-Za-z0-9]{40,60}|ypi-AgE[A-Za-z0-9_-]{50,1000}"
+     r"|ul-[a-f0-9]{40})", 0),
+    # Docker Hub, Databricks, Doppler, DigitalOcean
+    (r"d(?<![A-Za-z0-9_]d)(?:ckr_(?:pat|oat)_[A-Za-z0-9_-]{20,40}|api[a-f0-9]{32}"
+     r"|p\.(?:pt|st|sa|ct)\.[A-Za-z0-9]{40,50}|o[por]_v1_[a-f0-9]{64})", 0),
+    # npm, Notion, NVIDIA; Linear; Stripe webhook secrets; Google OAuth
+    (r"n(?<![A-Za-z0-9_]n)(?:pm_[A-Za-z0-9]{36}|tn_[A-Za-z0-9]{40,50}|vapi-[A-Za-z0-9_-]{60,70})", 0),
+    (r"lin_api_[A-Za-z0-9]{40}", 0),
+    (r"whsec_[A-Za-z0-9+/=]{24,100}", 0),
+    (r"ya29\.[A-Za-z0-9_-]{20,2048}", 0),
+    # SendGrid, Postman, Heroku
+    (r"SG\.[A-Za-z0-9_-]{22}\.[A-Za-z0-9_-]{43}", 0),
+    (r"PMAK-[a-f0-9]{24}-[a-f0-9]{34}", 0),
+    (r"HRKU-[A-Za-z0-9_-]{60}", 0),
+    # Telegram bot tokens: digits ":AA" 33 chars (the digits are found in code)
+    (r":AA(?<=\d:AA)[A-Za-z0-9_-]{33}(?![A-Za-z0-9_-])", 0),
+    # Azure AD client secrets: 3 chars, a digit, "Q~", 31-34 chars
+    (r"Q~(?<=[A-Za-z0-9_~.]{3}\dQ~)[A-Za-z0-9_~.-]{31,34}", 4),
+    # JWTs (header and payload base64url JSON, optional signature)
+    (r"eyJ(?<![A-Za-z0-9_-]eyJ)[A-Za-z0-9_-]{8,4096}\.[A-Za-z0-9_-]{8,8192}\.[A-Za-z0-9_-]{0,4096}", 0),
+)
+# Discord bot tokens have no literal prefix; searched only when "discord" is in the text.
+_DISCORD_RULE = (r"\.(?:(?<=[MNO][A-Za-z0-9_-]{23}\.)|(?<=[MNO][A-Za-z0-9_-]{24}\.)"
+                 r"|(?<=[MNO][A-Za-z0-9_-]{25}\.))[A-Za-z0-9_-]{6}\.[A-Za-z0-9_-]{27,40}")
+
+# URL userinfo password (the user stays), Slack and Discord webhook paths.
+_URL_RULE = (r"://(?:[^\s:/@?#\"'<>\\]{0,256}:(?P<pw>[^\s@/?#\"'<>\\]{1,256})@"
+             r"|(?:hooks\.slack\.com/(?:services|workflows|triggers)/"
+             r"|(?:ptb\.|canary\.)?discord(?:app)?\.com/api/webhooks/)(?P<hook>[A-Za-z0-9+/_-]{8,256}))")
+
+# Private keys: the header by regex, the END line by str.find within 64 KiB; the body
+# between them goes. Without an END, everything that looks like PEM body goes.
+_PEM_HEADER = r"-----BEGIN[ A-Z0-9_-]{0,64}PRIVATE KEY(?: BLOCK)?-----"
+_PEM_TAIL = (r"(?:(?:\r?\n|\\r?\\n)[A-Za-z-]{1,40}:[^\r\n\\]{0,200}){0,6}"
+             r"[A-Za-z0-9+/=\r\n\\]{0,65536}")
+_PEM_WINDOW = 65536
+_SK_KINDS = ("ant-", "proj", "svca", "admi", "serv", "or-v")   # sk-<kind>- keys, see above
+
+# Context rules. A secret-named key ends in one of these words; each gate finds the word
+# followed by an assignment operator on the lowercased copy (one literal-led scan each),
+# and only those hits reach Python. `--password VALUE` flags have their own gate.
+_STRONG_KEY_PREFIXES = (b"api", b"access", b"secret", b"private", b"account", b"sharedaccess",
+                        b"master", b"auth", b"client", b"signing", b"encryption", b"license",
+                        b"subscription", b"storage", b"service", b"app", b"consumer", b"admin",
+                        b"session", b"webhook", b"hmac", b"jwt", b"csrf", b"x-api")
+# ... and a value must start right after (a quick C-level reject for `"password": ""`).
+_KV_OP = (rb"(\\{0,2}[\"']?[ \t]{0,8}(?::=|=>|=|:))"
+          rb"(?=[ \t]{0,8}(?:\"[^\"\\\r\n]|'[^'\r\n]|\\{1,3}\"[^\"\\]|[^\s\"'`,;&<>(){}\[\]\\]))")
+_KV_GATES = (   # grouped by first letter: one scan per group
+    (b"p", rb"p(?:ass(?:w(?:or)?d|phrase)|wd)"), (b"s", rb"s(?:ecret|ig(?:nature)?)"),
+    (b"token", rb"token"), (b"key", rb"key(?=\\{0,2}[\"']?[ \t]{0,8}[:=])(?:" + b"|".join(
+        b"(?<=(?:%s)%skey)" % (b"|".join(p for p in _STRONG_KEY_PREFIXES if len(p) == size), sep)
+        for size in sorted({len(p) for p in _STRONG_KEY_PREFIXES}) for sep in (b"", b"[-_.]"))
+        + b")"),
+    (b"auth", rb"auth(?:orization)?"), (b"c", rb"c(?:redentials?|ookie)"))
+_UPPER_KEY_GATE = rb"_KEY([ \t]{0,8}[:=])"   # STRIPE_KEY=..., searched on the original text
+_FLAG_GATE = rb"--(?:[a-z0-9]{1,20}-){0,3}(?:passw(?:or)?d|passphrase|secret|token|api-?key|auth)([ \t])"
+_KV_RULE = (r"(?P<q>\\{0,2}[\"']?)"
+            r"(?P<op>[ \t]{0,8}(?::=|=>|=|:)[ \t]{0,8}|[ \t]{1,8})"
+            r"(?P<scheme>(?:bearer|basic|token|bot|apikey|sso-key|digest|negotiate|ntlm)[ \t]{1,8})?"
+            r"(?:\"(?P<dq>(?:[^\"\\\r\n]|\\.){1,2048})"
+            r"|'(?P<sq>[^'\r\n]{1,2048})"
+            r"|\\{1,3}\"(?P<eq>[^\"\\\r\n]{1,2048})"
+            r"|(?P<bare>[^\s\"'`,;&<>(){}\[\]\\]{1,2048}))")
+_SECRET_NAME = (r"(?:passw(?:or)?d|passphrase|(?:^|[-_.])pwd|secret|token|credentials?"
+                r"|authorization|(?:^|[-_.o])auth|cookie|signature|(?:^|[-_.])sig|(?:%s)[-_.]?key)$"
+                % "|".join(p.decode() for p in _STRONG_KEY_PREFIXES))
+_NAME_MASK = bytes(110 if chr(c) in "abcdefghijklmnopqrstuvwxyz0123456789_.-" else 32
+                   for c in range(256))
+# Values that are clearly not secrets (types, booleans, prose after a colon).
+_NOT_SECRET = frozenset(
+    "true false null none nil undefined yes no on off required optional str string int "
+    "bool bytes any object dict list hidden masked redacted empty unset default missing "
+    "invalid expired denied failed ok n/a na tbd todo example placeholder secretstr "
+    "number boolean char varchar text".split())
+_PROSE = r" [A-Za-z]"
+_LINE_REST = r"[^\r\n\"'\\]{0,4096}"
+_AUTH_SCHEMES = frozenset("bearer basic token bot apikey sso-key digest negotiate ntlm".split())
+# An identifier or dotted name: `api_key = args.api_key` assigns a variable, not a secret.
+_CODE_VALUE = r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)+|[A-Za-z_][A-Za-z0-9_]*"
+
+_BEARER_GATE = rb"bearer[ \t]{1,8}[a-z0-9._~+/-]{8}"
+_BASIC_GATE = rb"basic[ \t]{1,8}[a-z0-9+/]{6}"
+_BEARER_RULE = r"(?i:bearer)[ \t]{1,8}(?P<v>[A-Za-z0-9._~+/-]{8,4096}={0,8})"
+_BASIC_RULE = r"(?i:basic)[ \t]{1,8}(?P<v>[A-Za-z0-9+/]{6,4096}={0,2})(?![A-Za-z0-9+/=])"
+
+# Environment variables whose values are redacted wherever they appear.
+_ENV_SECRET_NAME = (r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|PASSPHRASE|CREDENTIAL|PRIVATE"
+                    r"|(?:^|_)PWD$|(?:^|_)AUTH(?:$|_)|COOKIE|SIGNING|(?:^|_)DSN$|WEBHOOK")
+_ENV_NOT_SECRET_NAME = (r"^TOKENIZERS?_|TOKENS$|_TOKENS_|KEYBOARD|KEYRING|_KEY_?(?:PATH|FILE|ID|NAME)$"
+                        r"|_(?:PATH|FILE|DIR|URL|ENDPOINT|HOST|PORT|USER|USERNAME|TYPE|ID|NAME|SOCK)$"
+                        r"|^SSH_AUTH_SOCK$|^GPG_KEY$")
+_ENV_MIN_LEN = 8
+
+_COMPILED = {}
+
+
+def _redaction_regexes():
+    """Compile the built-in rules once per process, on first use (most runs never redact)."""
+    if not _COMPILED:
+        _COMPILED.update(
+            tokens=[(re.compile(rx), back) for rx, back in _TOKEN_RULES],
+            discord=re.compile(_DISCORD_RULE),
+            url=re.compile(_URL_RULE),
+            pem_header=re.compile(_PEM_HEADER),
+            pem_tail=re.compile(_PEM_TAIL),
+            kv_gates=[(kw, re.compile(gate + _KV_OP)) for kw, gate in _KV_GATES]
+            + [(b"--", re.compile(_FLAG_GATE)), (b"_KEY", re.compile(_UPPER_KEY_GATE))],
+            kv=re.compile(_KV_RULE, re.I),
+            secret_name=re.compile(_SECRET_NAME),
+            code_value=re.compile(_CODE_VALUE),
+            prose=re.compile(_PROSE),
+            line_rest=re.compile(_LINE_REST),
+            bearer=(re.compile(_BEARER_GATE), re.compile(_BEARER_RULE)),
+            basic=(re.compile(_BASIC_GATE), re.compile(_BASIC_RULE)),
+            env_name=re.compile(_ENV_SECRET_NAME, re.I),
+            env_not_name=re.compile(_ENV_NOT_SECRET_NAME, re.I),
+            env_plain=re.compile(r"[a-z]+|[A-Z]+|[0-9.,:_-]+|(?:\.{0,2}|~)/.*|[A-Za-z]:\\.*",
+                                 re.S),
+        )
+    return _COMPILED
+
+
+def _has_keyword(low_value):
+    """True if a (lowercased) value mentions a secret word: `token=self.token` is code."""
+    return any(word in low_value for word in ("pass", "pwd", "secret", "token", "key", "auth"))
+
+
+def _is_placeholder(value):
+    """True for values that stand for a secret rather than being one."""
+    low = value.lower()
+    return (not value or value[0] in "$%<{*" or "redacted" in low or "{{" in value
+            or low in _NOT_SECRET or value.strip(value[0]) == "" or low.startswith("xxxx")
+            or value.startswith("...")
+            or value.isupper() and value.replace("_", "").isalpha())   # --token TOKEN
+
+
+def _env_value_forms(value):
+    """The strings that reveal `value`: itself, its lines, base64 (three alignments, so it
+    is found inside base64("user:" + value) too), URL- and JSON-escaped forms."""
+    import base64
+    import json
+    from urllib.parse import quote, quote_plus
+    forms = {value, quote(value, safe=""), quote_plus(value), json.dumps(value)[1:-1],
+             json.dumps(value, ensure_ascii=False)[1:-1]}
+    forms.update(line.strip() for line in value.splitlines() if len(line.strip()) >= _ENV_MIN_LEN)
+    raw = value.encode("utf-8", "surrogateescape")
+    for lead in (0, 1, 2):
+        encoded = base64.b64encode(b"\0" * lead + raw).decode("ascii")
+        encoded = encoded[(0, 2, 3)[lead]:]       # chars that depend on the prefix
+        rest = (lead + len(raw)) % 3
+        if rest:                                  # last char depends on what follows
+            encoded = encoded[:-(4 - rest)]
+        forms.add(encoded)
+        if not lead:                              # base64url (JWT payloads, URLs)
+            forms.add(encoded.replace("+", "-").replace("/", "_"))
+    return [form for form in forms if len(form) >= _ENV_MIN_LEN]
+
+
+def _matches_at(low, gates, text):
+    """For each hit of gates[0] (a bytes regex) in the lowercased copy, gates[1].match(text)
+    at that position; the search resumes after each match, so the work stays linear."""
+    gate, regex = gates
+    pos = 0
+    while True:
+        g = gate.search(low, pos)
+        if g is None:
+            return
+        m = regex.match(text, g.start())
+        if m:
+            yield m
+        pos = max(m.end() if m else 0, g.end())
 
 
 class Redactor:
-    """Replaces secrets in text with [REDACTED]. Built once, used everywhere."""
+    """Replaces secrets in text with REDACTED; see the comment above for what and how.
+
+    Redactor(extra_patterns=(), env=None): `extra_patterns` are regexes whose whole match
+    is redacted (a bad one raises BridgeError naming it); `env` (default os.environ) gives
+    the secret-named variables whose values are redacted in every form.
+    """
 
     def __init__(self, extra_patterns=(), env=None):
-        env = os.environ if env is None else env
-        patterns = list(_BASE_PATTERNS)
+        rx = self._rx = _redaction_regexes()
+        self.extra = []
         for pattern in extra_patterns:
+            if not isinstance(pattern, str) or not pattern:
+                raise BridgeError("redaction_patterns: %r is not a regex string" % (pattern,))
             try:
-                re.compile(pattern)
+                self.extra.append(re.compile(pattern))
             except re.error as exc:
-                raise BridgeError("redaction_patterns: %r is not a valid regex: %s" % (pattern, exc))
-            patterns.append(pattern)
-        values = sorted({v for k, v in env.items() if _SECRET_ENV_NAME.search(k) and len(v) >= 8},
-                        key=len, reverse=True)
-        patterns.extend(re.escape(v) for v in values)
-        # A leading global flag such as (?i) is an error inside an alternation since
-        # Python 3.11: scope it to its own pattern, (?i:...).
-        self.regex = re.compile("|".join(
-            "(?%s:%s)" % (p[2:p.index(")")], p[p.index(")") + 1:])
-            if re.match(r"\(\?[aiLmsux]+\)", p) else "(?:%s)" % p for p in patterns))
+                raise BridgeError("redaction_patterns: %r is not a valid regex: %s"
+                                  % (pattern, exc))
+        env = os.environ if env is None else env
+        values = set()
+        for name, value in env.items():
+            value = value.strip()
+            if (len(value) >= _ENV_MIN_LEN and rx["env_name"].search(name)
+                    and not rx["env_not_name"].search(name)
+                    and not rx["env_plain"].fullmatch(value) and not _is_placeholder(value)):
+                values.update(_env_value_forms(value))
+        self.values = sorted(values, key=len, reverse=True)   # longest first
+
+    # -- public API --
 
     def redact(self, text):
+        """`text` with every secret span replaced by REDACTED; everything else unchanged.
+        Bytes are redacted too (as UTF-8, undecodable bytes kept as they are)."""
         if not text:
             return text
-        return self.regex.sub(REDACTED, text)
+        if isinstance(text, (bytes, bytearray)):
+            decoded = bytes(text).decode("utf-8", "surrogateescape")
+            return self.redact(decoded).encode("utf-8", "surrogateescape")
+        if not isinstance(text, str):
+            raise TypeError("redact() takes str or bytes, not %s" % type(text).__name__)
+        spans = self.spans(text)
+        if not spans:
+            return text
+        spans.sort()
+        out, last = [], 0
+        for start, end in spans:
+            if end <= last:
+                continue
+            if start < last:
+                start = last
+            if start > last or not out:
+                out.append(text[last:start])
+                out.append(REDACTED)
+            elif out[-1] != REDACTED:          # adjacent spans: one marker
+                out.append(REDACTED)
+            last = end
+        out.append(text[last:])
+        return "".join(out)
 
     def redact_obj(self, obj):
+        """A copy of a JSON-like object with every string (keys included) redacted, and the
+        string values of secret-named keys ("password", "api_key", "Authorization", ...)
+        replaced whole (an auth scheme word is kept), since a bare value carries no context."""
         if isinstance(obj, str):
             return self.redact(obj)
         if isinstance(obj, dict):
-            return {key: self.redact_obj(value) for key, value in obj.items()}
+            out = {}
+            for key, value in obj.items():
+                if isinstance(value, str) and isinstance(key, str) and self._secret_key(key):
+                    value = self._secret_value(value)
+                out[self.redact(key) if isinstance(key, str) else key] = self.redact_obj(value)
+            return out
         if isinstance(obj, (list, tuple)):
             return [self.redact_obj(value) for value in obj]
         return obj
+
+    def _secret_key(self, key):
+        name = key.lower().rstrip(".-_")
+        return bool(self._rx["secret_name"].search(name, max(0, len(name) - 24)))
+
+    @staticmethod
+    def _secret_value(value):
+        word, _, rest = value.partition(" ")
+        scheme = word.lower() in _AUTH_SCHEMES and rest.strip()
+        secret = rest.strip() if scheme else value
+        if not secret or _is_placeholder(secret) or secret.lower() in _AUTH_SCHEMES:
+            return value
+        return word + " " + REDACTED if scheme else REDACTED
+
+    # -- the three layers --
+
+    def spans(self, text):
+        """The (start, end) spans of `text` to redact (unsorted, may overlap)."""
+        spans = []
+        for value in self.values:
+            find, size, at = text.find, len(value), 0
+            while True:
+                at = find(value, at)
+                if at < 0:
+                    break
+                spans.append((at, at + size))
+                at += size
+        self._tokens(text, spans)
+        low = text.encode("ascii", "replace").lower() if not text.isascii() \
+            else text.encode("ascii").lower()
+        self._context(text, low, spans)
+        for regex in self.extra:
+            for m in regex.finditer(text):
+                if m.end() > m.start():
+                    spans.append(m.span())
+        return spans
+
+    def _tokens(self, text, spans):
+        rx = self._rx
+        for regex, back in rx["tokens"]:
+            for m in regex.finditer(text):
+                start, end = m.start() - back, m.end()
+                token = m.group()
+                if token.startswith(":AA"):                    # Telegram: the bot id digits
+                    while start > 0 and start > m.start() - 12 and text[start - 1].isdigit():
+                        start -= 1
+                    if m.start() - start < 6 or (start and text[start - 1].isalnum()
+                                                 and not text.startswith("bot", start - 3)):
+                        continue
+                elif token.startswith("sk-") and token[3:7] not in _SK_KINDS:
+                    if not any(c.isdigit() for c in token):    # bare sk-: 20+ chars AND a digit
+                        continue
+                spans.append((start, end))
+        if "discord" in text or "Discord" in text or "DISCORD" in text:
+            for m in rx["discord"].finditer(text):
+                seg = m.start()                        # back over the 24-26 char id part
+                while seg > max(0, m.start() - 26) and (text[seg - 1].isalnum()
+                                                        or text[seg - 1] in "_-"):
+                    seg -= 1
+                spans.append((seg, m.end()))
+        if "://" in text:
+            for m in rx["url"].finditer(text):
+                name = "pw" if m.group("pw") is not None else "hook"
+                if name == "pw" and _is_placeholder(m.group("pw")):
+                    continue
+                spans.append(m.span(name))
+        at, next_end = 0, -1
+        while True:
+            at = text.find("-----BEGIN", at)
+            if at < 0:
+                break
+            m = rx["pem_header"].match(text, at)
+            if not m:
+                at += 10
+                continue
+            body = m.end()
+            if next_end < body:                  # one search serves a flood of headers
+                next_end = text.find("-----END", body)
+                if next_end < 0:
+                    next_end = sys.maxsize       # none anywhere: never in the window
+            end = next_end if next_end - body <= _PEM_WINDOW else -1
+            if end < 0:
+                end = rx["pem_tail"].match(text, body).end()
+            if text[body:end].strip():
+                spans.append((body, end))
+            at = max(end, body)
+
+    def _context(self, text, low, spans):
+        rx = self._rx
+        kv, secret_name, code_value = rx["kv"], rx["secret_name"], rx["code_value"]
+        mask = None
+        for keyword, gate in rx["kv_gates"]:
+            haystack = low
+            if keyword == b"_KEY":             # case matters: search the original text
+                if "_KEY" not in text:
+                    continue
+                haystack = text.encode("ascii", "replace")
+            elif len(keyword) > 1 and keyword not in low:
+                continue
+            search, pos = gate.search, 0
+            while True:
+                g = search(haystack, pos)
+                if g is None:
+                    break
+                pos, at = g.end(), g.start(1)      # at: where the name ends
+                m = kv.match(text, at)
+                if not m:
+                    continue
+                pos = m.end()              # rejected or not, never rescan this value
+                if mask is None:   # name characters -> "n", others -> " " (one C pass)
+                    mask = low.translate(_NAME_MASK)
+                start = mask.rfind(b" ", max(0, at - 64), at) + 1 or max(0, at - 64)
+                name = low[start:at].decode("ascii").rstrip(".-_")
+                weak = False
+                if not secret_name.search(name, max(0, len(name) - 24)):
+                    # UPPER_CASE_KEY=<random> (env-style names) counts too
+                    if not (name.endswith("_key") and text[start:at].isupper()):
+                        continue
+                    weak = True
+                if start >= 3 and text.startswith("://", start - 3):
+                    continue               # URL userinfo: the URL rule handles it
+                group = m.lastgroup
+                value = m.group(group)
+                if not m.group("op").strip() and not name.startswith("-"):
+                    continue               # `token count`: a space only counts after --flag
+                begin = m.start(group)
+                if group != "bare" and not m.group("scheme"):    # "Bearer xyz" inside quotes
+                    word, _, rest = value.partition(" ")
+                    if word.lower() in _AUTH_SCHEMES:
+                        stripped = rest.lstrip(" ")
+                        begin += len(value) - len(stripped)
+                        value = stripped
+                if (not value or value[0] in ":=" or _is_placeholder(value)
+                        or value.isdigit() and len(value) < 6 or value.lower() in _AUTH_SCHEMES):
+                    if group != "bare":        # look inside: "${X} password=hunter2"
+                        pos = min(pos, begin + (value.find(" ") + 1 or len(value)) + 1)
+                    continue
+                if m.group("scheme") and value.isalpha() and value.islower():
+                    continue               # "Auth: token from the header" is prose
+                if group == "bare" and not m.group("scheme"):
+                    after = text[m.end():m.end() + 1]
+                    if value.isalpha() and rx["prose"].match(text, m.end()):
+                        continue           # `Password: Enter your password` is prose
+                    if after in ("(", "[") or code_value.fullmatch(value) and (
+                            "." in value or _has_keyword(value.lower())
+                            or len(value) < 8 and value.islower() and not any(c.isdigit() for c in value)):
+                        continue           # code: `password = getpass()`, `token=token`, `key: str`
+                if weak and not (len(value) >= 16 and any(c.isdigit() for c in value)):
+                    continue
+                end = m.end(group)
+                if name.endswith("cookie"):    # every cookie in the header, not just the first
+                    end = rx["line_rest"].match(text, begin).end()
+                spans.append((begin, end))
+        for m in _matches_at(low, rx["bearer"], text):
+            value = m.group("v")
+            if any(c.isdigit() for c in value) or (value.lower() != value and value.upper() != value):
+                spans.append(m.span("v"))
+        for m in _matches_at(low, rx["basic"], text):
+            import base64
+            import binascii
+            try:
+                decoded = base64.b64decode(m.group("v"), validate=True)
+            except (binascii.Error, ValueError):
+                continue
+            if b":" in decoded:
+                spans.append(m.span("v"))
 
 
 _REDACTORS = {}
 
 
 def get_redactor(config=None):
-    """The process-wide Redactor for `config`'s redaction_patterns (compiled once)."""
-    patterns = tuple((config or {}).get("redaction_patterns") or ())
+    """The process-wide Redactor for `config`'s redaction_patterns (built once per process,
+    with the secret-named environment variables of that moment)."""
+    patterns = (config or {}).get("redaction_patterns") or ()
+    if not isinstance(patterns, (list, tuple)):
+        raise BridgeError("redaction_patterns must be a list of regex strings")
+    patterns = tuple(patterns)
     redactor = _REDACTORS.get(patterns)
     if redactor is None:
         redactor = _REDACTORS[patterns] = Redactor(patterns)
@@ -5361,6 +5780,51 @@ def load_args_config(args):
 # ---- kernel commands ----
 def add_kernel_parsers(subparsers):
     """Commands that expose kernel pieces directly (redact)."""
+    add_command(
+        subparsers, "redact", cmd_redact,
+        help="copy stdin to stdout with secrets replaced by [REDACTED]",
+        description="Copy stdin to stdout with the redaction every part of bridge.py uses: "
+                    "known token formats, values after secret-named keys, secret-named "
+                    "environment variables (and their encoded forms) and the config's "
+                    "redaction_patterns. Output is written as input arrives (per read of "
+                    "complete lines), so it works in pipelines and hooks.",
+        example="some-tool 2>&1 | python3 scripts/bridge.py redact > tool.log")
+
+
+def _redact_split(data, eof):
+    """Where to cut `data` (bytes read so far) so the cut-off part can be redacted now:
+    after the last newline, and before a private key block whose END has not arrived yet."""
+    if eof:
+        return len(data)
+    cut = data.rfind(b"\n") + 1
+    begin = data.rfind(b"-----BEGIN", 0, cut)
+    if begin >= 0 and data.find(b"-----END", begin, cut) < 0 and len(data) - begin < 65536:
+        cut = data.rfind(b"\n", 0, begin) + 1
+    return cut
+
+
+def cmd_redact(args):
+    _root, config = load_args_config(args)
+    redactor = get_redactor(config)
+    fd, out = sys.stdin.fileno(), sys.stdout.buffer
+    pending, eof = b"", False
+    try:
+        while not eof:
+            chunk = os.read(fd, 1 << 20)
+            eof = not chunk
+            pending += chunk
+            cut = _redact_split(pending, eof)
+            if cut:
+                text = pending[:cut].decode("utf-8", "surrogateescape")
+                out.write(redactor.redact(text).encode("utf-8", "surrogateescape"))
+                out.flush()
+                pending = pending[cut:]
+    except BrokenPipeError:
+        # The reader went away (`... | head`): stop like cat(1) does, without a traceback
+        # or a second error when Python flushes stdout at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_FAILED
+    return EXIT_OK
 # ---- end kernel commands ----
 
 
