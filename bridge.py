@@ -720,6 +720,8 @@ def _merge_config(defaults, given, prefix, source, unknown):
     merged = dict(defaults)
     for key, value in given.items():
         name = prefix + key
+        if key.startswith("_comment"):  # documentation inside the file, as in the example
+            continue
         if key not in defaults:
             if defaults or not prefix:  # an empty default dict is free-form
                 unknown.append(name)
