@@ -284,3 +284,14 @@ def test_example_config_documents_every_key():
         return found
 
     assert keys(bridge.CONFIG_DEFAULTS) == keys(example)
+
+
+def test_every_command_help_has_an_example():
+    import re as _re
+    listing = run_bridge("--help").stdout
+    commands = _re.findall(r"^    (\w+)\s", listing, _re.M)
+    assert {"init", "watch", "egress", "redact"} <= set(commands)
+    for command in commands:
+        out = run_bridge(command, "--help")
+        assert out.returncode == 0, (command, out.stderr)
+        assert "example" in out.stdout.lower(), command
