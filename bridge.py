@@ -755,9 +755,9 @@ _BASE_PATTERNS = [
     r"Bearer\s+[A-Za-z0-9\-_\.]+",
     r"sk-[A-Za-z0-9_-]{10,}",
     r"AIza[0-9A-Za-z\-_]{20,}",
-    r"(?i)anthropic[_-]?(?:api)?[_-]?key[:=]\s*\S+",
-    r"(?i)x-api-key[:=]\s*\S+",
-    r"(?i)authorization[:=]\s*\S+",
+    r"(?i:anthropic[_-]?(?:api)?[_-]?key[:=]\s*\S+)",
+    r"(?i:x-api-key[:=]\s*\S+)",
+    r"(?i:authorization[:=]\s*\S+)",
 ]
 _SECRET_ENV_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD", re.I)
 
