@@ -1286,7 +1286,7 @@ class ProxyChild:
         self.fin, self.fout, self.ferr = (f.fileno() for f in (self.proc.stdin, self.proc.stdout,
                                                                   self.proc.stderr))
         os.set_blocking(self.fin, False)
-        self.lines, self.errlines = ProxyLines(cap), ProxyLines(1 << 16)
+        self.lines, self.errbuf = ProxyLines(cap), bytearray()
         self.ready = False
         self.replay_id = None           # id of the replayed initialize until it is answered
         self.stop_reason = self.term_at = self.kill_at = None
@@ -1748,7 +1748,7 @@ class Proxy:
         """Read what the Doctor wrote; final=True: everything already in the pipes."""
         import select
         child = self.child
-        for name in ("fout", "ferr"):
+        for name in ("fout", "ferr") if final else ("fout",):
             for _ in range(64 if final else 1):
                 fd = getattr(child, name)
                 if fd is None or final and not select.select([fd], [], [], 0)[0]:
@@ -1757,21 +1757,31 @@ class Proxy:
                     data = os.read(fd, 1 << 20)
                 except OSError:
                     data = b""
-                lines = child.lines if name == "fout" else child.errlines
-                got = lines.feed(data) if data else lines.finish()
-                if name == "fout":
-                    self.child_lines(got)
-                    self.dropped(lines, "doctor")
+                if name == "ferr":
+                    self.stderr_data(data)
+                elif data:
+                    self.child_lines(child.lines.feed(data))
+                    self.dropped(child.lines, "doctor")
                 else:
-                    self.stderr_lines(got)
+                    self.child_lines(child.lines.finish())
                 if not data:
                     child.close(name)
 
-    def stderr_lines(self, lines):
-        for line in lines:
+    def stderr_data(self, data):
+        """Doctor stderr -> ours, line by line with a prefix, redacted; a line without end is
+        forwarded in 64 KiB pieces, a long one cut to 4000 bytes. The tail feeds crash events."""
+        buf = self.child.errbuf
+        buf += data
+        cut = buf.rfind(b"\n") + 1 if data else len(buf)
+        if not cut and len(buf) >= 1 << 16:
+            cut = len(buf)
+        for line in bytes(buf[:cut]).splitlines():
+            if len(line) > 4000:
+                line = line[:4000] + b"...[%d bytes cut]" % (len(line) - 4000)
             text = self.redactor.redact(line.decode("utf-8", "replace"))
-            self.tail.append(text.rstrip()[:500])
-            self.write_stderr(b"[doctor] " + text.encode("utf-8"))
+            self.tail.append(text[:500])
+            self.write_stderr(b"[doctor] " + text.encode("utf-8") + b"\n")
+        del buf[:cut]
 
     # ---- the loop ----
     def run(self):
@@ -1886,7 +1896,7 @@ class Proxy:
                 self.drain_child()
             else:
                 data = os.read(fd, 1 << 16)
-                self.stderr_lines(child.errlines.feed(data) if data else child.errlines.finish())
+                self.stderr_data(data)
                 if not data:
                     child.close("ferr")
 
