@@ -1754,7 +1754,7 @@ class Proxy:
                 if fd is None or final and not select.select([fd], [], [], 0)[0]:
                     break
                 try:
-                    data = os.read(fd, 1 << 20)
+                    data = os.read(fd, 1 << 16)
                 except OSError:
                     data = b""
                 if name == "ferr":
@@ -1824,13 +1824,14 @@ class Proxy:
                         want[child.ferr] = IN
                     if self.to_child and child.fin is not None:
                         want[child.fin] = OUT
-                for fd in [fd for fd in registered if want.get(fd) != registered[fd]]:
-                    poller.unregister(fd)
-                    del registered[fd]
-                for fd, mask in want.items():
-                    if fd not in registered:
-                        poller.register(fd, mask)
-                        registered[fd] = mask
+                if want != registered:
+                    for fd in [fd for fd in registered if want.get(fd) != registered[fd]]:
+                        poller.unregister(fd)
+                        del registered[fd]
+                    for fd, mask in want.items():
+                        if fd not in registered:
+                            poller.register(fd, mask)
+                            registered[fd] = mask
                 for fd, _ev in poller.poll(self.timers(now) * 1000):
                     self.on_ready(fd)
                 if self.obs is not None and monotonic() >= next_stats:
@@ -1879,7 +1880,7 @@ class Proxy:
             while self.ctl:
                 self.run_control(*self.ctl.popleft())
         elif fd == 0:
-            data = os.read(0, 1 << 20)
+            data = os.read(0, 1 << 16)
             if data:
                 self.client_lines(self.stdin_lines.feed(data))
                 self.dropped(self.stdin_lines, "client")
