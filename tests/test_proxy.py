@@ -490,3 +490,75 @@ def test_server_from_env_or_config_and_missing_command(session, tmp_path):
     out = subprocess.run([PYTHON, str(BRIDGE), "proxy"], capture_output=True, text=True, cwd=str(tmp_path),
                          env=clean_env(BRIDGE_OBS_ENABLED="false"), stdin=subprocess.DEVNULL, timeout=30)
     assert out.returncode == 2 and "no server command" in out.stderr
+
+
+# ---- end to end with the real observability server (5b), once it is part of bridge.py ------
+
+def _has_observability():
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("bridge_obs_probe", BRIDGE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return hasattr(module, "ObservabilityServer")
+
+
+def _ws_events(port, timeout=10):
+    """A raw RFC 6455 client on /events yielding each text frame's JSON."""
+    import base64
+    import socket
+    import struct
+    end = time.time() + timeout
+    while True:
+        try:
+            sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+            break
+        except OSError:
+            if time.time() > end:
+                raise
+            time.sleep(0.05)
+    key = base64.b64encode(os.urandom(16)).decode()
+    sock.sendall(("GET /events HTTP/1.1\r\nHost: 127.0.0.1:%d\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                  "Sec-WebSocket-Key: %s\r\nSec-WebSocket-Version: 13\r\n\r\n" % (port, key)).encode())
+    buf = b""
+    while b"\r\n\r\n" not in buf:
+        buf += sock.recv(4096)
+    assert b" 101 " in buf.split(b"\r\n")[0]
+    buf = buf.split(b"\r\n\r\n", 1)[1]
+
+    def need(n):
+        nonlocal buf
+        while len(buf) < n:
+            chunk = sock.recv(65536)
+            assert chunk, "connection closed"
+            buf += chunk
+        out, buf = buf[:n], buf[n:]
+        return out
+    while True:
+        b0, b1 = need(2)
+        size = b1 & 0x7F
+        if size == 126:
+            size = struct.unpack(">H", need(2))[0]
+        elif size == 127:
+            size = struct.unpack(">Q", need(8))[0]
+        payload = need(size)
+        if b0 & 0x0F == 1:
+            yield json.loads(payload)
+
+
+@pytest.mark.skipif(not _has_observability(), reason="ObservabilityServer (section 5b) not in this bridge.py")
+def test_events_stream_receives_doctor_crashed(session):
+    import socket
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    s = session(env={"BRIDGE_OBS_ENABLED": "true", "BRIDGE_OBS_PORT": str(port)})
+    s.request("ping", mid=1)
+    s.recv()
+    events = _ws_events(port)
+    time.sleep(0.2)
+    s.call("crash", code=9)
+    for event in events:
+        if event["type"] == "doctor:crashed":
+            assert event["data"]["exit"] == {"code": 9} and isinstance(event["ts"], int)
+            break
+    s.close()
