@@ -624,7 +624,7 @@ CONFIG_DEFAULTS = {
     "lifecycle": {"maxRestarts": 10, "restartWindow": 60.0, "cooldown": 1000.0},
     "proxy": {"max_line_bytes": 16 << 20, "pause_buffer_messages": 1000, "pause_timeout_sec": 30.0,
               "close_grace_sec": 2.0, "kill_after_sec": 5.0, "stats_interval_sec": 5.0,
-              "event_params_max": 512, "log_level": "info"},
+              "event_params_max": 512, "events_per_sec_max": 200, "log_level": "info"},
     # ---- end proxy ----
 
     # ---- changes (seed 004) ----
@@ -1339,6 +1339,7 @@ class Proxy:
             px["pause_timeout_sec"]
         self.close_grace, self.kill_after = px["close_grace_sec"], px["kill_after_sec"]
         self.stats_every, self.params_max = px["stats_interval_sec"], px["event_params_max"]
+        self.events_max, self.events_left, self.events_reset = px["events_per_sec_max"], 0, 0.0
         self.verbosity = PROXY_LEVELS.get(str(px["log_level"]).lower(), 1)
         self.redactor = get_redactor(cfg)
         self.child, self.gen, self.obs, self.exit_code = None, 0, None, 0
@@ -1352,7 +1353,8 @@ class Proxy:
         self.to_child, self.to_client = bytearray(), bytearray()
         self.tail = collections.deque(maxlen=20)
         self.started = monotonic()
-        self.st = dict(messagesIn=0, messagesOut=0, bytesIn=0, bytesOut=0, doctorRestarts=0, dropped=0)
+        self.st = dict(messagesIn=0, messagesOut=0, bytesIn=0, bytesOut=0, doctorRestarts=0, dropped=0,
+                       eventsSkipped=0)
 
     # ---- logging, events, stats ----
     def log(self, level, text):
@@ -1392,6 +1394,18 @@ class Proxy:
         if child is None or child.exit is not None or child.stop_reason:
             return "restarting"
         return "ready" if child.ready else "starting"
+
+    def sample(self):
+        """At most events_per_sec_max mcp:* events a second: under load a dashboard cannot show
+        more, and building them (redaction, fan-out) would cost more than the relay itself."""
+        now = monotonic()
+        if now >= self.events_reset:
+            self.events_reset, self.events_left = now + 1.0, self.events_max
+        self.events_left -= 1
+        if self.events_left >= 0:
+            return True
+        self.st["eventsSkipped"] += 1
+        return False
 
     def preview(self, msg):
         """Params for mcp:request events: redacted first (a truncated secret could slip past the
@@ -1584,7 +1598,7 @@ class Proxy:
                     mid = None
                 elif method == "initialize" and mid is not None:
                     self.init_try = (mid, msg.get("params"))
-                if watch:
+                if watch and self.sample():
                     obs.publish("mcp:request", {"from": "client", "method": method, "id": mid,
                                                 "size": len(line), "params": self.preview(msg)})
             elif msg.__class__ is list:            # a 2025-03-26 batch: track the requests inside
@@ -1648,14 +1662,14 @@ class Proxy:
                         self.init_caps = msg["result"].get("capabilities") or {}
                     if not child.ready:
                         self.mark_ready("first answer")
-                    if watch:
+                    if watch and self.sample():
                         obs.publish("mcp:response", {
                             "id": mid, "method": sent and sent[0], "size": len(line), "error": "error" in msg,
                             "latencyMs": round((monotonic() - sent[1]) * 1000, 3) if sent else None})
                 elif method is not None:
                     if mid is not None:
                         self.srv_pending.add(mid)
-                    if watch:
+                    if watch and self.sample():
                         obs.publish("mcp:request", {"from": "doctor", "method": method, "id": mid,
                                                     "size": len(line), "params": self.preview(msg)})
             elif msg.__class__ is list:
