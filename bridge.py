@@ -1852,12 +1852,12 @@ class Proxy:
                     next_stats = monotonic() + self.stats_every
                     self.obs.publish("bridge:stats", self.stats())
         finally:
-            for sig, handler in old.items():
-                signal.signal(sig, handler)
             if self.obs is not None:
                 self.obs.stop()
             self.finish()
             os.set_blocking(1, blocking)
+            for sig, handler in old.items():
+                signal.signal(sig, handler)
         return self.exit_code
 
     def timers(self, now):

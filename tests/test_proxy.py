@@ -412,9 +412,11 @@ def test_kill_restart_stats_and_unknown_control(session):
 
 def test_mcp_events_carry_method_id_size_latency_and_redacted_params(session):
     secret = "sk-ant-api03-" + "Q" * 40
-    s = session(harness=True, config={"proxy": {"event_params_max": 64}})
+    s = session(harness=True, config={"proxy": {"event_params_max": 64, "stats_interval_sec": 0.2}})
     s.call("echo", text=secret + " and a long tail " * 20)
     s.recv()
+    stats = s.wait_event("bridge:stats", 2)[-1]["data"]                  # periodic, without asking
+    assert stats["messagesIn"] == 1 and stats["messagesOut"] == 1 and stats["state"] == "ready"
     req = [e["data"] for e in s.wait_event("mcp:request") if e["data"]["method"] == "tools/call"][0]
     resp = s.wait_event("mcp:response")[0]["data"]
     assert req["id"] == 101 and req["size"] > 300 and secret not in req["params"]
