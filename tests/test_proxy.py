@@ -564,3 +564,18 @@ def test_events_stream_receives_doctor_crashed(session):
             assert event["data"]["exit"] == {"code": 9} and isinstance(event["ts"], int)
             break
     s.close()
+
+
+def test_server_requests_answered_and_batches_tracked(session):
+    s = session()
+    mid = s.call("ask")
+    ask = s.recv()
+    s.send({"jsonrpc": "2.0", "id": ask["id"], "result": {"model": "m"}})  # the client answers the server
+    done = s.recv()
+    assert done["id"] == mid and json.loads(done["result"]["content"][0]["text"]) == {"model": "m"}
+    s.send([{"jsonrpc": "2.0", "id": "b1", "method": "ping"}, {"jsonrpc": "2.0", "method": "notifications/x"}])
+    s.call("crash", code=2)                                               # the fixture ignores batches:
+    answered = {s.recv()["id"], s.recv()["id"]}                           # b1 is answered by the proxy
+    assert answered == {"b1", mid + 1}
+    assert '[{"jsonrpc": "2.0", "id": "b1"' in s.received()[-2]           # passed through unchanged
+    s.close()
