@@ -340,6 +340,15 @@ def test_restart_limit_is_fatal_on_the_crash_after_max(session):
     s.close(expect=1)
 
 
+def test_max_restarts_crashes_in_the_window_are_survived(session):
+    s = session(["--exit-first", "3"], config={"lifecycle": {"maxRestarts": 3, "restartWindow": 60, "cooldown": 10}})
+    assert len(s.wait_pids(4)) == 4
+    s.request("ping", mid=1)
+    assert s.recv(timeout=20) == {"jsonrpc": "2.0", "id": 1, "result": {}}
+    assert len(s.pids()) == 4 and s.proc.poll() is None and s.err().count("doctor:crashed {") == 3, s.err()
+    s.close()
+
+
 def test_sliding_window_forgets_old_crashes(session):
     s = session(["--exit-at-start", "4"], config={"lifecycle": {"maxRestarts": 2, "restartWindow": 1.0,
                                                                  "cooldown": 650}})
