@@ -1582,7 +1582,7 @@ class Proxy:
             self.st["bytesIn"] += len(line)
             try:
                 msg = loads(line)
-            except ValueError as exc:
+            except (ValueError, RecursionError) as exc:    # RecursionError: absurdly deep nesting
                 self.malformed("client", line, exc)
                 continue
             mid = method = None
@@ -1642,7 +1642,7 @@ class Proxy:
         for line in lines:
             try:
                 msg = loads(line)
-            except ValueError as exc:
+            except (ValueError, RecursionError) as exc:    # RecursionError: absurdly deep nesting
                 self.malformed("doctor", line, exc)
                 continue
             if msg.__class__ is dict:

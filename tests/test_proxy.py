@@ -230,11 +230,11 @@ def test_sixteen_mib_lines_by_default(session):
 
 def test_malformed_json_logged_and_skipped(session):
     s = session()
-    s.send_raw(b"{not json\n\n")
+    s.send_raw(b"{not json\n\n" + b"[" * 200000 + b"]" * 200000 + b"\n")
     s.call("garbage")
     assert s.recv()["result"]["content"][0]["text"] == "ok"               # the garbage line is not relayed
     assert not any("not json" in line for line in s.received())
-    assert s.err().count("malformed JSON") == 2
+    assert s.err().count("malformed JSON") == 3
     s.close()
 
 
