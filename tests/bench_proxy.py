@@ -27,7 +27,12 @@ RUNS = 3
 
 
 def start(proxied, env=None):
-    cmd = [sys.executable, BRIDGE, "proxy", "--"] + SERVER if proxied else SERVER
+    """proxied: True = through bridge.py, False = direct, "cat" = through `cat | server | cat`
+    (two extra processes that do nothing: the floor of any relay process on this machine)."""
+    if proxied == "cat":
+        cmd = ["sh", "-c", "cat | %s | cat" % " ".join(SERVER)]
+    else:
+        cmd = [sys.executable, BRIDGE, "proxy", "--"] + SERVER if proxied else SERVER
     base = {k: v for k, v in os.environ.items() if not k.startswith("BRIDGE_")}
     base.update({"BRIDGE_OBS_ENABLED": "false", "BRIDGE_LOG_LEVEL": "warn"})
     base.update(env or {})
@@ -178,8 +183,11 @@ def main():
     print("bridge.py proxy benchmark (fixture echo server, ~1 KB requests, medians of %d runs)" % RUNS)
     direct = statistics.median(sequential(False) for _ in range(RUNS))
     proxied = statistics.median(sequential(True) for _ in range(RUNS))
+    floor = statistics.median(sequential("cat") for _ in range(RUNS))
     print("sequential round trips: direct %8.0f req/s   proxied %8.0f req/s   ratio %.2f  (target >= 0.5)"
           % (direct, proxied, proxied / direct))
+    print("  reference: `cat | server | cat` %8.0f req/s   ratio %.2f (the cost of any relay process here)"
+          % (floor, floor / direct))
     direct_p = statistics.median(pipelined(False) for _ in range(RUNS))
     proxied_p = statistics.median(pipelined(True) for _ in range(RUNS))
     print("pipelined, 100 in flight: direct %8.0f msg/s   proxied %8.0f msg/s   ratio %.2f  (target >= 20000 msg/s)"
