@@ -1360,7 +1360,8 @@ class Proxy:
     def log(self, level, text):
         """One line on bridge.py's stderr; never blocks the relay (dropped if stderr is full)."""
         if PROXY_LEVELS[level] >= self.verbosity:
-            self.write_stderr(("bridge proxy: %s: %s\n" % (level, text)).encode("utf-8", "replace"))
+            text = self.redactor.redact("bridge proxy: %s: %s\n" % (level, text))
+            self.write_stderr(text.encode("utf-8", "replace"))
 
     def write_stderr(self, data):
         import select

@@ -246,6 +246,18 @@ def test_stderr_drained_forwarded_with_prefix(session):
     assert "[doctor] EEEE" in s.err() and "[doctor] SSSS" in s.err()
 
 
+def test_secrets_in_server_stderr_are_redacted(session):
+    secret = "hunter2-" + "z" * 24
+    s = session(env={"SERVICE_API_TOKEN": secret})
+    s.call("stderr", text="connecting with %s and sk-ant-api03-%s\n" % (secret, "A" * 40))
+    s.recv()
+    s.call("crash", code=3)
+    s.recv()
+    s.close()
+    err = s.err()
+    assert "[doctor] connecting with [REDACTED]" in err and secret not in err and "sk-ant-api03-AAAA" not in err
+
+
 def test_pipelined_messages_never_interleave_with_error_replies(session):
     s = session(config={"lifecycle": {"cooldown": 10}})
     s.initialize()
