@@ -663,9 +663,13 @@ CONFIG_DEFAULTS = {
     # ---- end relay ----
 
     # ---- proxy (seed 003): the seed's doctor / observability / lifecycle ----
-    "doctor": {},
-    "observability": {},
-    "lifecycle": {},
+    "doctor": {"command": None, "args": [], "commandLine": None, "cwd": None, "env": {}},
+    "observability": {"enabled": True, "port": 3334, "host": "127.0.0.1", "token": None,
+                      "allowed_origins": []},
+    "lifecycle": {"maxRestarts": 10, "restartWindow": 60.0, "cooldown": 1000.0},
+    "proxy": {"max_line_bytes": 16 << 20, "pause_buffer_messages": 1000, "pause_timeout_sec": 30.0,
+              "close_grace_sec": 2.0, "kill_after_sec": 5.0, "stats_interval_sec": 5.0,
+              "event_params_max": 512, "events_per_sec_max": 200, "log_level": "info"},
     # ---- end proxy ----
 
     # ---- changes (seed 004) ----
@@ -688,6 +692,16 @@ CONFIG_DEFAULTS = {
 # Environment variables that override config keys: NAME -> (key path, type).
 ENV_OVERRIDES = {
     # ---- proxy ----
+    "BRIDGE_DOCTOR_CMD": (("doctor", "commandLine"), str),
+    "BRIDGE_DOCTOR_CWD": (("doctor", "cwd"), str),
+    "BRIDGE_OBS_ENABLED": (("observability", "enabled"), bool),
+    "BRIDGE_OBS_PORT": (("observability", "port"), int),
+    "BRIDGE_OBS_HOST": (("observability", "host"), str),
+    "BRIDGE_OBS_TOKEN": (("observability", "token"), str),
+    "BRIDGE_MAX_RESTARTS": (("lifecycle", "maxRestarts"), int),
+    "BRIDGE_RESTART_WINDOW": (("lifecycle", "restartWindow"), float),
+    "BRIDGE_RESTART_COOLDOWN": (("lifecycle", "cooldown"), float),
+    "BRIDGE_LOG_LEVEL": (("proxy", "log_level"), str),
     # ---- end proxy ----
 }
 
@@ -4343,7 +4357,793 @@ def _wake_event(bdir, status, lines, targets, session, message="", error=""):
 # =============================================================================
 
 # ---- 5a. supervisor and relay ----
-# (built on the `proxy` branch)
+# One thread and one poll() loop: client stdin, the Doctor's stdout and stderr, a wake-up pipe
+# (signals, /control commands) and two non-blocking output buffers (client stdout, Doctor stdin).
+# Each output has exactly one writer and only ever receives whole lines, so messages bridge.py
+# writes itself (error replies, the replayed handshake) cannot interleave with relayed ones.
+# Lines are forwarded as the bytes received; a parsed copy only feeds the bookkeeping.
+
+PROXY_ERROR_CODE = -32000             # the MCP SDKs' "connection closed": clients already know it
+PROXY_HIGH_WATER = 4 << 20            # stop reading a source while its destination holds this much
+PROXY_IDS = (int, str, float)         # JSON-RPC ids we track (anything else is forwarded untracked)
+PROXY_LEVELS = {"debug": 0, "info": 1, "warn": 2, "error": 3}
+PROXY_REASONS = {
+    "crashed": "MCP server exited before answering; the request was not retried",
+    "restart": "MCP server restarted (doctor:restart) before answering",
+    "graceful": "MCP server restarted on its own request before answering",
+    "kill": "MCP server stopped by doctor:kill; send doctor:restart to start it",
+    "shutdown": "bridge.py proxy is shutting down",
+    "held_too_long": "request held longer than proxy.pause_timeout_sec (paused or restarting)",
+    "paused_buffer_full": "bridge is paused and its buffer (proxy.pause_buffer_messages) is full",
+}
+
+
+class ProxyLines:
+    """Cuts a byte stream into complete lines (newline kept). A line longer than `cap` bytes is
+    dropped (counted in `dropped`) and the stream resynchronises at the next newline."""
+
+    def __init__(self, cap):
+        self.cap, self.partial, self.skipping, self.dropped = cap, bytearray(), False, 0
+
+    def feed(self, data):
+        lines, start, find, cap = [], 0, data.find, self.cap
+        if self.skipping or self.partial:
+            nl = find(b"\n")
+            if nl < 0:
+                if not self.skipping:
+                    self.partial += data
+                    if len(self.partial) > cap:
+                        self.partial, self.skipping, self.dropped = bytearray(), True, self.dropped + 1
+                return lines
+            if not self.skipping:
+                self.partial += data[:nl + 1]
+                if len(self.partial) > cap + 1:
+                    self.dropped += 1
+                else:
+                    lines.append(bytes(self.partial))
+            self.partial, self.skipping, start = bytearray(), False, nl + 1
+        nl = find(b"\n", start)
+        while nl >= 0:
+            if nl - start > cap:
+                self.dropped += 1
+            else:
+                lines.append(data[start:nl + 1])
+            start = nl + 1
+            nl = find(b"\n", start)
+        if start < len(data):
+            if len(data) - start > cap:
+                self.skipping, self.dropped = True, self.dropped + 1
+            else:
+                self.partial += data[start:]
+        return lines
+
+    def finish(self):
+        """The final line at EOF without a newline, newline-terminated so the peer sees it whole."""
+        rest, self.partial = bytes(self.partial), bytearray()
+        return [rest + b"\n"] if rest.strip() and not self.skipping else []
+
+
+def proxy_group_alive(pgid):
+    """True while a live (non-zombie) process is left in process group `pgid`. Zombies are
+    ignored: orphaned grandchildren wait for PID 1, which in containers may never reap them."""
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    if not os.path.isdir("/proc/self"):
+        return True
+    for name in os.listdir("/proc"):
+        try:
+            with open("/proc/%s/stat" % name, "rb") as handle:
+                stat = handle.read()
+        except (OSError, ValueError):
+            continue
+        fields = stat[stat.rfind(b")") + 2:].split()
+        if fields and fields[0] != b"Z" and int(fields[2]) == pgid:
+            return True
+    return False
+
+
+class ProxyChild:
+    """One generation of the Doctor: no shell, its own session and process group."""
+
+    def __init__(self, argv, cwd, env, gen, cap):
+        import subprocess
+        self.proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.PIPE, bufsize=0,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     start_new_session=True)
+        self.gen, self.pid, self.started = gen, self.proc.pid, monotonic()
+        self.files = {f.fileno(): f for f in (self.proc.stdin, self.proc.stdout, self.proc.stderr)}
+        self.fin, self.fout, self.ferr = (f.fileno() for f in (self.proc.stdin, self.proc.stdout,
+                                                                  self.proc.stderr))
+        os.set_blocking(self.fin, False)
+        self.lines, self.errbuf = ProxyLines(cap), bytearray()
+        self.ready = False
+        self.replay_id = None           # id of the replayed initialize until it is answered
+        self.stop_reason = self.term_at = self.kill_at = None
+        self.exit = None                # {"code": n} or {"signal": "SIGKILL"} once reaped
+
+    def close(self, name):
+        fd = getattr(self, name)
+        if fd is not None:
+            setattr(self, name, None)
+            self.files.pop(fd).close()
+
+    def exited(self):
+        """Reap the leader if it has exited. After a crash the rest of its group is killed first,
+        while the zombie still pins the group id (so the signal cannot hit a recycled group)."""
+        import signal
+        if self.exit is not None:
+            return True
+        try:
+            if hasattr(os, "waitid") and os.waitid(os.P_PID, self.pid,
+                                                   os.WEXITED | os.WNOHANG | os.WNOWAIT) is None:
+                return False
+        except ChildProcessError:
+            pass
+        if self.stop_reason is None:
+            self.signal_group(signal.SIGKILL)
+        code = self.proc.poll()
+        if code is None:
+            return False
+        self.exit = {"signal": signal.Signals(-code).name} if code < 0 else {"code": code}
+        return True
+
+    def signal_group(self, sig):
+        try:
+            os.killpg(self.pid, sig)
+        except OSError:
+            pass
+
+
+class Proxy:
+    """Supervises the Doctor (the real MCP server) and relays stdio both ways. The README
+    section "proxy" describes the rules; `run()` returns the exit code."""
+
+    def __init__(self, argv, cfg, cwd=None, env=None):
+        import collections
+        self.argv, self.cfg, self.cwd, self.env = argv, cfg, cwd, env
+        lc, px = cfg["lifecycle"], cfg["proxy"]
+        self.max_restarts, self.window = lc["maxRestarts"], lc["restartWindow"]
+        self.cooldown = lc["cooldown"] / 1000.0
+        self.cap, self.hold_max, self.hold_sec = px["max_line_bytes"], px["pause_buffer_messages"], \
+            px["pause_timeout_sec"]
+        self.close_grace, self.kill_after = px["close_grace_sec"], px["kill_after_sec"]
+        self.stats_every, self.params_max = px["stats_interval_sec"], px["event_params_max"]
+        self.events_max, self.events_left, self.events_reset = px["events_per_sec_max"], 0, 0.0
+        self.verbosity = PROXY_LEVELS.get(str(px["log_level"]).lower(), 1)
+        self.redactor = get_redactor(cfg)
+        self.child, self.gen, self.obs, self.exit_code = None, 0, None, 0
+        self.stopped = self.paused = self.client_gone = self.stdin_eof = False
+        self.shutting = None            # the reason, once a shutdown began
+        self.spawn_at = self.next_check = 0.0
+        self.crashes, self.held, self.ctl = collections.deque(), collections.deque(), collections.deque()
+        self.pending, self.srv_pending, self.dead_srv = {}, set(), collections.deque(maxlen=1000)
+        self.init_try = self.init_params = self.init_caps = None
+        self.stdin_lines = ProxyLines(self.cap)
+        self.to_child, self.to_client = bytearray(), bytearray()
+        self.tail = collections.deque(maxlen=20)
+        self.started = monotonic()
+        self.st = dict(messagesIn=0, messagesOut=0, bytesIn=0, bytesOut=0, doctorRestarts=0, dropped=0,
+                       eventsSkipped=0)
+
+    # ---- logging, events, stats ----
+    def log(self, level, text):
+        """One line on bridge.py's stderr; never blocks the relay (dropped if stderr is full)."""
+        if PROXY_LEVELS[level] >= self.verbosity:
+            text = self.redactor.redact("bridge proxy: %s: %s\n" % (level, text))
+            self.write_stderr(text.encode("utf-8", "replace"))
+
+    def write_stderr(self, data):
+        import select
+        try:
+            if select.select([], [2], [], 0)[1]:
+                os.write(2, data[:4096])   # <= PIPE_BUF after a writable poll: cannot block
+        except (OSError, ValueError):
+            pass
+
+    def emit(self, kind, data):
+        """A lifecycle event: logged on stderr and published, redacted, to /events."""
+        data = self.redactor.redact_obj(data)
+        bad = kind in ("doctor:crashed", "doctor:fatal", "bridge:dropped")
+        self.log("error" if bad else "info", "%s %s" % (kind, json_compact(data)))
+        if self.obs is not None:
+            self.obs.publish(kind, data)
+
+    def stats(self):
+        child, now = self.child, monotonic()
+        alive = child is not None and child.exit is None
+        return dict(self.st, uptime=round(now - self.started, 3), generation=self.gen,
+                    doctorUptime=round(now - child.started, 3) if alive else 0,
+                    dashboardClients=self.obs.client_count if self.obs is not None else 0,
+                    state=self.state(), paused=self.paused, pending=len(self.pending),
+                    held=len(self.held), crashesInWindow=len(self.crashes))
+
+    def state(self):
+        child = self.child
+        if self.shutting or self.stopped:
+            return "stopping" if self.shutting else "killed"
+        if child is None or child.exit is not None or child.stop_reason:
+            return "restarting"
+        return "ready" if child.ready else "starting"
+
+    def sample(self):
+        """At most events_per_sec_max mcp:* events a second: under load a dashboard cannot show
+        more, and building them (redaction, fan-out) would cost more than the relay itself."""
+        now = monotonic()
+        if now >= self.events_reset:
+            self.events_reset, self.events_left = now + 1.0, self.events_max
+        self.events_left -= 1
+        if self.events_left >= 0:
+            return True
+        self.st["eventsSkipped"] += 1
+        return False
+
+    def preview(self, msg):
+        """Params for mcp:request events: redacted first (a truncated secret could slip past the
+        patterns), then truncated."""
+        params = msg.get("params")
+        if params is None:
+            return None
+        text = json_compact(params)
+        if len(text) > 65536:
+            return "[%d bytes]" % len(text)
+        text = self.redactor.redact(text)
+        return text if len(text) <= self.params_max else text[:self.params_max] + "...[truncated]"
+
+    # ---- control: called from the observability thread (only enqueues) ----
+    def control(self, action, params=None):
+        if action not in ("doctor:restart", "doctor:kill", "bridge:pause", "bridge:resume",
+                          "bridge:shutdown", "bridge:stats"):
+            return {"ok": False, "error": "unknown action"}
+        self.ctl.append((action, params))
+        self.wake()
+        return {"ok": True, "result": self.stats() if action == "bridge:stats" else {"accepted": action}}
+
+    def wake(self, *_):
+        try:
+            os.write(self.wake_w, b"x")
+        except OSError:
+            pass
+
+    def on_signal(self, signum, frame):
+        import signal
+        self.ctl.append(("signal", signal.Signals(signum).name))
+        self.wake()
+
+    def run_control(self, action, params):
+        if action == "signal":
+            return self.shutdown(params)
+        self.log("info", "control %s" % action)
+        if action == "bridge:stats":
+            if self.obs is not None:
+                self.obs.publish("bridge:stats", self.stats())
+        elif action == "bridge:pause":
+            self.paused = True
+        elif action == "bridge:resume":
+            self.paused = False
+            self.flush_held()
+        elif action == "bridge:shutdown":
+            self.shutdown("bridge:shutdown")
+        elif action == "doctor:kill":
+            self.stopped = True
+            self.stop_child("kill", now=True)
+            self.fail_held("kill")
+        elif self.child is not None and self.child.exit is None:    # doctor:restart
+            self.stopped = False
+            self.stop_child("restart", now=True)
+        else:
+            self.stopped, self.spawn_at = False, 0.0
+
+    # ---- the Doctor's life ----
+    def spawn(self):
+        self.gen += 1
+        self.emit("doctor:starting", {"generation": self.gen, "argv": self.argv})
+        try:
+            child = self.child = ProxyChild(self.argv, self.cwd, self.env, self.gen, self.cap)
+        except (OSError, ValueError) as exc:
+            self.child = None
+            return self.crashed({"error": "cannot start %s: %s" % (self.argv[0], exc)}, self.gen)
+        self.st["doctorRestarts"] += self.gen > 1
+        if self.init_params is not None:           # the client had initialized: replay it
+            child.replay_id = "bridge.py-replay-%d" % self.gen
+            self.send_child(json_compact({"jsonrpc": "2.0", "id": child.replay_id, "method": "initialize",
+                                          "params": self.init_params}).encode("utf-8") + b"\n")
+        else:
+            self.flush_held()
+
+    def mark_ready(self, how):
+        child = self.child
+        if not child.ready:
+            child.ready = True
+            self.emit("doctor:ready", {"generation": child.gen, "pid": child.pid, "signal": how,
+                                       "startMs": round((monotonic() - child.started) * 1000, 1)})
+
+    def stop_child(self, reason, now=False):
+        """Close the Doctor's stdin (once what we owe it is written), TERM its group after the
+        grace, KILL after kill_after_sec. `now`: drop the unwritten input and TERM at once."""
+        child = self.child
+        if child is None or child.exit is not None or child.stop_reason:
+            return
+        child.stop_reason = reason
+        if now:
+            self.to_child.clear()
+            child.close("fin")
+        child.term_at = monotonic() + (0 if now else self.close_grace)
+        child.kill_at = child.term_at + self.kill_after
+
+    def child_exited(self):
+        """The leader is reaped: relay its last words, answer what it owed, then restart, stop or
+        give up."""
+        import signal
+        child = self.child
+        self.drain_child(final=True)
+        self.to_child.clear()
+        child.close("fin")
+        reason = child.stop_reason or "crashed"
+        for mid, (method, _t) in self.pending.items():
+            self.reply_error(mid, reason, method, child.exit)
+        self.pending.clear()
+        self.dead_srv.extend(self.srv_pending)
+        self.srv_pending.clear()
+        if self.shutting:
+            return
+        child.signal_group(signal.SIGKILL)         # leftovers of the old generation
+        if reason == "kill":
+            self.emit("doctor:stopped", {"generation": child.gen, "exit": child.exit})
+        elif reason in ("restart", "graceful"):
+            self.emit("doctor:restarting", {"generation": child.gen, "reason": reason, "exit": child.exit})
+            self.spawn_at = 0.0
+        else:
+            self.crashed(child.exit, child.gen)
+
+    def crashed(self, how, gen):
+        now = monotonic()
+        self.emit("doctor:crashed", {"generation": gen, "exit": how, "stderrTail": list(self.tail)})
+        self.crashes.append(now)
+        while self.crashes[0] <= now - self.window:
+            self.crashes.popleft()
+        if len(self.crashes) > self.max_restarts:
+            self.emit("doctor:fatal", {"generation": gen, "crashesInWindow": len(self.crashes),
+                                       "restartWindow": self.window, "maxRestarts": self.max_restarts})
+            self.exit_code = EXIT_FAILED
+            return self.shutdown("doctor:fatal")
+        self.spawn_at = now + self.cooldown
+        self.emit("doctor:restarting", {"generation": gen, "reason": "crashed", "crashesInWindow":
+                                        len(self.crashes), "cooldownMs": round(self.cooldown * 1000)})
+
+    def shutdown(self, reason):
+        if not self.shutting:
+            self.shutting = reason
+            self.log("info", "shutting down (%s)" % reason)
+            self.stop_child("shutdown")
+            self.fail_held("shutdown")
+
+    # ---- error replies for requests the Doctor will never answer ----
+    def reply_error(self, mid, reason, method, exit=None):
+        data = {"bridge": "bridge.py proxy", "reason": reason, "method": method,
+                "generation": self.gen, "retried": False}
+        if exit:
+            data["exit"] = exit
+        error = {"code": PROXY_ERROR_CODE, "message": PROXY_REASONS[reason], "data": data}
+        self.send_client(json_compact({"jsonrpc": "2.0", "id": mid, "error": error}).encode("utf-8") + b"\n")
+
+    def fail_held(self, reason, older_than=None):
+        """Drop held messages (all, or those held longer than `older_than` s), answering each
+        request among them with an error so no client waits for its own timeout."""
+        keep, now = [], monotonic()
+        for item in self.held:
+            _line, mid, method, t = item
+            if older_than is not None and now - t < older_than:
+                keep.append(item)
+            elif mid is not None:
+                self.reply_error(mid, reason, method)
+        self.held.clear()
+        self.held.extend(keep)
+
+    # ---- relay ----
+    def client_lines(self, lines):
+        """Client -> Doctor: parse a copy for ids and methods; forward, hold or answer."""
+        loads, pending, out, obs, child = json.loads, self.pending, [], self.obs, self.child
+        watch = obs is not None and obs.client_count > 0
+        gate = self.paused or self.stopped or self.shutting or child is None or child.exit is not None \
+            or child.stop_reason or child.replay_id is not None
+        now = monotonic()
+        for line in lines:
+            self.st["messagesIn"] += 1
+            self.st["bytesIn"] += len(line)
+            try:
+                msg = loads(line)
+            except (ValueError, RecursionError) as exc:    # RecursionError: absurdly deep nesting
+                self.malformed("client", line, exc)
+                continue
+            mid = method = None
+            if msg.__class__ is dict:
+                method, mid = msg.get("method"), msg.get("id")
+                if mid.__class__ not in PROXY_IDS:
+                    mid = None
+                if method is None:                 # the client's answer to a Doctor request
+                    if mid is not None and mid in self.dead_srv:
+                        self.log("info", "dropped the answer to request %r of a dead Doctor" % (mid,))
+                        continue
+                    self.srv_pending.discard(mid)
+                    mid = None
+                elif method == "initialize" and mid is not None:
+                    self.init_try = (mid, msg.get("params"))
+                if watch and self.sample():
+                    obs.publish("mcp:request", {"from": "client", "method": method, "id": mid,
+                                                "size": len(line), "params": self.preview(msg)})
+            elif msg.__class__ is list:            # a 2025-03-26 batch: track the requests inside
+                for m in msg:
+                    if m.__class__ is dict and m.get("method") and m.get("id").__class__ in PROXY_IDS:
+                        pending[m["id"]] = (m["method"], now)
+            if gate:
+                if self.stopped or self.shutting:
+                    if mid is not None:
+                        self.reply_error(mid, "kill" if self.stopped else "shutdown", method)
+                elif self.paused and len(self.held) >= self.hold_max:
+                    if mid is not None:
+                        self.reply_error(mid, "paused_buffer_full", method)
+                else:
+                    self.held.append((line, mid, method, now))
+                continue
+            if mid is not None:
+                pending[mid] = (method, now)
+            out.append(line)
+        if out:
+            self.send_child(b"".join(out))
+
+    def flush_held(self):
+        """Forward held client messages, in order, once the Doctor can take them."""
+        child = self.child
+        if self.paused or self.stopped or child is None or child.exit is not None or \
+                child.stop_reason or child.replay_id is not None or not self.held:
+            return
+        now, out = monotonic(), []
+        for line, mid, method, _t in self.held:
+            if mid is not None:
+                self.pending[mid] = (method, now)
+            out.append(line)
+        self.held.clear()
+        self.send_child(b"".join(out))
+
+    def child_lines(self, lines):
+        """Doctor -> client: swallow the seed's special lines and the replayed handshake."""
+        loads, pending, out, child, obs = json.loads, self.pending, [], self.child, self.obs
+        watch = obs is not None and obs.client_count > 0
+        for line in lines:
+            try:
+                msg = loads(line)
+            except (ValueError, RecursionError) as exc:    # RecursionError: absurdly deep nesting
+                self.malformed("doctor", line, exc)
+                continue
+            if msg.__class__ is dict:
+                mid, method = msg.get("id"), msg.get("method")
+                if "jsonrpc" not in msg and ("ready" in msg or "health" in msg or "shutdown" in msg):
+                    self.special(msg)
+                    continue
+                if mid.__class__ not in PROXY_IDS:
+                    mid = None
+                if method is None and mid is not None:
+                    if mid == child.replay_id:
+                        self.replayed(msg)
+                        continue
+                    sent = pending.pop(mid, None)
+                    if self.init_try and mid == self.init_try[0] and isinstance(msg.get("result"), dict):
+                        self.init_params = self.init_try[1]
+                        self.init_caps = msg["result"].get("capabilities") or {}
+                    if not child.ready:
+                        self.mark_ready("first answer")
+                    if watch and self.sample():
+                        obs.publish("mcp:response", {
+                            "id": mid, "method": sent and sent[0], "size": len(line), "error": "error" in msg,
+                            "latencyMs": round((monotonic() - sent[1]) * 1000, 3) if sent else None})
+                elif method is not None:
+                    if mid is not None:
+                        self.srv_pending.add(mid)
+                    if watch and self.sample():
+                        obs.publish("mcp:request", {"from": "doctor", "method": method, "id": mid,
+                                                    "size": len(line), "params": self.preview(msg)})
+            elif msg.__class__ is list:
+                for m in msg:
+                    if m.__class__ is dict and m.get("id").__class__ in PROXY_IDS:
+                        pending.pop(m["id"], None)
+            self.st["messagesOut"] += 1
+            self.st["bytesOut"] += len(line)
+            out.append(line)
+        if out:
+            self.send_client(b"".join(out))
+
+    def special(self, msg):
+        """The seed's non-JSON-RPC Doctor lines: never forwarded (stdout carries MCP only)."""
+        if msg.get("ready") is True:
+            self.mark_ready("ready line")
+        elif msg.get("shutdown") == "graceful":
+            self.log("info", "the Doctor asked for a graceful restart")
+            self.stop_child("graceful")
+        else:
+            self.log("debug", "Doctor health %s" % json_compact(msg))
+
+    def replayed(self, msg):
+        """The restarted Doctor answered the replayed initialize: finish the handshake, release
+        the held messages, tell the client about lists the server said may change."""
+        self.child.replay_id = None
+        if "error" in msg:
+            self.log("warn", "the replayed initialize failed: %s" % json_compact(msg["error"]))
+        else:
+            got = (msg.get("result") or {}).get("protocolVersion")
+            want = (self.init_params or {}).get("protocolVersion")
+            if got != want:
+                self.log("warn", "restarted server chose protocol %s, the client asked for %s" % (got, want))
+        self.send_child(b'{"jsonrpc":"2.0","method":"notifications/initialized"}\n')
+        self.mark_ready("replayed initialize")
+        self.flush_held()
+        notes = [b'{"jsonrpc":"2.0","method":"notifications/%s/list_changed"}\n' % kind.encode()
+                 for kind in ("tools", "prompts", "resources")
+                 if isinstance(self.init_caps.get(kind), dict) and self.init_caps[kind].get("listChanged") is True]
+        if notes:
+            self.send_client(b"".join(notes))
+
+    def malformed(self, side, line, exc):
+        if line.strip():                           # blank lines are skipped silently
+            self.st["dropped"] += 1
+            self.emit("bridge:dropped", {"from": side, "reason": "malformed JSON: %s" % exc, "size": len(line),
+                                         "sample": line[:120].decode("utf-8", "replace")})
+
+    def dropped(self, splitter, side):
+        if splitter.dropped:
+            self.st["dropped"] += splitter.dropped
+            self.emit("bridge:dropped", {"from": side, "count": splitter.dropped,
+                                         "reason": "line longer than proxy.max_line_bytes (%d)" % self.cap})
+            splitter.dropped = 0
+
+    # ---- I/O ----
+    def send_child(self, data):
+        child = self.child
+        if child is not None and child.fin is not None:
+            self.to_child += data
+            self.flush_child()
+
+    def flush_child(self):
+        child = self.child
+        while self.to_child and child is not None and child.fin is not None:
+            try:
+                del self.to_child[:os.write(child.fin, self.to_child)]
+            except BlockingIOError:
+                return
+            except OSError:                        # the Doctor closed stdin or died: its exit follows
+                self.to_child.clear()
+
+    def send_client(self, data):
+        if not self.client_gone:
+            self.to_client += data
+            self.flush_client()
+
+    def flush_client(self):
+        while self.to_client:
+            try:
+                del self.to_client[:os.write(1, self.to_client)]
+            except BlockingIOError:
+                return
+            except OSError:
+                self.to_client.clear()
+                self.client_gone = True
+                self.shutdown("the client's pipe closed")
+
+    def drain_child(self, final=False):
+        """Read what the Doctor wrote; final=True: everything already in the pipes."""
+        import select
+        child = self.child
+        for name in ("fout", "ferr") if final else ("fout",):
+            for _ in range(64 if final else 1):
+                fd = getattr(child, name)
+                if fd is None or final and not select.select([fd], [], [], 0)[0]:
+                    break
+                try:
+                    data = os.read(fd, 1 << 16)
+                except OSError:
+                    data = b""
+                if name == "ferr":
+                    self.stderr_data(data)
+                elif data:
+                    self.child_lines(child.lines.feed(data))
+                    self.dropped(child.lines, "doctor")
+                else:
+                    self.child_lines(child.lines.finish())
+                if not data:
+                    child.close(name)
+
+    def stderr_data(self, data):
+        """Doctor stderr -> ours, line by line with a prefix, redacted; a line without end is
+        forwarded in 64 KiB pieces, a long one cut to 4000 bytes. The tail feeds crash events."""
+        buf = self.child.errbuf
+        buf += data
+        cut = buf.rfind(b"\n") + 1 if data else len(buf)
+        if not cut and len(buf) >= 1 << 16:
+            cut = len(buf)
+        for line in bytes(buf[:cut]).splitlines():
+            if len(line) > 4000:
+                line = line[:4000] + b"...[%d bytes cut]" % (len(line) - 4000)
+            text = self.redactor.redact(line.decode("utf-8", "replace"))
+            self.tail.append(text[:500])
+            self.write_stderr(b"[doctor] " + text.encode("utf-8") + b"\n")
+        del buf[:cut]
+
+    # ---- the loop ----
+    def run(self):
+        import select
+        import signal
+        self.wake_r, self.wake_w = os.pipe()
+        os.set_blocking(self.wake_w, False)
+        old = {s: signal.signal(s, self.on_signal) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+        blocking = os.get_blocking(1)
+        os.set_blocking(1, False)
+        poller, registered = select.poll(), {}
+        IN, OUT = select.POLLIN | select.POLLPRI, select.POLLOUT
+        next_stats = monotonic() + self.stats_every
+        try:
+            self.start_observability()
+            self.spawn()
+            while True:
+                now, child = monotonic(), self.child
+                if child is not None and child.exit is None and (
+                        child.fout is None or child.stop_reason or now >= self.next_check):
+                    self.next_check = now + 0.25
+                    if child.exited():
+                        self.child_exited()
+                if self.shutting and (self.child is None or self.child.exit is not None):
+                    break
+                child = self.child
+                if (child is None or child.exit is not None) and not self.stopped and now >= self.spawn_at:
+                    self.spawn()
+                    continue
+                want = {self.wake_r: IN}
+                if not (self.stdin_eof or self.shutting or len(self.to_child) > PROXY_HIGH_WATER
+                        or not self.paused and len(self.held) >= self.hold_max):
+                    want[0] = IN
+                if self.to_client:
+                    want[1] = OUT
+                if child is not None:
+                    if child.fout is not None and len(self.to_client) <= PROXY_HIGH_WATER:
+                        want[child.fout] = IN
+                    if child.ferr is not None:
+                        want[child.ferr] = IN
+                    if self.to_child and child.fin is not None:
+                        want[child.fin] = OUT
+                if want != registered:
+                    for fd in [fd for fd in registered if want.get(fd) != registered[fd]]:
+                        poller.unregister(fd)
+                        del registered[fd]
+                    for fd, mask in want.items():
+                        if fd not in registered:
+                            poller.register(fd, mask)
+                            registered[fd] = mask
+                for fd, _ev in poller.poll(self.timers(now) * 1000):
+                    self.on_ready(fd)
+                if self.obs is not None and monotonic() >= next_stats:
+                    next_stats = monotonic() + self.stats_every
+                    self.obs.publish("bridge:stats", self.stats())
+        finally:
+            if self.obs is not None:
+                self.obs.stop()
+            self.finish()
+            os.set_blocking(1, blocking)
+            for sig, handler in old.items():
+                signal.signal(sig, handler)
+        return self.exit_code
+
+    def timers(self, now):
+        """Fire due deadlines (close stdin, TERM, KILL, held-message timeouts); seconds to sleep."""
+        import signal
+        child, due = self.child, [now + 1.0]
+        if child is not None and child.exit is None:
+            if child.stop_reason:
+                if child.fin is not None and (not self.to_child or now >= child.term_at):
+                    self.to_child.clear()
+                    child.close("fin")
+                if child.term_at is not None and now >= child.term_at:
+                    child.signal_group(signal.SIGTERM)
+                    child.term_at = None
+                if now >= child.kill_at:
+                    child.signal_group(signal.SIGKILL)
+                due.append(now + 0.01)
+            elif child.fout is None:
+                due.append(now + 0.002)            # stdout closed: the exit is imminent
+            else:
+                due.append(self.next_check)
+        elif not self.stopped and not self.shutting:
+            due.append(self.spawn_at)
+        if self.held:
+            if now - self.held[0][3] >= self.hold_sec:
+                self.fail_held("held_too_long", older_than=self.hold_sec)
+            due.append(now + 0.1)
+        return max(0.0, min(due) - now)
+
+    def on_ready(self, fd):
+        child = self.child
+        if fd == self.wake_r:
+            os.read(fd, 4096)
+            while self.ctl:
+                self.run_control(*self.ctl.popleft())
+        elif fd == 0:
+            data = os.read(0, 1 << 16)
+            if data:
+                self.client_lines(self.stdin_lines.feed(data))
+                self.dropped(self.stdin_lines, "client")
+            else:
+                self.stdin_eof = True
+                self.client_lines(self.stdin_lines.finish())
+                self.shutdown("stdin EOF")
+        elif fd == 1:
+            self.flush_client()
+        elif child is not None and fd == child.fin:
+            self.flush_child()
+        elif child is not None and fd in (child.fout, child.ferr):
+            if fd == child.fout:
+                self.drain_child()
+            else:
+                data = os.read(fd, 1 << 16)
+                self.stderr_data(data)
+                if not data:
+                    child.close("ferr")
+
+    def finish(self):
+        """Write what the client is still owed (within 2 s), then make sure nothing of the last
+        Doctor's process group survives us: TERM, wait up to kill_after_sec, KILL."""
+        import select
+        import signal
+        deadline = monotonic() + 2.0
+        while self.to_client and not self.client_gone and monotonic() < deadline:
+            select.select([], [1], [], 0.05)
+            self.flush_client()
+        child = self.child
+        if child is not None:
+            if child.exit is None:
+                child.signal_group(signal.SIGKILL)
+                child.proc.wait()
+            for name in ("fin", "fout", "ferr"):
+                child.close(name)
+            child.signal_group(signal.SIGTERM)
+            end = monotonic() + self.kill_after
+            while proxy_group_alive(child.pid) and monotonic() < end:
+                time.sleep(0.02)
+            child.signal_group(signal.SIGKILL)
+
+    def start_observability(self):
+        cfg = self.cfg["observability"]
+        if not cfg["enabled"]:
+            return
+        server_class = globals().get("ObservabilityServer")
+        if server_class is None:
+            return self.log("warn", "observability is not part of this bridge.py build; relaying without it")
+        obs = server_class(cfg["host"], cfg["port"], token=cfg["token"],
+                           allowed_origins=tuple(cfg["allowed_origins"]), control=self.control,
+                           log=lambda text: self.log("info", text))
+        if obs.start():
+            self.obs = obs
+
+
+def proxy_command(cfg, argv=None):
+    """The Doctor's argv, cwd and environment: the command after `--`, else doctor.commandLine
+    (BRIDGE_DOCTOR_CMD, split like a shell would but run without one), else doctor.command + args."""
+    import shlex
+    doc = cfg["doctor"]
+    if not argv:
+        if doc["commandLine"]:
+            argv = shlex.split(doc["commandLine"])
+        elif doc["command"]:
+            argv = [doc["command"]] + [str(a) for a in doc["args"]]
+    if not argv:
+        raise BridgeError("proxy: no server command: give it after `--`, or set doctor.command in the "
+                          "config or BRIDGE_DOCTOR_CMD")
+    cwd = doc["cwd"] or None
+    if cwd and not os.path.isdir(cwd):
+        raise BridgeError("proxy: doctor.cwd %s is not a directory" % cwd)
+    env = dict(os.environ)
+    env.update({str(k): str(v) for k, v in doc["env"].items()})
+    return argv, cwd, env
 # ---- end 5a ----
 
 
@@ -6190,6 +6990,21 @@ def add_relay_parsers(subparsers):
 # ---- proxy commands ----
 def add_proxy_parsers(subparsers):
     """proxy -- SERVER COMMAND."""
+    import argparse
+    parser = add_command(
+        subparsers, "proxy", cmd_proxy,
+        "run an MCP stdio server under supervision: relay, restart on crash, observe",
+        "python3 bridge.py proxy -- npx -y @modelcontextprotocol/server-filesystem .\n"
+        "BRIDGE_DOCTOR_CMD='python3 server.py' python3 bridge.py proxy")
+    parser.add_argument("server", nargs=argparse.REMAINDER, metavar="-- SERVER COMMAND...",
+                        help="the server's argv (default: doctor.command/args or BRIDGE_DOCTOR_CMD)")
+
+
+def cmd_proxy(args):
+    _root, cfg = load_args_config(args)
+    server = args.server[1:] if args.server[:1] == ["--"] else args.server
+    argv, cwd, env = proxy_command(cfg, server)
+    return Proxy(argv, cfg, cwd, env).run()
 # ---- end proxy commands ----
 
 
