@@ -763,7 +763,11 @@ class Redactor:
         values = sorted({v for k, v in env.items() if _SECRET_ENV_NAME.search(k) and len(v) >= 8},
                         key=len, reverse=True)
         patterns.extend(re.escape(v) for v in values)
-        self.regex = re.compile("|".join("(?:%s)" % p for p in patterns))
+        # A leading global flag such as (?i) is an error inside an alternation since
+        # Python 3.11: scope it to its own pattern, (?i:...).
+        self.regex = re.compile("|".join(
+            "(?%s:%s)" % (p[2:p.index(")")], p[p.index(")") + 1:])
+            if re.match(r"\(\?[aiLmsux]+\)", p) else "(?:%s)" % p for p in patterns))
 
     def redact(self, text):
         if not text:
