@@ -1364,6 +1364,10 @@ class QueueLayout:
         self.nested_indent = 0       # extra indent of a nested list's dashes
         self.region = (len(text), len(text))
         self.insert_at = len(text)
+        # The text behind one "\n", so regexes can start with a literal "\n"
+        # (which the re module searches for fast) instead of a slow ^ anchor;
+        # offset p in `text` is the "\n" before that line in `scan`.
+        self.scan = None             # "\n" + text, set by relay_layout
 
 
 def _line_no(text, offset):
@@ -1433,8 +1437,9 @@ def relay_layout(path, text, keys):
     key_re = re.compile(_YAML_KEY + r"[ \t]*(.*)\Z")
     found = {}                     # key -> (line offset, value offset)
     tops = []                      # offsets of the top-level non-item lines
-    for match in re.finditer(r"^(?![ \n#]|-[ \n]|-\Z)[^\n]+", text, re.M):
-        line, offset = match.group(0), match.start()
+    scan = "\n" + text
+    for match in re.finditer(r"\n((?:[^ \n#\-]|-[^ \n])[^\n]*)", scan):
+        line, offset = match.group(1), match.start()
         if line.rstrip() == "---" or line.startswith("--- "):
             if re.search(r"^[^#\s]", text[:offset], re.M):
                 _refuse(path, text, offset, "a second YAML document (---) is not supported")
@@ -1452,6 +1457,7 @@ def relay_layout(path, text, keys):
             found[name] = (offset, offset + km.start(1))
     key = next((k for k in keys if k in found), None)
     layout = QueueLayout(text, key or keys[0])
+    layout.scan = scan
     if key is None:
         first_item = re.search(r"^-(?:[ \n]|\Z)", text, re.M)
         if first_item is not None:
@@ -1569,15 +1575,16 @@ def relay_max_id(layout):
     are not numeric and are skipped, as the original script skips them.
     """
     d, k = layout.dash_col, layout.key_col
-    value = r"id:[ \t]*(['\"]?)cmd_(\d+)\1[ \t]*(?:#[^\n]*)?$"
+    tail = r"[ \t]*(?:[ \t]#[^\n]*)?(?=\n|\Z)"
+    value = r"id:[ \t]*(['\"]?)cmd_(\d+)\1" + tail
     if layout.kind == "map":
-        pattern = (r"^(?: {%d}(['\"]?)cmd_(\d+)\1[ \t]*:|"
-                   r" {%d}id:[ \t]*(['\"]?)cmd_(\d+)\3[ \t]*(?:#[^\n]*)?$)" % (d, k))
+        pattern = (r"\n(?: {%d}(['\"]?)cmd_(\d+)\1[ \t]*:(?=[ \t\n]|\Z)|"
+                   r" {%d}id:[ \t]*(['\"]?)cmd_(\d+)\3%s)" % (d, k, tail))
     else:
-        pattern = r"^(?: {%d}-[ ]+| {%d,%d})" % (d, d + 1, k) + value
+        pattern = r"\n(?: {%d}-[ ]+| {%d,%d})" % (d, d + 1, k) + value
     best = 0
     start, end = layout.region
-    for m in re.compile(pattern, re.M).finditer(layout.text, start, end):
+    for m in re.compile(pattern).finditer(layout.scan, start, end):
         digits = m.group(2) if layout.kind != "map" else (m.group(2) or m.group(4))
         best = max(best, int(digits))
     return best
@@ -1599,6 +1606,20 @@ def relay_splice(layout, entry_lines):
         sep = " " if rest.startswith("#") else ""
         return text[:a].rstrip(" \t") + sep + rest + block + text[at:]
     return text[:at] + block + text[at:]
+
+
+def relay_splice_bytes(layout, raw, bom, entry_lines):
+    """relay_splice as bytes: the original bytes around the entry are copied,
+    not re-encoded, so a large queue costs one copy (the tail after the
+    insertion point, usually empty, is the only text encoded)."""
+    text, at = layout.text, layout.insert_at
+    if raw is None or layout.kind == "new" or layout.rewrite is not None:
+        return (bom + relay_splice(layout, entry_lines)).encode("utf-8")
+    block = "\n".join(entry_lines) + "\n"
+    if at > 0 and text[at - 1] != "\n":
+        block = "\n" + block
+    cut = len(raw) - len(text[at:].encode("utf-8"))
+    return raw[:cut] + block.encode("utf-8") + raw[cut:]
 
 
 def relay_entry_text(layout, cmd_id, fields):
@@ -1810,9 +1831,9 @@ def relay_down(root, config, captain_id, session, message, project, priority="",
             ("status", "pending"),
             ("source", "agent_teams"),
         ]
-        new = relay_splice(layout, relay_entry_text(layout, cmd_id, fields))
+        new = relay_splice_bytes(layout, raw, bom, relay_entry_text(layout, cmd_id, fields))
         try:
-            atomic_write(queue, bom + new)
+            atomic_write(queue, new)
         except OSError as exc:
             log("ERROR: cannot write %s: %s" % (queue, exc.strerror or exc))
             raise BridgeError("cannot write %s: %s" % (queue, exc.strerror or exc), EXIT_FAILED)
@@ -1873,7 +1894,8 @@ def inbox_write(root, config, log, target, content, msg_type, sender):
         fields = [("content", content), ("from", sender), ("id", msg_id),
                   ("read", YamlPlain("false")),
                   ("timestamp", time.strftime("%Y-%m-%dT%H:%M:%S")), ("type", msg_type)]
-        atomic_write(path, bom + relay_splice(layout, relay_entry_text(layout, msg_id, fields)))
+        atomic_write(path, relay_splice_bytes(layout, raw, bom,
+                                              relay_entry_text(layout, msg_id, fields)))
     finally:
         release_flock(fd)
     log("NUDGE: %s → %s (type=%s) %s" % (sender, target, msg_type, msg_id))
