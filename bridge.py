@@ -1517,7 +1517,7 @@ def relay_layout(path, text, keys):
 def _relay_list_columns(path, text, layout, item_at):
     """Columns of a block list from its first item (`- key: value` or `-` alone)."""
     line = _line_at(text, item_at)
-    m = re.match(r"( *)-( +)(\S.*)?\Z", line) or re.match(r"( *)-()\Z", line)
+    m = re.match(r"( *)-(?:( +)(\S.*))?[ \t]*\Z", line)
     layout.dash_col = len(m.group(1))
     if m.group(3):
         if not re.match(_YAML_KEY, m.group(3)):
@@ -1669,19 +1669,15 @@ def relay_find_entry(layout, cmd_id):
         return None
     at = hits[-1].start()
     if layout.kind == "map":
-        entry_start = text.find("\n", at) + 1 if text.find("\n", at) >= 0 else end
+        entry_start = min(end, text.find("\n", at) + 1 or end)
     else:
-        # back to the line with this entry's dash
-        dash = re.compile(r"^ {%d}-(?: |$)" % d, re.M)
+        # back to the line with this entry's dash (the id need not be first)
         entry_start = start
-        for m in dash.finditer(text, start, at + 1 + d + 1):
+        for m in re.compile(r"^ {%d}-(?: |$)" % d, re.M).finditer(text, start, at + d + 2):
             entry_start = m.start()
-    stop = re.compile(r"^ {0,%d}(?:[^ \n#])" % d, re.M).search(text, entry_start + 1, end)
-    if layout.kind != "map":
-        stop2 = re.compile(r"^ {0,%d}\S" % d, re.M).search(
-            text, text.find("\n", entry_start) + 1 if text.find("\n", entry_start) >= 0 else end,
-            end)
-        stop = stop2
+    # the entry ends at the next line indented no further than its dash / key
+    body_from = min(end, text.find("\n", entry_start) + 1 or end)
+    stop = re.compile(r"^ {0,%d}\S" % d, re.M).search(text, body_from, end)
     chunk = text[entry_start:stop.start() if stop else end]
     fields = {}
     field = re.compile(r"^(?: {%d}-[ ]+| {%d})(%s)[ \t]*(.*)$" % (d, k, _YAML_KEY), re.M)
@@ -1909,6 +1905,8 @@ def relay_up(root, config, captain_id, session, cmd_id, status, summary, force=F
     if not cmd_id.strip() or not status.strip() or not summary.strip():
         log("ERROR: up mode requires cmd_id, status, and summary")
         raise BridgeError("up requires a non-empty cmd_id, status and summary")
+    for value, what in ((cmd_id, "cmd_id"), (status, "status"), (summary, "summary")):
+        _require_text(value, what)
     queue, _clustered = relay_queue_path(root, session, config)
     raw, _bom, text = _relay_read(queue)
     if raw is None:
@@ -2003,7 +2001,6 @@ def add_seam_parsers(subparsers):
 # ---- relay commands ----
 def add_relay_parsers(subparsers):
     """relay down|up."""
-    import argparse
     relay = subparsers.add_parser(
         "relay", help="the Agent Teams <-> YAML queue relay (down|up)",
         description="Hand commands down to the YAML work queue and report results up.")
@@ -2035,7 +2032,6 @@ def add_relay_parsers(subparsers):
     up.add_argument("--force", action="store_true",
                     help="relay even when a no-relay condition holds")
     relay.set_defaults(func=lambda args: (relay.print_help(sys.stderr), EXIT_USAGE)[1])
-    return argparse
 
 
 def _relay_ids(args):

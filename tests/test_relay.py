@@ -265,6 +265,26 @@ def test_down_uses_cluster_queue_and_configured_file_name(tmp_path):
     assert not (root / "queue").exists()
 
 
+@pytest.mark.parametrize("text,expected,shape", [
+    ("---\n# header\ncommands:\n  # a comment first\n\n  - id: cmd_007\n    x: 1\nother: 2\n",
+     "cmd_008", "  - id: cmd_008\n    timestamp: "),
+    ("commands:\n-\n    id: cmd_003\n    acceptance_criteria:\n        - a\n",
+     "cmd_004", "-   id: cmd_004\n    timestamp: "),
+    ("commands:\n- id: cmd_001\n  status: done", "cmd_002", "done\n- id: cmd_002\n"),
+    ("settings:\n  a: 1\n", "cmd_001", "settings:\n  a: 1\ncommands:\n- id: cmd_001\n"),
+    ("commands:\n  \"cmd_001\":\n    status: done\n", "cmd_002", "\n  cmd_002:\n    id: cmd_002\n"),
+])
+def test_down_other_layouts(tmp_path, text, expected, shape):
+    root, queue = make_root(tmp_path, text=text, config={"relay": {"nudge": False}})
+    result = down(root, "miho", "main", "m", "p", "", "a\nb")
+    assert result.stdout == expected + "\n", result.stderr
+    after = queue.read_text()
+    assert shape in after
+    assert find_entry(after, expected)[0]["acceptance_criteria"] == ["a", "b"]
+    if yaml is not None:
+        assert yaml_entries(after)[-1]["id"] == expected or expected in yaml.safe_load(after)["commands"]
+
+
 def test_down_ids_grow_past_999_and_ignore_text_inside_blocks(tmp_path):
     text = ("commands:\n- id: cmd_999\n  command: |\n    id: cmd_5000\n    - id: cmd_6000\n"
             "- id: cmd_T10_7_x\n")
