@@ -1206,7 +1206,6 @@ _YAML_PLAIN_OK = None        # compiled lazily (see _yaml_plain_re)
 def _yaml_plain_re():
     global _YAML_PLAIN_OK
     if _YAML_PLAIN_OK is None:
-        import re
         # Non-ASCII is allowed except what PyYAML treats as a line break or
         # space (U+0085, U+2028, U+2029), the BOM, and non-printables.
         other = "\u00a0-\u2027\u202a-\ud7ff\ue000-\ufefe\uff00-\ufffd\U00010000-\U0010ffff"
@@ -1301,10 +1300,10 @@ def yaml_scalar_lines(text, indent):
     # An explicit indentation indicator when the first non-empty line starts
     # with a space (or tab: PyYAML would take it as the indentation's end).
     first = next(ln for ln in body if ln)
-    indicator = str(2) if first[:1] in (" ", "\t") else ""
+    # The indicator counts from the parent node's column, which is
+    # indent - 2 for a key (or a dash) at indent - 2.
+    indicator = "2" if first[:1] in (" ", "\t") else ""
     pad = " " * indent
-    # With an explicit indicator the indentation is relative to the parent
-    # node's indentation, which is indent-2 for a key at indent-2.
     extra = [(pad + ln) if ln else "" for ln in body]
     return "|" + indicator + chomp, extra
 

@@ -472,11 +472,29 @@ def test_twenty_concurrent_downs_get_distinct_consecutive_ids(tmp_path):
         assert len(yaml.safe_load(inbox)["messages"]) == 20
 
 
+class _Holder:
+    """flock(1) holding a lock in its own process group (its `sleep` child
+    inherits the lock, so release means killing the whole group)."""
+
+    def __init__(self, path, seconds):
+        self.proc = subprocess.Popen(
+            ["flock", "-x", str(path), "-c", "echo held; exec sleep %s" % seconds],
+            stdout=subprocess.PIPE, text=True, start_new_session=True)
+        assert self.proc.stdout.readline().strip() == "held"
+
+    def kill(self):
+        try:
+            os.killpg(self.proc.pid, 9)
+        except ProcessLookupError:
+            pass
+
+    def wait(self):
+        self.proc.wait()
+        self.proc.stdout.close()
+
+
 def _hold_lock(path, seconds):
-    proc = subprocess.Popen(["flock", "-x", str(path), "-c", "echo held; sleep %s" % seconds],
-                            stdout=subprocess.PIPE, text=True)
-    assert proc.stdout.readline().strip() == "held"
-    return proc
+    return _Holder(path, seconds)
 
 
 @pytest.mark.skipif(shutil.which("flock") is None, reason="flock(1) not installed")
@@ -503,15 +521,25 @@ def test_lock_held_elsewhere_is_reported_and_file_unchanged(tmp_path):
 @pytest.mark.skipif(shutil.which("flock") is None, reason="flock(1) not installed")
 def test_lock_released_during_retries_succeeds(tmp_path):
     root, queue = make_root(tmp_path, "legacy_queue.yaml", config={"relay": {
-        "lock_timeout_sec": 0.3, "lock_retry_sleep_sec": 0.2, "nudge": False}})
-    holder = _hold_lock(str(queue) + ".lock", 0.5)
+        "lock_timeout_sec": 0.3, "lock_retry_sleep_sec": 0.3, "lock_attempts": 5,
+        "nudge": False}})
+    holder = _hold_lock(str(queue) + ".lock", 60)
+    proc = subprocess.Popen([PYTHON, str(BRIDGE), "relay", "down", "--root", str(root), "miho",
+                             "main", "m", "p"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=clean_env(), stdin=subprocess.DEVNULL)
     try:
-        result = down(root, "miho", "main", "m", "p")
+        deadline = time.monotonic() + 60
+        while not any("attempt 1/5" in ln for ln in log_lines(root)):
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.02)
     finally:
+        holder.kill()   # release the lock once the first attempt has timed out
         holder.wait()
-    assert result.returncode == 0, result.stderr
-    assert result.stdout == "cmd_006\n"
-    assert "Lock timeout (attempt 1/3), retrying..." in result.stderr
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert out == "cmd_006\n"
+    assert "Lock timeout (attempt 1/5), retrying..." in err
+    assert "ERROR" not in err
 
 
 # ---- the nudge -----------------------------------------------------------------------
