@@ -312,6 +312,45 @@ def test_down_refuses_files_it_cannot_follow(tmp_path, fixture, line):
     assert sorted(os.listdir(queue.parent)) == sorted([QUEUE, QUEUE + ".lock"])
 
 
+@pytest.mark.parametrize("text,line", [
+    ("commands: []\n- id: cmd_001\n", 2),
+    ("- id: cmd_001\nkey: value\n", 2),
+    ("commands:\n  ? complex key\n  : value\n", 2),
+    ("commands:\n  {flow: map}\n", 2),
+    ("commands:\n \t- id: cmd_001\n", 2),
+])
+def test_down_refuses_more_shapes(tmp_path, text, line):
+    root, queue = make_root(tmp_path, text=text)
+    result = down(root, "miho", "main", "m", "p")
+    if result.returncode == 0:   # only allowed when PyYAML agrees the result is sound
+        assert yaml is not None and yaml_entries(queue.read_text())
+        return
+    assert result.returncode == 1 and "line %d:" % line in result.stderr, result.stderr
+    assert queue.read_text() == text
+
+
+def test_down_keeps_a_bom_and_a_missing_final_newline(tmp_path):
+    root, queue = make_root(tmp_path, text="\ufeffcommands:\n- id: cmd_004\n  status: done",
+                            config={"relay": {"nudge": False}})
+    assert down(root, "miho", "main", "m", "p").stdout == "cmd_005\n"
+    raw = queue.read_bytes()
+    assert raw.startswith(b"\xef\xbb\xbfcommands:\n- id: cmd_004\n  status: done\n- id: cmd_005\n")
+    if yaml is not None:
+        assert [c["id"] for c in yaml.safe_load(raw.decode("utf-8"))["commands"]] == [
+            "cmd_004", "cmd_005"]
+
+
+def test_undecodable_argument_is_a_usage_error(tmp_path):
+    root, queue = make_root(tmp_path, "legacy_queue.yaml")
+    before = queue.read_bytes()
+    result = subprocess.run([PYTHON, str(BRIDGE), "relay", "down", "--root", str(root), "miho",
+                             "main", b"bad \xff byte", "p"], capture_output=True,
+                            env=clean_env(), stdin=subprocess.DEVNULL)
+    assert result.returncode == 2
+    assert b"UTF-8" in result.stderr and b"Traceback" not in result.stderr
+    assert queue.read_bytes() == before
+
+
 @pytest.mark.parametrize("args", [
     ("miho", "main", "", "p"), ("miho", "main", "msg", ""), ("miho", "main", "   ", "p"),
     ("", "main", "m", "p"), ("miho", "", "m", "p"), ("../x", "main", "m", "p"),
