@@ -1805,8 +1805,9 @@ def relay_down(root, config, captain_id, session, message, project, priority="",
     if priority not in RELAY_PRIORITIES:
         raise BridgeError("priority must be one of %s, got %r" % (", ".join(RELAY_PRIORITIES), priority))
     queue, clustered = relay_queue_path(root, session, config)
-    queue = os.path.realpath(queue)
+    # Lock the path the shell scripts lock; write where a symlinked queue points.
     fd = relay_lock(queue + ".lock", config, log)
+    queue = os.path.realpath(queue)
     try:
         raw, bom, text = _relay_read(queue)
         try:
@@ -1880,8 +1881,9 @@ def inbox_write(root, config, log, target, content, msg_type, sender):
     """
     inbox_dir = os.path.join(root, "queue", "inbox")
     os.makedirs(inbox_dir, exist_ok=True)
-    path = os.path.realpath(os.path.join(inbox_dir, target + ".yaml"))
+    path = os.path.join(inbox_dir, target + ".yaml")
     fd = relay_lock(path + ".lock", config, log, "inbox")
+    path = os.path.realpath(path)
     try:
         raw, bom, text = _relay_read(path)
         layout = relay_layout(path, text, ("messages",))

@@ -285,6 +285,18 @@ def test_down_other_layouts(tmp_path, text, expected, shape):
         assert yaml_entries(after)[-1]["id"] == expected or expected in yaml.safe_load(after)["commands"]
 
 
+def test_symlinked_queue_is_written_through_and_locked_where_the_script_locks(tmp_path):
+    root, queue = make_root(tmp_path, config={"relay": {"nudge": False}})
+    real = tmp_path / "shared" / "q.yaml"
+    real.parent.mkdir()
+    shutil.copy(RELAY_FIX / "legacy_queue.yaml", real)
+    queue.symlink_to(real)
+    assert down(root, "miho", "main", "m", "p").stdout == "cmd_006\n"
+    assert queue.is_symlink() and "cmd_006" in real.read_text()
+    assert (queue.parent / (QUEUE + ".lock")).exists()
+    assert not (real.parent / "q.yaml.lock").exists()
+
+
 def test_down_ids_grow_past_999_and_ignore_text_inside_blocks(tmp_path):
     text = ("commands:\n- id: cmd_999\n  command: |\n    id: cmd_5000\n    - id: cmd_6000\n"
             "- id: cmd_T10_7_x\n")
