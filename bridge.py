@@ -619,7 +619,7 @@ CONFIG_DEFAULTS = {
         "nudge": True,                 # wake the vice captain after `down`
         "nudge_command": None,         # argv list or string, e.g. "bash scripts/inbox_write.sh";
                                        # gets TARGET CONTENT cmd_new CAPTAIN_ID; None = native
-        "nudge_target": "vice_captain",
+        "nudge_target": "vice_captain",  # "@cluster_captain": captain: of clusters/<s>/config.yaml
         "nudge_timeout_sec": 30.0,
         "lock_timeout_sec": 5.0,       # flock -w 5
         "lock_attempts": 3,
@@ -1545,8 +1545,6 @@ def _relay_insert_point(layout):
     """
     text = layout.text
     start, end = layout.region
-    if layout.rewrite is not None:
-        layout.insert_at = end
     pos = end
     while pos > start:
         prev = text.rfind("\n", start, pos - 1) + 1
@@ -1835,18 +1833,37 @@ def relay_down(root, config, captain_id, session, message, project, priority="",
             raise BridgeError("cannot write %s: %s" % (queue, exc.strerror or exc), EXIT_FAILED)
     finally:
         release_flock(fd)
-    relay_nudge(root, config, log, captain_id, session if clustered else "", cmd_id)
+    relay_nudge(root, config, log, captain_id, session if clustered else "", cmd_id, session)
     log("DOWN SUCCESS: %s created (project=%s, priority=%s)" % (cmd_id, project, priority))
     return cmd_id
 
 
 # ---- the nudge ------------------------------------------------------------------
 
-def relay_nudge(root, config, log, captain_id, cluster_id, cmd_id):
+def relay_nudge_target(root, config, log, captain_id, session):
+    """relay.nudge_target, or with "@cluster_captain" (the newer script) the
+    `captain:` of clusters/<session>/config.yaml, falling back to captain_id."""
+    target = config_get(config, "relay.nudge_target", "vice_captain")
+    if target != "@cluster_captain":
+        return target
+    cfg = os.path.join(root, "clusters", session, "config.yaml")
+    try:
+        with open(cfg, encoding="utf-8") as handle:
+            m = re.search(r"^captain:[ \t]*(['\"]?)([A-Za-z0-9._-]+)\1[ \t]*(?:#.*)?$",
+                          handle.read(), re.M)
+    except (OSError, UnicodeDecodeError):
+        m = None
+    if m is None:
+        log("WARNING: captain not found in %s — falling back to '%s'" % (cfg, captain_id))
+        return captain_id
+    return m.group(2)
+
+
+def relay_nudge(root, config, log, captain_id, cluster_id, cmd_id, session=""):
     """Wake the vice captain; a failure is a WARN line, never an error (seed 3.2)."""
     if not config_get(config, "relay.nudge", True):
         return
-    target = config_get(config, "relay.nudge_target", "vice_captain")
+    target = relay_nudge_target(root, config, log, captain_id, session)
     content = RELAY_NUDGE_TEXT.format(cmd_id=cmd_id)
     command = config_get(config, "relay.nudge_command")
     try:

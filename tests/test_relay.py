@@ -630,6 +630,21 @@ def test_nudge_command_gets_inbox_write_arguments(tmp_path):
     assert not (root / "queue/inbox").exists()
 
 
+@pytest.mark.parametrize("cluster_config,target", [
+    ("name: alpha\ncaptain: darjeeling  # the cluster's captain\n", "darjeeling"),
+    ("name: alpha\n", "miho"),
+])
+def test_nudge_target_from_cluster_config(tmp_path, cluster_config, target):
+    root, _ = make_root(tmp_path, cluster="alpha", config={"relay": {
+        "queue_file": "captain_queue.yaml", "nudge_target": "@cluster_captain"}})
+    (root / "clusters/alpha/config.yaml").write_text(cluster_config)
+    (root / "queue").mkdir()
+    result = down(root, "miho", "alpha", "m", "p")
+    assert result.returncode == 0, result.stderr
+    assert (root / ("queue/inbox/%s.yaml" % target)).exists()
+    assert ("falling back to 'miho'" in result.stderr) == (target == "miho")
+
+
 def test_failed_nudge_is_a_warning_and_down_still_succeeds(tmp_path):
     root, queue = make_root(tmp_path, config={"relay": {
         "nudge_command": "sh " + str(RELAY_FIX / "nudge_fail.sh")}})
