@@ -280,17 +280,44 @@ def scan_jsonl(path, start=0):
     except FileNotFoundError:
         return
     with handle:
-        number = 0
+        number = _skip_lines(handle, start) if start > 0 else 0
         for raw in handle:
             if not raw.endswith(b"\n"):
                 break
             number += 1
-            if number <= start:
-                continue
             try:
                 yield JsonlLine(number, json.loads(raw), None, raw)
             except ValueError as exc:
                 yield JsonlLine(number, None, "line %d: %s" % (number, exc), raw)
+
+
+def _skip_lines(handle, count):
+    """Position a binary `handle` just after its `count`-th newline; return lines skipped.
+
+    Counts newlines in 1 MiB blocks with bytes.count instead of iterating lines in
+    Python, so resuming from a cursor deep into a 100,000-line file stays cheap.
+    Stops at the last complete line when the file has fewer than `count`.
+    """
+    skipped, offset = 0, handle.tell()
+    while skipped < count:
+        block = handle.read(1 << 20)
+        if not block:
+            break
+        found = block.count(b"\n")
+        if skipped + found < count:
+            skipped += found
+            offset += len(block)
+            continue
+        position = -1
+        for _ in range(count - skipped):
+            position = block.index(b"\n", position + 1)
+        skipped = count
+        offset += position + 1
+        break
+    else:
+        return skipped
+    handle.seek(offset)
+    return skipped
 
 
 def count_complete_lines(path):
@@ -606,11 +633,29 @@ def release_flock(fd):
 # the order of the bridges below; bridge.config.example.json documents each key.
 CONFIG_DEFAULTS = {
     # ---- watch (seed 000): top-level keys, as the seed's bridge.config.json ----
+    "stop_on_failure": True,
+    "continue_on_failure": False,
+    "worker_lock_ttl_sec": 7200,
+    "log_size_cap_kb": 10,
     "redaction_patterns": [],
+    "protected_branches": ["main", "master"],
+    "commit_on_success": True,
+    "return_to_base": True,
+    "poll_sec": 1.0,
+    "progress_sec": 10.0,
+    "executor": {"command": ["opencode", "run", "{prompt}"], "env": {}},
+    "bead": {"command": None, "timeout_sec": 30},
     # ---- end watch ----
 
     # ---- seam (seed 001) ----
-    "seam": {},
+    "seam": {
+        # how the Stop-hook reason and the wake prompt tell an agent to run bridge.py
+        "command": "python3 scripts/bridge.py",
+        # `wake --host codex`: argv run per parked session ({session_id} replaced),
+        # the prompt on stdin; killed (with its process group) after the timeout
+        "wake_command": ["codex", "exec", "resume", "{session_id}", "-"],
+        "wake_timeout_sec": 1800,
+    },
     # ---- end seam ----
 
     # ---- relay (seed 002) ----
@@ -634,7 +679,19 @@ CONFIG_DEFAULTS = {
     # ---- end proxy ----
 
     # ---- changes (seed 004) ----
-    "changes": {},
+    "changes": {
+        "dir": "changes",               # where change sets live, relative to the root
+        "mcp": {
+            "command": None,            # argv list (or string) of the MCP server, e.g. axiomregent
+            "framing": "content-length",  # what we send: content-length (axiomregent) or line
+            "timeout_sec": 30,          # every request
+            "apply_timeout_sec": 120,   # workspace.apply_patch
+            "env": {},                  # extra environment for the server
+        },
+        "critical_features": [],        # feature ids whose impact always asks for review
+        "poll_sec": 2.0,                # `changes run` without --once
+        "lock_ttl_sec": 7200,           # worktree.lock heartbeat age before it counts as stale
+    },
     # ---- end changes ----
 }
 
@@ -673,6 +730,8 @@ def _merge_config(defaults, given, prefix, source, unknown):
     merged = dict(defaults)
     for key, value in given.items():
         name = prefix + key
+        if key.startswith("_comment"):  # documentation inside the file, as in the example
+            continue
         if key not in defaults:
             if defaults or not prefix:  # an empty default dict is free-form
                 unknown.append(name)
@@ -742,64 +801,483 @@ def config_get(config, dotted, default=None):
 
 
 # ---- redaction ----------------------------------------------------------------
+#
+# Three layers, all reporting (start, end) spans of the ORIGINAL text, which are merged
+# and replaced with REDACTED at the end (so layers never see each other's output and a
+# second pass changes nothing):
+#   1. self-identifying token formats (ghp_..., sk-ant-..., AKIA..., PEM blocks, JWTs,
+#      URL userinfo, webhooks): the whole token goes;
+#   2. context rules: the VALUE after a secret-named key (`password=`, `"api_key": "..."`,
+#      `Authorization: Bearer ...`, `--token X`), after `Bearer`, or a `Basic` credential;
+#      the key and the auth scheme stay so logs remain readable;
+#   3. known values: secret-named environment variables and their base64, URL- and
+#      JSON-escaped forms; plus `redaction_patterns` from the config (whole match).
+#
+# Python's `re` backtracks and has no timeout (reference/redaction.md section 5), so every
+# pattern starts with a literal (CPython then scans at ~1 GB/s with a fast prefix search),
+# checks its left boundary with a lookbehind placed AFTER the literal (in front it would
+# disable that fast search), bounds every repeat and never nests one. Matching resumes
+# after each match, so each adversarial shape (BEGIN floods, `eyJ` runs, `api_key=` x
+# 100 000) stays linear. Context rules are found by keyword on an ASCII-lowercased bytes
+# copy, then matched at that position only.
 
 REDACTED = "[REDACTED]"
 
-# The seed's minimum patterns. (Placeholder: the redaction branch replaces this
-# with the full set of real-world formats.)
-_BASE_PATTERNS = [
-    r"Bearer\s+[A-Za-z0-9\-_\.]+",
-    r"sk-[A-Za-z0-9_-]{10,}",
-    r"AIza[0-9A-Za-z\-_]{20,}",
-    r"(?i)anthropic[_-]?(?:api)?[_-]?key[:=]\s*\S+",
-    r"(?i)x-api-key[:=]\s*\S+",
-    r"(?i)authorization[:=]\s*\S+",
-]
-_SECRET_ENV_NAME = re.compile(r"KEY|TOKEN|SECRET|PASSWORD", re.I)
+# Token formats grouped by first character: one scan per group instead of one per
+# prefix (a failing attempt costs about as much as the prefix search itself).
+# Entries: (regex, back) - `back` is how many characters before the match the token
+# really starts (the regex starts inside it to keep a literal first).
+_TOKEN_RULES = (
+    # GitHub (classic, fine-grained), GitLab, Grafana, Groq
+    (r"g(?<![A-Za-z0-9_]g)(?:h[pousr]_[A-Za-z0-9]{36,251}|ithub_pat_[A-Za-z0-9_]{22,255}"
+     r"|l(?:pat|dt|rt|ptt|ft|imt|agent|oas|soat|cbt|ffct)-[A-Za-z0-9_.-]{20,300}"
+     r"|l(?:sa|c)_[A-Za-z0-9_=+/-]{32,400}|sk_[A-Za-z0-9]{48,56})", 0),
+    # Slack tokens, Slack app tokens, xAI
+    (r"x(?<![A-Za-z0-9_]x)(?:ox[abposre][.-][A-Za-z0-9.-]{10,400}|app-\d-[A-Za-z0-9-]{10,300}"
+     r"|ai-[A-Za-z0-9_]{60,120})", 0),
+    # AWS access key ids, Google API keys, Atlassian, age
+    (r"A(?<![A-Za-z0-9_]A)(?:(?:KIA|SIA|BIA|CCA|3T[A-Z0-9])[A-Z2-7]{16}(?![A-Za-z0-9])"
+     r"|Iza[A-Za-z0-9_-]{35}|TATT3[A-Za-z0-9_=-]{100,300}|GE-SECRET-KEY-1[0-9A-Z]{58})", 0),
+    # OpenAI (sk-, sk-proj-, sk-svcacct-, sk-admin-), Anthropic (sk-ant-api03-, -admin01-,
+    # -oat01-, -ort01-), OpenRouter (sk-or-v1-), DeepSeek; bare sk- needs 20+ chars and a
+    # digit (checked in code) so `sk-learn`, `risk-assessment`, `task-manager` stay.
+    # Stripe secret keys (sk_live_, sk_test_, ...); Shopify.
+    (r"s(?<![A-Za-z0-9_-]s)(?:k-(?:(?:ant-[a-z]{2,8}\d\d|proj|svcacct|admin|service|or-v1)"
+     r"-[A-Za-z0-9_-]{20,400}|[A-Za-z0-9]{20,400})|k_(?:live|test|prod)_[A-Za-z0-9]{10,255}"
+     r"|hp(?:at|ca|pa|ss)_[a-fA-F0-9]{32})", 0),
+    # Stripe restricted keys (rk_live_, ...), Replicate, RubyGems
+    (r"r(?<![A-Za-z0-9_]r)(?:k_(?:live|test|prod)_[A-Za-z0-9]{10,255}|8_[A-Za-z0-9_-]{36,40}"
+     r"|ubygems_[a-f0-9]{48})", 0),
+    # Hugging Face, Vault; Perplexity, PyPI, Pulumi
+    (r"h(?<![A-Za-z0-9_]h)(?:f_[A-Za-z0-9]{30,40}|v[sb]\.[A-Za-z0-9_-]{24,256})", 0),
+    (r"p(?<![A-Za-z0-9_]p)(?:plx-[A-Za-z0-9]{40,60}|ypi-AgE[A-Za-z0-9_-]{50,1000}"
+     r"|ul-[a-f0-9]{40})", 0),
+    # Docker Hub, Databricks, Doppler, DigitalOcean
+    (r"d(?<![A-Za-z0-9_]d)(?:ckr_(?:pat|oat)_[A-Za-z0-9_-]{20,40}|api[a-f0-9]{32}"
+     r"|p\.(?:pt|st|sa|ct)\.[A-Za-z0-9]{40,50}|o[por]_v1_[a-f0-9]{64})", 0),
+    # npm, Notion, NVIDIA; Linear; Stripe webhook secrets; Google OAuth
+    (r"n(?<![A-Za-z0-9_]n)(?:pm_[A-Za-z0-9]{36}|tn_[A-Za-z0-9]{40,50}|vapi-[A-Za-z0-9_-]{60,70})", 0),
+    (r"lin_api_[A-Za-z0-9]{40}", 0),
+    (r"whsec_[A-Za-z0-9+/=]{24,100}", 0),
+    (r"ya29\.[A-Za-z0-9_-]{20,2048}", 0),
+    # SendGrid, Postman, Heroku
+    (r"SG\.[A-Za-z0-9_-]{22}\.[A-Za-z0-9_-]{43}", 0),
+    (r"PMAK-[a-f0-9]{24}-[a-f0-9]{34}", 0),
+    (r"HRKU-[A-Za-z0-9_-]{60}", 0),
+    # Telegram bot tokens: digits ":AA" 33 chars (the digits are found in code)
+    (r":AA(?<=\d:AA)[A-Za-z0-9_-]{33}(?![A-Za-z0-9_-])", 0),
+    # Azure AD client secrets: 3 chars, a digit, "Q~", 31-34 chars
+    (r"Q~(?<=[A-Za-z0-9_~.]{3}\dQ~)[A-Za-z0-9_~.-]{31,34}", 4),
+    # JWTs (header and payload base64url JSON, optional signature)
+    (r"eyJ(?<![A-Za-z0-9_-]eyJ)[A-Za-z0-9_-]{8,4096}\.[A-Za-z0-9_-]{8,8192}\.[A-Za-z0-9_-]{0,4096}", 0),
+)
+# Discord bot tokens have no literal prefix; searched only when "discord" is in the text.
+_DISCORD_RULE = (r"\.(?:(?<=[MNO][A-Za-z0-9_-]{23}\.)|(?<=[MNO][A-Za-z0-9_-]{24}\.)"
+                 r"|(?<=[MNO][A-Za-z0-9_-]{25}\.))[A-Za-z0-9_-]{6}\.[A-Za-z0-9_-]{27,40}")
+
+# URL userinfo password (the user stays), Slack and Discord webhook paths.
+_URL_RULE = (r"://(?:[^\s:/@?#\"'<>\\]{0,256}:(?P<pw>[^\s@/?#\"'<>\\]{1,256})@"
+             r"|(?:hooks\.slack\.com/(?:services|workflows|triggers)/"
+             r"|(?:ptb\.|canary\.)?discord(?:app)?\.com/api/webhooks/)(?P<hook>[A-Za-z0-9+/_-]{8,256}))")
+
+# Private keys: the header by regex, the END line by str.find within 64 KiB; the body
+# between them goes. Without an END, everything that looks like PEM body goes.
+_PEM_HEADER = r"-----BEGIN[ A-Z0-9_-]{0,64}PRIVATE KEY(?: BLOCK)?-----"
+_PEM_TAIL = (r"(?:(?:\r?\n|\\r?\\n)[A-Za-z-]{1,40}:[^\r\n\\]{0,200}){0,6}"
+             r"[A-Za-z0-9+/=\r\n\\]{0,65536}")
+_PEM_WINDOW = 65536
+_SK_KINDS = ("ant-", "proj", "svca", "admi", "serv", "or-v")   # sk-<kind>- keys, see above
+
+# Context rules. A secret-named key ends in one of these words; each gate finds the word
+# followed by an assignment operator on the lowercased copy (one literal-led scan each),
+# and only those hits reach Python. `--password VALUE` flags have their own gate.
+_STRONG_KEY_PREFIXES = (b"api", b"access", b"secret", b"private", b"account", b"sharedaccess",
+                        b"master", b"auth", b"client", b"signing", b"encryption", b"license",
+                        b"subscription", b"storage", b"service", b"app", b"consumer", b"admin",
+                        b"session", b"webhook", b"hmac", b"jwt", b"csrf", b"x-api")
+# ... and a value must start right after (a quick C-level reject for `"password": ""`).
+_KV_OP = (rb"(\\{0,2}[\"']?[ \t]{0,8}(?::=|=>|=|:))"
+          rb"(?=[ \t]{0,8}(?:\"[^\"\\\r\n]|'[^'\r\n]|\\{1,3}\"[^\"\\]|[^\s\"'`,;&<>(){}\[\]\\]))")
+_KV_GATES = (   # grouped by first letter: one scan per group
+    (b"p", rb"p(?:ass(?:w(?:or)?d|phrase)|wd)"), (b"s", rb"s(?:ecret|ig(?:nature)?)"),
+    (b"token", rb"token"), (b"key", rb"key(?=\\{0,2}[\"']?[ \t]{0,8}[:=])(?:" + b"|".join(
+        b"(?<=(?:%s)%skey)" % (b"|".join(p for p in _STRONG_KEY_PREFIXES if len(p) == size), sep)
+        for size in sorted({len(p) for p in _STRONG_KEY_PREFIXES}) for sep in (b"", b"[-_.]"))
+        + b")"),
+    (b"auth", rb"auth(?:orization)?"), (b"c", rb"c(?:redentials?|ookie)"))
+_UPPER_KEY_GATE = rb"_KEY([ \t]{0,8}[:=])"   # STRIPE_KEY=..., searched on the original text
+_FLAG_GATE = rb"--(?:[a-z0-9]{1,20}-){0,3}(?:passw(?:or)?d|passphrase|secret|token|api-?key|auth)([ \t])"
+_KV_RULE = (r"(?P<q>\\{0,2}[\"']?)"
+            r"(?P<op>[ \t]{0,8}(?::=|=>|=|:)[ \t]{0,8}|[ \t]{1,8})"
+            r"(?P<scheme>(?:bearer|basic|token|bot|apikey|sso-key|digest|negotiate|ntlm)[ \t]{1,8})?"
+            r"(?:\"(?P<dq>(?:[^\"\\\r\n]|\\.){1,2048})"
+            r"|'(?P<sq>[^'\r\n]{1,2048})"
+            r"|\\{1,3}\"(?P<eq>[^\"\\\r\n]{1,2048})"
+            r"|(?P<bare>[^\s\"'`,;&<>(){}\[\]\\]{1,2048}))")
+_SECRET_NAME = (r"(?:passw(?:or)?d|passphrase|(?:^|[-_.])pwd|secret|token|credentials?"
+                r"|authorization|(?:^|[-_.o])auth|cookie|signature|(?:^|[-_.])sig|(?:%s)[-_.]?key)$"
+                % "|".join(p.decode() for p in _STRONG_KEY_PREFIXES))
+_NAME_MASK = bytes(110 if chr(c) in "abcdefghijklmnopqrstuvwxyz0123456789_.-" else 32
+                   for c in range(256))
+# Values that are clearly not secrets (types, booleans, prose after a colon).
+_NOT_SECRET = frozenset(
+    "true false null none nil undefined yes no on off required optional str string int "
+    "bool bytes any object dict list hidden masked redacted empty unset default missing "
+    "invalid expired denied failed ok n/a na tbd todo example placeholder secretstr "
+    "number boolean char varchar text".split())
+_PROSE = r" [A-Za-z]"
+_LINE_REST = r"[^\r\n\"'\\]{0,4096}"
+_AUTH_SCHEMES = frozenset("bearer basic token bot apikey sso-key digest negotiate ntlm".split())
+# An identifier or dotted name: `api_key = args.api_key` assigns a variable, not a secret.
+_CODE_VALUE = r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)+|[A-Za-z_][A-Za-z0-9_]*"
+
+_BEARER_GATE = rb"bearer[ \t]{1,8}[a-z0-9._~+/-]{8}"
+_BASIC_GATE = rb"basic[ \t]{1,8}[a-z0-9+/]{6}"
+_BEARER_RULE = r"(?i:bearer)[ \t]{1,8}(?P<v>[A-Za-z0-9._~+/-]{8,4096}={0,8})"
+_BASIC_RULE = r"(?i:basic)[ \t]{1,8}(?P<v>[A-Za-z0-9+/]{6,4096}={0,2})(?![A-Za-z0-9+/=])"
+
+# Environment variables whose values are redacted wherever they appear.
+_ENV_SECRET_NAME = (r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|PASSPHRASE|CREDENTIAL|PRIVATE"
+                    r"|(?:^|_)PWD$|(?:^|_)AUTH(?:$|_)|COOKIE|SIGNING|(?:^|_)DSN$|WEBHOOK")
+_ENV_NOT_SECRET_NAME = (r"^TOKENIZERS?_|TOKENS$|_TOKENS_|KEYBOARD|KEYRING|_KEY_?(?:PATH|FILE|ID|NAME)$"
+                        r"|_(?:PATH|FILE|DIR|URL|ENDPOINT|HOST|PORT|USER|USERNAME|TYPE|ID|NAME|SOCK)$"
+                        r"|^SSH_AUTH_SOCK$|^GPG_KEY$")
+_ENV_MIN_LEN = 8
+
+_COMPILED = {}
+
+
+def _redaction_regexes():
+    """Compile the built-in rules once per process, on first use (most runs never redact)."""
+    if not _COMPILED:
+        _COMPILED.update(
+            tokens=[(re.compile(rx), back) for rx, back in _TOKEN_RULES],
+            discord=re.compile(_DISCORD_RULE),
+            url=re.compile(_URL_RULE),
+            pem_header=re.compile(_PEM_HEADER),
+            pem_tail=re.compile(_PEM_TAIL),
+            kv_gates=[(kw, re.compile(gate + _KV_OP)) for kw, gate in _KV_GATES]
+            + [(b"--", re.compile(_FLAG_GATE)), (b"_KEY", re.compile(_UPPER_KEY_GATE))],
+            kv=re.compile(_KV_RULE, re.I),
+            secret_name=re.compile(_SECRET_NAME),
+            code_value=re.compile(_CODE_VALUE),
+            prose=re.compile(_PROSE),
+            line_rest=re.compile(_LINE_REST),
+            bearer=(re.compile(_BEARER_GATE), re.compile(_BEARER_RULE)),
+            basic=(re.compile(_BASIC_GATE), re.compile(_BASIC_RULE)),
+            env_name=re.compile(_ENV_SECRET_NAME, re.I),
+            env_not_name=re.compile(_ENV_NOT_SECRET_NAME, re.I),
+            env_plain=re.compile(r"[a-z]+|[A-Z]+|[0-9.,:_-]+|(?:\.{0,2}|~)/.*|[A-Za-z]:\\.*",
+                                 re.S),
+        )
+    return _COMPILED
+
+
+def _has_keyword(low_value):
+    """True if a (lowercased) value mentions a secret word: `token=self.token` is code."""
+    return any(word in low_value for word in ("pass", "pwd", "secret", "token", "key", "auth"))
+
+
+def _is_placeholder(value):
+    """True for values that stand for a secret rather than being one."""
+    low = value.lower()
+    return (not value or value[0] in "$%<{*" or "redacted" in low or "{{" in value
+            or low in _NOT_SECRET or value.strip(value[0]) == "" or low.startswith("xxxx")
+            or value.startswith("...")
+            or value.isupper() and value.replace("_", "").isalpha())   # --token TOKEN
+
+
+def _env_value_forms(value):
+    """The strings that reveal `value`: itself, its lines, base64 (three alignments, so it
+    is found inside base64("user:" + value) too), URL- and JSON-escaped forms."""
+    import base64
+    import json
+    from urllib.parse import quote, quote_plus
+    forms = {value, quote(value, safe=""), quote_plus(value), json.dumps(value)[1:-1],
+             json.dumps(value, ensure_ascii=False)[1:-1]}
+    forms.update(line.strip() for line in value.splitlines() if len(line.strip()) >= _ENV_MIN_LEN)
+    raw = value.encode("utf-8", "surrogateescape")
+    for lead in (0, 1, 2):
+        encoded = base64.b64encode(b"\0" * lead + raw).decode("ascii")
+        encoded = encoded[(0, 2, 3)[lead]:]       # chars that depend on the prefix
+        rest = (lead + len(raw)) % 3
+        if rest:                                  # last char depends on what follows
+            encoded = encoded[:-(4 - rest)]
+        forms.add(encoded)
+        if not lead:                              # base64url (JWT payloads, URLs)
+            forms.add(encoded.replace("+", "-").replace("/", "_"))
+    return [form for form in forms if len(form) >= _ENV_MIN_LEN]
+
+
+def _matches_at(low, gates, text):
+    """For each hit of gates[0] (a bytes regex) in the lowercased copy, gates[1].match(text)
+    at that position; the search resumes after each match, so the work stays linear."""
+    gate, regex = gates
+    pos = 0
+    while True:
+        g = gate.search(low, pos)
+        if g is None:
+            return
+        m = regex.match(text, g.start())
+        if m:
+            yield m
+        pos = max(m.end() if m else 0, g.end())
 
 
 class Redactor:
-    """Replaces secrets in text with [REDACTED]. Built once, used everywhere."""
+    """Replaces secrets in text with REDACTED; see the comment above for what and how.
+
+    Redactor(extra_patterns=(), env=None): `extra_patterns` are regexes whose whole match
+    is redacted (a bad one raises BridgeError naming it); `env` (default os.environ) gives
+    the secret-named variables whose values are redacted in every form.
+    """
 
     def __init__(self, extra_patterns=(), env=None):
-        env = os.environ if env is None else env
-        patterns = list(_BASE_PATTERNS)
+        rx = self._rx = _redaction_regexes()
+        self.extra = []
         for pattern in extra_patterns:
+            if not isinstance(pattern, str) or not pattern:
+                raise BridgeError("redaction_patterns: %r is not a regex string" % (pattern,))
             try:
-                re.compile(pattern)
+                self.extra.append(re.compile(pattern))
             except re.error as exc:
-                raise BridgeError("redaction_patterns: %r is not a valid regex: %s" % (pattern, exc))
-            patterns.append(pattern)
-        values = sorted({v for k, v in env.items() if _SECRET_ENV_NAME.search(k) and len(v) >= 8},
-                        key=len, reverse=True)
-        patterns.extend(re.escape(v) for v in values)
-        # A leading global flag such as (?i) is an error inside an alternation since
-        # Python 3.11: scope it to its own pattern, (?i:...).
-        self.regex = re.compile("|".join(
-            "(?%s:%s)" % (p[2:p.index(")")], p[p.index(")") + 1:])
-            if re.match(r"\(\?[aiLmsux]+\)", p) else "(?:%s)" % p for p in patterns))
+                raise BridgeError("redaction_patterns: %r is not a valid regex: %s"
+                                  % (pattern, exc))
+        env = os.environ if env is None else env
+        values = set()
+        for name, value in env.items():
+            value = value.strip()
+            if (len(value) >= _ENV_MIN_LEN and rx["env_name"].search(name)
+                    and not rx["env_not_name"].search(name)
+                    and not rx["env_plain"].fullmatch(value) and not _is_placeholder(value)):
+                values.update(_env_value_forms(value))
+        self.values = sorted(values, key=len, reverse=True)   # longest first
+
+    # -- public API --
 
     def redact(self, text):
+        """`text` with every secret span replaced by REDACTED; everything else unchanged.
+        Bytes are redacted too (as UTF-8, undecodable bytes kept as they are)."""
         if not text:
             return text
-        return self.regex.sub(REDACTED, text)
+        if isinstance(text, (bytes, bytearray)):
+            decoded = bytes(text).decode("utf-8", "surrogateescape")
+            return self.redact(decoded).encode("utf-8", "surrogateescape")
+        if not isinstance(text, str):
+            raise TypeError("redact() takes str or bytes, not %s" % type(text).__name__)
+        spans = self.spans(text)
+        if not spans:
+            return text
+        spans.sort()
+        out, last = [], 0
+        for start, end in spans:
+            if end <= last:
+                continue
+            if start < last:
+                start = last
+            if start > last or not out:
+                out.append(text[last:start])
+                out.append(REDACTED)
+            elif out[-1] != REDACTED:          # adjacent spans: one marker
+                out.append(REDACTED)
+            last = end
+        out.append(text[last:])
+        return "".join(out)
 
     def redact_obj(self, obj):
+        """A copy of a JSON-like object with every string (keys included) redacted, and the
+        string values of secret-named keys ("password", "api_key", "Authorization", ...)
+        replaced whole (an auth scheme word is kept), since a bare value carries no context."""
         if isinstance(obj, str):
             return self.redact(obj)
         if isinstance(obj, dict):
-            return {key: self.redact_obj(value) for key, value in obj.items()}
+            out = {}
+            for key, value in obj.items():
+                if isinstance(value, str) and isinstance(key, str) and self._secret_key(key):
+                    value = self._secret_value(value)
+                out[self.redact(key) if isinstance(key, str) else key] = self.redact_obj(value)
+            return out
         if isinstance(obj, (list, tuple)):
             return [self.redact_obj(value) for value in obj]
         return obj
+
+    def _secret_key(self, key):
+        name = key.lower().rstrip(".-_")
+        return bool(self._rx["secret_name"].search(name, max(0, len(name) - 24)))
+
+    @staticmethod
+    def _secret_value(value):
+        word, _, rest = value.partition(" ")
+        scheme = word.lower() in _AUTH_SCHEMES and rest.strip()
+        secret = rest.strip() if scheme else value
+        if not secret or _is_placeholder(secret) or secret.lower() in _AUTH_SCHEMES:
+            return value
+        return word + " " + REDACTED if scheme else REDACTED
+
+    # -- the three layers --
+
+    def spans(self, text):
+        """The (start, end) spans of `text` to redact (unsorted, may overlap)."""
+        spans = []
+        for value in self.values:
+            find, size, at = text.find, len(value), 0
+            while True:
+                at = find(value, at)
+                if at < 0:
+                    break
+                spans.append((at, at + size))
+                at += size
+        self._tokens(text, spans)
+        low = text.encode("ascii", "replace").lower() if not text.isascii() \
+            else text.encode("ascii").lower()
+        self._context(text, low, spans)
+        for regex in self.extra:
+            for m in regex.finditer(text):
+                if m.end() > m.start():
+                    spans.append(m.span())
+        return spans
+
+    def _tokens(self, text, spans):
+        rx = self._rx
+        for regex, back in rx["tokens"]:
+            for m in regex.finditer(text):
+                start, end = m.start() - back, m.end()
+                token = m.group()
+                if token.startswith(":AA"):                    # Telegram: the bot id digits
+                    while start > 0 and start > m.start() - 12 and text[start - 1].isdigit():
+                        start -= 1
+                    if m.start() - start < 6 or (start and text[start - 1].isalnum()
+                                                 and not text.startswith("bot", start - 3)):
+                        continue
+                elif token.startswith("sk-") and token[3:7] not in _SK_KINDS:
+                    if not any(c.isdigit() for c in token):    # bare sk-: 20+ chars AND a digit
+                        continue
+                spans.append((start, end))
+        if "discord" in text or "Discord" in text or "DISCORD" in text:
+            for m in rx["discord"].finditer(text):
+                seg = m.start()                        # back over the 24-26 char id part
+                while seg > max(0, m.start() - 26) and (text[seg - 1].isalnum()
+                                                        or text[seg - 1] in "_-"):
+                    seg -= 1
+                spans.append((seg, m.end()))
+        if "://" in text:
+            for m in rx["url"].finditer(text):
+                name = "pw" if m.group("pw") is not None else "hook"
+                if name == "pw" and _is_placeholder(m.group("pw")):
+                    continue
+                spans.append(m.span(name))
+        at, next_end = 0, -1
+        while True:
+            at = text.find("-----BEGIN", at)
+            if at < 0:
+                break
+            m = rx["pem_header"].match(text, at)
+            if not m:
+                at += 10
+                continue
+            body = m.end()
+            if next_end < body:                  # one search serves a flood of headers
+                next_end = text.find("-----END", body)
+                if next_end < 0:
+                    next_end = sys.maxsize       # none anywhere: never in the window
+            end = next_end if next_end - body <= _PEM_WINDOW else -1
+            if end < 0:
+                end = rx["pem_tail"].match(text, body).end()
+            if text[body:end].strip():
+                spans.append((body, end))
+            at = max(end, body)
+
+    def _context(self, text, low, spans):
+        rx = self._rx
+        kv, secret_name, code_value = rx["kv"], rx["secret_name"], rx["code_value"]
+        mask = None
+        for keyword, gate in rx["kv_gates"]:
+            haystack = low
+            if keyword == b"_KEY":             # case matters: search the original text
+                if "_KEY" not in text:
+                    continue
+                haystack = text.encode("ascii", "replace")
+            elif len(keyword) > 1 and keyword not in low:
+                continue
+            search, pos = gate.search, 0
+            while True:
+                g = search(haystack, pos)
+                if g is None:
+                    break
+                pos, at = g.end(), g.start(1)      # at: where the name ends
+                m = kv.match(text, at)
+                if not m:
+                    continue
+                pos = m.end()              # rejected or not, never rescan this value
+                if mask is None:   # name characters -> "n", others -> " " (one C pass)
+                    mask = low.translate(_NAME_MASK)
+                start = mask.rfind(b" ", max(0, at - 64), at) + 1 or max(0, at - 64)
+                name = low[start:at].decode("ascii").rstrip(".-_")
+                weak = False
+                if not secret_name.search(name, max(0, len(name) - 24)):
+                    # UPPER_CASE_KEY=<random> (env-style names) counts too
+                    if not (name.endswith("_key") and text[start:at].isupper()):
+                        continue
+                    weak = True
+                if start >= 3 and text.startswith("://", start - 3):
+                    continue               # URL userinfo: the URL rule handles it
+                group = m.lastgroup
+                value = m.group(group)
+                if not m.group("op").strip() and not name.startswith("-"):
+                    continue               # `token count`: a space only counts after --flag
+                begin = m.start(group)
+                if group != "bare" and not m.group("scheme"):    # "Bearer xyz" inside quotes
+                    word, _, rest = value.partition(" ")
+                    if word.lower() in _AUTH_SCHEMES:
+                        stripped = rest.lstrip(" ")
+                        begin += len(value) - len(stripped)
+                        value = stripped
+                if (not value or value[0] in ":=" or _is_placeholder(value)
+                        or value.isdigit() and len(value) < 6 or value.lower() in _AUTH_SCHEMES):
+                    if group != "bare":        # look inside: "${X} password=hunter2"
+                        pos = min(pos, begin + (value.find(" ") + 1 or len(value)) + 1)
+                    continue
+                if m.group("scheme") and value.isalpha() and value.islower():
+                    continue               # "Auth: token from the header" is prose
+                if group == "bare" and not m.group("scheme"):
+                    after = text[m.end():m.end() + 1]
+                    if value.isalpha() and rx["prose"].match(text, m.end()):
+                        continue           # `Password: Enter your password` is prose
+                    if after in ("(", "[") or code_value.fullmatch(value) and (
+                            "." in value or _has_keyword(value.lower())
+                            or len(value) < 8 and value.islower() and not any(c.isdigit() for c in value)):
+                        continue           # code: `password = getpass()`, `token=token`, `key: str`
+                if weak and not (len(value) >= 16 and any(c.isdigit() for c in value)):
+                    continue
+                end = m.end(group)
+                if name.endswith("cookie"):    # every cookie in the header, not just the first
+                    end = rx["line_rest"].match(text, begin).end()
+                spans.append((begin, end))
+        for m in _matches_at(low, rx["bearer"], text):
+            value = m.group("v")
+            if any(c.isdigit() for c in value) or (value.lower() != value and value.upper() != value):
+                spans.append(m.span("v"))
+        for m in _matches_at(low, rx["basic"], text):
+            import base64
+            import binascii
+            try:
+                decoded = base64.b64decode(m.group("v"), validate=True)
+            except (binascii.Error, ValueError):
+                continue
+            if b":" in decoded:
+                spans.append(m.span("v"))
 
 
 _REDACTORS = {}
 
 
 def get_redactor(config=None):
-    """The process-wide Redactor for `config`'s redaction_patterns (compiled once)."""
-    patterns = tuple((config or {}).get("redaction_patterns") or ())
+    """The process-wide Redactor for `config`'s redaction_patterns (built once per process,
+    with the secret-named environment variables of that moment)."""
+    patterns = (config or {}).get("redaction_patterns") or ()
+    if not isinstance(patterns, (list, tuple)):
+        raise BridgeError("redaction_patterns must be a list of regex strings")
+    patterns = tuple(patterns)
     redactor = _REDACTORS.get(patterns)
     if redactor is None:
         redactor = _REDACTORS[patterns] = Redactor(patterns)
@@ -868,7 +1346,8 @@ def kill_process_group(proc, grace=5.0):
 
 
 def run_command(cmd, cwd=None, env=None, timeout=None, shell=False, stdin_data=None,
-                cap_bytes=64 << 20, on_tick=None, tick_sec=10.0, kill_grace=5.0):
+                cap_bytes=64 << 20, on_tick=None, tick_sec=10.0, kill_grace=5.0,
+                on_start=None):
     """Run a command to completion and return a CommandResult. Never raises for the child.
 
     - `cmd` is an argv list, or a string run by /bin/sh when shell=True.
@@ -881,6 +1360,7 @@ def run_command(cmd, cwd=None, env=None, timeout=None, shell=False, stdin_data=N
     - When the child exits but a grandchild still holds its pipes open, the group
       is killed after a short wait instead of hanging.
     - on_tick(elapsed_seconds) is called every tick_sec while it runs (progress lines).
+    - on_start(proc) is called once the child runs (to record or signal its group).
     """
     import subprocess
     import threading
@@ -896,6 +1376,8 @@ def run_command(cmd, cwd=None, env=None, timeout=None, shell=False, stdin_data=N
         return CommandResult(cmd, exit_code=127, stderr="cannot start %s: %s" % (
             name, exc.strerror or exc), error="cannot start %s: %s" % (name, exc.strerror or exc))
 
+    if on_start:
+        on_start(proc)
     chunks = {"stdout": [], "stderr": []}
     dropped = [0]
 
@@ -936,6 +1418,23 @@ def run_command(cmd, cwd=None, env=None, timeout=None, shell=False, stdin_data=N
     timed_out = False
     deadline = None if timeout is None else started + timeout
     next_tick = started + tick_sec
+    # First wait on the output readers: Thread.join blocks on a lock, while
+    # Popen.wait(timeout) polls with sleeps, which costs milliseconds on every
+    # short command (git). The readers end when the child closes its pipes.
+    while any(reader.is_alive() for reader in readers) and proc.poll() is None:
+        now = time.monotonic()
+        if deadline is not None and now >= deadline:
+            break
+        if on_tick and now >= next_tick:
+            next_tick = now + tick_sec
+            on_tick(now - started)
+        wait = 0.5
+        if deadline is not None:
+            wait = min(wait, max(0.0, deadline - now))
+        for reader in readers:
+            if reader.is_alive():
+                reader.join(wait)
+                break
     while True:
         now = time.monotonic()
         wait = 0.5 if on_tick else 3600.0
@@ -1010,6 +1509,7 @@ class Git:
         self.root = os.fspath(root)
         self.timeout = timeout
         self.env = dict(os.environ, GIT_TERMINAL_PROMPT="0", GIT_OPTIONAL_LOCKS="0")
+        self._git_dir = None
 
     def run(self, *args, check=True, env=None, stdin_data=None, timeout=None):
         cmd = ["git", "-c", "core.hooksPath=/dev/null", *args]
@@ -1020,6 +1520,12 @@ class Git:
             raise BridgeError("git %s failed (%s): %s" % (
                 " ".join(args[:3]), result.describe(), result.stderr.strip()[-500:]), EXIT_FAILED)
         return result
+
+    def git_dir(self):
+        """The absolute .git directory (asked once per Git object)."""
+        if self._git_dir is None:
+            self._git_dir = self.run("rev-parse", "--absolute-git-dir").stdout.strip()
+        return self._git_dir
 
     def head(self):
         """The commit HEAD points at, or None on an unborn branch."""
@@ -1070,14 +1576,16 @@ class Git:
         BASE None means the empty tree (an unborn branch).
         """
         import shutil
-        git_dir = self.run("rev-parse", "--absolute-git-dir").stdout.strip()
+        git_dir = self.git_dir()
         temp_index = os.path.join(git_dir, "bridge-index.%d.%s" % (os.getpid(), random_hex()))
         real_index = os.path.join(git_dir, "index")
         try:
             if os.path.exists(real_index):
                 shutil.copyfile(real_index, temp_index)  # keeps git's stat cache: fast add -A
             env = {"GIT_INDEX_FILE": temp_index}
-            self.run("add", "-A", *(self._pathspec(exclude) or ["--", "."]), env=env)
+            # Exclusions go on the diff only: an exclude pathspec naming an ignored
+            # path (e.g. .ai-handoff/ in info/exclude) makes `git add` exit 1.
+            self.run("add", "-A", "--", ".", env=env)
             return self.run("diff", "--cached", *diff_args, base or EMPTY_TREE,
                             *self._pathspec(exclude), env=env).stdout
         finally:
@@ -1164,13 +1672,2674 @@ def find_root(root=None):
 # =============================================================================
 # 2. WATCH - the .ai-handoff/ task queue (seed 000)
 # =============================================================================
-# (built on the `watch` branch)
+# The Bridge Protocol: a planner drops task JSON into .ai-handoff/tasks/, one
+# watcher (worker lock) takes each task through validate -> idempotency -> task
+# lock -> running/ -> confirmation gate -> dirty check -> branch -> bead ->
+# editing agent -> audit -> verify -> audit -> commit/return -> result. Every
+# exit path writes results/{id}.json, redacted. The holes of the seed's sequence
+# are closed as issue 2 decides (see the README's "Decisions").
+
+HANDOFF_DIR = ".ai-handoff"
+HANDOFF_SUBDIRS = ("tasks", "running", "results", "patches", "locks", "logs", "meta",
+                   "pending", "failed")
+WORKER_LOCK = "__worker__.lock"
+TASK_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}\Z")
+CANONICAL_REASONS = ("schema_invalid", "dirty_repo", "branch_checkout_failed",
+                     "requires_confirmation", "opencode_failed", "verify_failed",
+                     "stale_lock_recovered", "internal_error")
+TRUNCATED_MARKER = "[TRUNCATED - see logs/%s.log]"
+TASK_MAX_BYTES = 1 << 20
+RISK_LEVELS = ("low", "medium", "high")
+
+# field -> (type(s), required, default). Unknown fields are kept (planners add
+# their own) but never interpreted.
+TASK_FIELDS = {
+    "id": (str, True, None),
+    "bead_title": (str, True, None),
+    "goal": (str, False, ""),
+    "done_condition": (str, False, ""),
+    "prompt": (str, True, None),
+    "scope": (list, False, []),
+    "constraints": (list, False, []),
+    "commands_to_run": (list, True, None),
+    "requires_confirmation": (bool, False, False),
+    "allow_dirty": (bool, False, False),
+    "timeout_sec": (int, False, 1800),
+    "risk_level": (str, False, "low"),
+    "retry_policy": (dict, False, None),
+    "attempt": (int, False, 1),
+    "approved_at": (str, False, None),
+}
+
+
+class Handoff:
+    """Paths of one repository's .ai-handoff/ directory."""
+
+    def __init__(self, root):
+        self.root = os.path.abspath(os.fspath(root))
+        self.base = os.path.join(self.root, HANDOFF_DIR)
+
+    def dir(self, name):
+        return os.path.join(self.base, name)
+
+    def path(self, name, filename):
+        return os.path.join(self.base, name, filename)
+
+    def rel(self, path):
+        """A path relative to .ai-handoff/, as results name their artifacts."""
+        return os.path.relpath(path, self.base)
+
+    def exists(self):
+        return os.path.isdir(self.dir("tasks"))
+
+    def require(self):
+        if not self.exists():
+            raise BridgeError("%s has no %s/ (run `bridge.py init --root %s` first)" % (
+                self.root, HANDOFF_DIR, self.root))
+
+    def history_path(self, task_id):
+        return self.path("meta", "%s.results.jsonl" % task_id)
+
+
+def handoff_init(root):
+    """Create .ai-handoff/ and make git ignore it locally. Returns what was done."""
+    handoff = Handoff(root)
+    done = []
+    for name in HANDOFF_SUBDIRS:
+        if os.path.lexists(handoff.dir(name)) and not os.path.isdir(handoff.dir(name)):
+            raise BridgeError("%s exists but is not a directory" % handoff.dir(name), EXIT_FAILED)
+        if not os.path.isdir(handoff.dir(name)):
+            os.makedirs(handoff.dir(name), exist_ok=True)
+            done.append("created %s/%s/" % (HANDOFF_DIR, name))
+    git = Git(root)
+    result = git.run("rev-parse", "--git-common-dir", check=False)
+    if not result.ok:
+        done.append("not a git repository: nothing to exclude (the watcher needs git)")
+        return done
+    common = result.stdout.strip()
+    exclude = os.path.join(common if os.path.isabs(common) else os.path.join(root, common),
+                           "info", "exclude")
+    try:
+        with open(exclude, encoding="utf-8", errors="replace") as handle:
+            lines = handle.read().splitlines()
+    except FileNotFoundError:
+        lines = []
+    if not any(line.strip() in ("/%s/" % HANDOFF_DIR, "%s/" % HANDOFF_DIR, "/" + HANDOFF_DIR,
+                                HANDOFF_DIR) for line in lines):
+        text = "\n".join(lines + ["# bridge.py watcher state (local, never committed)",
+                                  "/%s/" % HANDOFF_DIR]) + "\n"
+        atomic_write(exclude, text)
+        done.append("added /%s/ to %s" % (HANDOFF_DIR, os.path.relpath(exclude, root)))
+    return done
+
+
+# ---- task files -----------------------------------------------------------------
+
+def _type_label(kind):
+    return {str: "a string", list: "a list", bool: "true or false", int: "an integer",
+            dict: "an object"}[kind]
+
+
+def validate_task(task, stem=None):
+    """Every schema error of a task object, as a list of messages naming the field."""
+    if not isinstance(task, dict):
+        return ["the task must be a JSON object, got %s" % type(task).__name__]
+    errors = []
+    for name, (kind, required, _default) in TASK_FIELDS.items():
+        if name not in task:
+            if required:
+                errors.append("%s: required field is missing" % name)
+            continue
+        value = task[name]
+        if value is None and not required and name in ("approved_at", "retry_policy"):
+            continue
+        if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+            errors.append("%s: must be %s, got %s" % (name, _type_label(kind), json.dumps(value)[:60]))
+    task_id = task.get("id")
+    if isinstance(task_id, str):
+        if not TASK_ID_RE.match(task_id):
+            errors.append("id: %r must match ^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$" % task_id[:120])
+        elif task_id.endswith(".lock") or task_id.endswith(".") or ".." in task_id:
+            errors.append("id: %r is not a valid branch name under feat/ai/ "
+                          "(no '..', no trailing '.' or '.lock')" % task_id)
+        if stem is not None and task_id != stem:
+            errors.append("id: %r must equal the file name's stem %r" % (task_id, stem))
+    for name in ("scope", "constraints", "commands_to_run"):
+        value = task.get(name)
+        if isinstance(value, list):
+            for index, item in enumerate(value):
+                if not isinstance(item, str) or (name == "commands_to_run" and not item.strip()):
+                    errors.append("%s[%d]: must be a non-empty string, got %s" % (
+                        name, index, json.dumps(item)[:60]))
+    if isinstance(task.get("commands_to_run"), list) and not task["commands_to_run"]:
+        errors.append("commands_to_run: needs at least one verification command "
+                      "(the watcher is the judge)")
+    for name in ("bead_title", "prompt"):
+        if isinstance(task.get(name), str) and not task[name].strip():
+            errors.append("%s: must not be empty" % name)
+    timeout = task.get("timeout_sec")
+    if isinstance(timeout, int) and not isinstance(timeout, bool) and not 1 <= timeout <= 7 * 86400:
+        errors.append("timeout_sec: must be between 1 and 604800, got %d" % timeout)
+    attempt = task.get("attempt")
+    if isinstance(attempt, int) and not isinstance(attempt, bool) and attempt < 1:
+        errors.append("attempt: must be 1 or more, got %d" % attempt)
+    if isinstance(task.get("risk_level"), str) and task["risk_level"] not in RISK_LEVELS:
+        errors.append("risk_level: must be one of %s, got %r" % ("/".join(RISK_LEVELS), task["risk_level"]))
+    policy = task.get("retry_policy")
+    if isinstance(policy, dict):
+        most = policy.get("max_attempts", 1)
+        if not isinstance(most, int) or isinstance(most, bool) or most < 1:
+            errors.append("retry_policy.max_attempts: must be an integer of 1 or more, got %s"
+                          % json.dumps(most)[:60])
+    return errors
+
+
+def task_defaults(task):
+    """The task with every optional field filled in (a copy)."""
+    full = dict(task)
+    for name, (_kind, _required, default) in TASK_FIELDS.items():
+        if name not in full or (full[name] is None and name == "retry_policy"):
+            full[name] = json.loads(json.dumps(default)) if default is not None else default
+    if not isinstance(full.get("retry_policy"), dict):
+        full["retry_policy"] = {"max_attempts": 1}
+    full["retry_policy"].setdefault("max_attempts", 1)
+    return full
+
+
+class TaskFileError(Exception):
+    """A task file that cannot be used: `errors` lists why; `defer` means try later."""
+
+    def __init__(self, errors, defer=False, raw=None):
+        super().__init__("; ".join(errors))
+        self.errors = errors
+        self.defer = defer
+        self.raw = raw
+
+
+def read_task_file(path, check_stem=True, fresh_sec=2.0):
+    """Load and validate a task file (never following a symlink). Raises TaskFileError."""
+    path = os.fspath(path)
+    name = os.path.basename(path)
+    stem = name[:-5] if name.endswith(".json") else name
+    try:
+        info = os.lstat(path)
+    except FileNotFoundError:
+        raise TaskFileError(["%s disappeared" % name], defer=True)
+    import stat
+    if stat.S_ISLNK(info.st_mode):
+        raise TaskFileError(["%s is a symlink; task files must be regular files "
+                             "(its target was not read)" % name])
+    if not stat.S_ISREG(info.st_mode):
+        raise TaskFileError(["%s is not a regular file" % name])
+    if info.st_size > TASK_MAX_BYTES:
+        raise TaskFileError(["%s is %d bytes; the limit is %d" % (name, info.st_size, TASK_MAX_BYTES)])
+    fresh = time.time() - info.st_mtime < fresh_sec
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError as exc:
+        raise TaskFileError(["cannot open %s: %s" % (name, exc.strerror or exc)])
+    with os.fdopen(fd, "rb") as handle:
+        raw = handle.read(TASK_MAX_BYTES + 1)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise TaskFileError(["%s is not UTF-8 (byte %d)" % (name, exc.start)], raw=raw)
+    try:
+        task = json.loads(text)
+    except ValueError as exc:
+        # A producer that does not rename atomically may still be writing it.
+        raise TaskFileError(["%s is not JSON: %s" % (name, exc)], defer=fresh, raw=text)
+    errors = validate_task(task, stem if check_stem else None)
+    if errors:
+        raise TaskFileError(errors, raw=task)
+    return task
+
+
+def list_task_files(directory):
+    """Queued task files in FIFO order: *.json, not dot-prefixed, not .tmp."""
+    try:
+        names = os.listdir(directory)
+    except FileNotFoundError:
+        return []
+    # ids of the form YYYY-MM-DD_NN_slug sort chronologically by name
+    return sorted(name for name in names
+                  if name.endswith(".json") and not name.startswith(".") and ".tmp" not in name)
+
+
+def build_prompt(task):
+    """The full prompt for the editing agent: goal, instructions, scope, constraints, done."""
+    parts = ["# Task %s: %s" % (task["id"], task["bead_title"])]
+    if task.get("goal"):
+        parts.append("## Goal\n%s" % task["goal"])
+    parts.append("## Instructions\n%s" % task["prompt"])
+    if task.get("scope"):
+        parts.append("## Scope (edit only these paths)\n" + "\n".join("- %s" % s for s in task["scope"]))
+    if task.get("constraints"):
+        parts.append("## Constraints\n" + "\n".join("- %s" % c for c in task["constraints"]))
+    if task.get("done_condition"):
+        parts.append("## Done when\n%s" % task["done_condition"])
+    parts.append("## Rules\nEdit files only. Do not run the verification yourself: the watcher "
+                 "runs these commands afterwards and decides the outcome:\n"
+                 + "\n".join("- `%s`" % c for c in task["commands_to_run"]))
+    return "\n\n".join(parts) + "\n"
+
+
+def cap_text(text, cap_bytes, task_id):
+    """Text kept in a result: at most cap_bytes, the tail, behind the TRUNCATED marker."""
+    data = text.encode("utf-8")
+    if len(data) <= cap_bytes:
+        return text
+    tail = data[-cap_bytes:].decode("utf-8", "ignore")
+    return TRUNCATED_MARKER % task_id + "\n" + tail
+
+
+def dropped_note(result):
+    """Log note for output beyond run_command's in-memory cap (never silently lost)."""
+    if not result.dropped_bytes:
+        return ""
+    return " (%d more bytes of output were not kept: over the capture cap)" % result.dropped_bytes
+
+
+def result_history(handoff, task_id):
+    """Archived results of earlier attempts/gates of a task, oldest first."""
+    return [line.record for line in scan_jsonl(handoff.history_path(task_id)) if line.record]
+
+
+def archive_result(handoff, task_id, why):
+    """Move results/{id}.json into meta/{id}.results.jsonl. True when there was one.
+
+    The record is appended before the result is removed, so a crash in between
+    leaves a duplicate, never a loss.
+    """
+    path = handoff.path("results", task_id + ".json")
+    try:
+        with open(path, "rb") as handle:
+            raw = handle.read()
+    except FileNotFoundError:
+        return False
+    try:
+        record = json.loads(raw.decode("utf-8"))
+    except ValueError:
+        record = {"unparseable_result": raw.decode("utf-8", "replace")}
+    if not isinstance(record, dict):
+        record = {"unparseable_result": record}
+    record["archived_at"] = now_iso()
+    record["archived_because"] = why
+    append_jsonl(handoff.history_path(task_id), record)
+    os.unlink(path)
+    return True
+
+
+def move_no_clobber(src, directory, name):
+    """Rename src into directory/name, adding a suffix instead of replacing a file."""
+    os.makedirs(directory, exist_ok=True)
+    target = os.path.join(directory, name)
+    if os.path.lexists(target):
+        stem, ext = os.path.splitext(name)
+        target = os.path.join(directory, "%s.%s-%s%s" % (stem, time.strftime("%Y%m%dT%H%M%S"),
+                                                         random_hex(2), ext))
+    os.rename(src, target)
+    return target
+
+
+def read_result(handoff, task_id):
+    try:
+        return read_json_file(handoff.path("results", task_id + ".json"), "result")
+    except BridgeError:
+        return None
+
+
+# ---- beads ----------------------------------------------------------------------
+
+class Beads:
+    """The optional beads tracker through the real `bd` CLI, always by explicit id.
+
+    bead.command null: use `bd` when it is on PATH and the repo has .beads/;
+    otherwise every bead step is skipped (and the result says so). A configured
+    bead.command is mandatory: if it fails, the task fails (reason bead_failed).
+    """
+
+    def __init__(self, root, config):
+        import shutil
+        self.root = root
+        self.timeout = float(config_get(config, "bead.timeout_sec", 30) or 30)
+        command = config_get(config, "bead.command")
+        self.required = command is not None
+        self.skip_reason = None
+        if isinstance(command, str):
+            command = [command]
+        if command:
+            self.argv = list(command)
+        elif shutil.which("bd") and os.path.isdir(os.path.join(root, ".beads")):
+            self.argv = ["bd"]
+            self.required = True
+        else:
+            self.argv = None
+            self.skip_reason = ("bd is not on PATH" if not shutil.which("bd")
+                                else "no .beads/ in the repository (run `bd init`)")
+
+    def call(self, *args):
+        return run_command(self.argv + list(args), cwd=self.root, timeout=self.timeout)
+
+    def create(self, title):
+        """(bead_id, raw_output, error)."""
+        result = self.call("create", title, "--silent")
+        raw = result.stdout + (("\n" + result.stderr) if result.stderr.strip() else "")
+        if not result.ok:
+            return None, raw, "bd create %s: %s" % (result.describe(), result.stderr.strip()[-300:])
+        bead_id = parse_bead_id(result.stdout)
+        if not bead_id:
+            return None, raw, "bd create printed no issue id"
+        return bead_id, raw, None
+
+    def block(self, bead_id, reason):
+        result = self.call("update", bead_id, "--status", "blocked", "--append-notes", reason)
+        return None if result.ok else "bd update %s: %s %s" % (
+            bead_id, result.describe(), result.stderr.strip()[-300:])
+
+    def close(self, bead_id, reason):
+        result = self.call("close", bead_id, "--reason", reason)
+        return None if result.ok else "bd close %s: %s %s" % (
+            bead_id, result.describe(), result.stderr.strip()[-300:])
+
+
+def parse_bead_id(output):
+    """The issue id from `bd create --silent` (one token), `--json` or the human line."""
+    text = (output or "").strip()
+    if not text:
+        return None
+    if text.startswith("{"):
+        try:
+            value = json.loads(text).get("id")
+            return value if isinstance(value, str) and _SAFE_NAME.match(value) else None
+        except (ValueError, AttributeError):
+            return None
+    match = re.search(r"Created issue:\s*(\S+)", text)
+    token = match.group(1) if match else text.split()[-1] if len(text.split()) == 1 else None
+    if token is None:
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        token = lines[-1] if lines and " " not in lines[-1] else None
+    return token.rstrip(":,") if token and _SAFE_NAME.match(token.rstrip(":,")) else None
+
+
+def bead_id_from_meta(handoff, task_id):
+    path = handoff.path("meta", task_id + ".bead")
+    try:
+        with open(path, encoding="utf-8", errors="replace") as handle:
+            return parse_bead_id(handle.read())
+    except FileNotFoundError:
+        return None
+
+
+# ---- the watcher ----------------------------------------------------------------
+
+class Stop(Exception):
+    """Raised inside a task run to end it with a given outcome (always with a result)."""
+
+    def __init__(self, status, reason, detail):
+        super().__init__(detail)
+        self.status, self.reason, self.detail = status, reason, detail
+
+
+class Watcher:
+    """One watcher process: the worker lock, the startup sweep and the task loop."""
+
+    def __init__(self, root, config, poll=None, once=False, out=None):
+        self.root = os.path.abspath(root)
+        self.config = config
+        self.handoff = Handoff(self.root)
+        self.git = Git(self.root)
+        self.redactor = get_redactor(config)
+        self.once = once
+        self.poll = float(poll if poll is not None else config.get("poll_sec", 1.0))
+        if not 0.05 <= self.poll <= 3600:
+            raise BridgeError("poll interval must be between 0.05 and 3600 seconds, got %s" % self.poll)
+        self.cap = int(config.get("log_size_cap_kb", 10)) * 1024
+        self.stop_on_failure = bool(config.get("stop_on_failure", True)) and not bool(
+            config.get("continue_on_failure", False))
+        self.continue_on_failure = bool(config.get("continue_on_failure", False))
+        self.protected = list(config.get("protected_branches") or [])
+        self.exclude = [HANDOFF_DIR]
+        self.progress_sec = float(config.get("progress_sec", 10) or 10)
+        command = config_get(config, "executor.command") or []
+        if isinstance(command, str) or not command or not all(isinstance(a, str) for a in command):
+            raise BridgeError("executor.command must be a non-empty list of strings (an argv "
+                              "template), got %s" % json.dumps(command))
+        self.executor = list(command)
+        self.out = out or sys.stdout
+        self.worker = None
+        self.task_lock = None
+        self.child = None
+        self.stopping = None
+        self.stopped_on_failure = False
+        self.warned = set()
+        self.git_dir = None
+        self.beads = None
+        self.counts = {}
+        self.beat_lock = None  # serialises heartbeats with lock releases (fd reuse)
+
+    # -- small helpers --
+
+    def say(self, message):
+        warn("watch: " + message)
+
+    def redact(self, text):
+        return self.redactor.redact(text) if text else text
+
+    def write_redacted(self, path, text):
+        """Redacted text to a file under .ai-handoff/; True when redaction changed it."""
+        clean = self.redact(text)
+        atomic_write(path, clean or "")
+        return clean != text
+
+    def log(self, task_id, text):
+        append_text(self.handoff.path("logs", task_id + ".log"), self.redact(text))
+
+    # -- lifecycle --
+
+    def run(self):
+        """The whole watcher: lock, sweep, loop. Returns the exit code."""
+        self.handoff.require()
+        if not self.git.run("rev-parse", "--is-inside-work-tree", check=False).ok:
+            raise BridgeError("%s is not a git work tree; the watcher needs git" % self.root)
+        ttl = int(self.config.get("worker_lock_ttl_sec", 7200))
+        self.worker = FileLock(self.handoff.path("locks", WORKER_LOCK), ttl_sec=ttl,
+                               meta={"role": "worker", "root": self.root})
+        if not self.worker.acquire():
+            raise BridgeError("another watcher holds %s: %s" % (
+                self.worker.path, describe_holder(self.worker.holder)), EXIT_LOCKED)
+        if self.worker.recovered:
+            self.say("took over the worker lock of %s (it no longer runs)" % describe_holder(
+                self.worker.recovered))
+        self.git_dir = self.git.git_dir()
+        for line in handoff_init(self.root):  # idempotent: makes sure git ignores .ai-handoff/
+            self.say(line)
+        self.beads = Beads(self.root, self.config)
+        import threading
+        self.beat_lock = threading.Lock()
+        previous = self.install_signals()
+        beat = self.start_heartbeat(ttl)
+        try:
+            self.sweep()
+            self.loop()
+        finally:
+            with self.beat_lock:
+                beat.set()
+                self.worker.release()
+            self.restore_signals(previous)
+        if self.counts:
+            self.say("done: %s" % ", ".join("%s %d" % item for item in sorted(self.counts.items())))
+        if self.stopped_on_failure:
+            return EXIT_FAILED
+        return EXIT_OK
+
+    def install_signals(self):
+        import signal
+
+        def handler(signum, _frame):
+            self.stopping = signal.Signals(signum).name
+            child = self.child
+            if child is not None:
+                try:
+                    os.killpg(child.pid, signal.SIGTERM)
+                except (ProcessLookupError, PermissionError):
+                    pass
+        previous = {}
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            try:
+                previous[sig] = signal.signal(sig, handler)
+            except ValueError:
+                pass  # not the main thread
+        return previous
+
+    @staticmethod
+    def restore_signals(previous):
+        import signal
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+
+    def start_heartbeat(self, ttl):
+        """A daemon thread refreshing the worker (and current task) lock heartbeat."""
+        import threading
+        done = threading.Event()
+        interval = max(1.0, min(60.0, ttl / 4.0))
+
+        def beat():
+            while not done.wait(interval):
+                with self.beat_lock:
+                    if done.is_set():
+                        return
+                    try:
+                        self.worker.heartbeat()
+                        lock = self.task_lock
+                        if lock is not None:
+                            lock.heartbeat()
+                    except OSError as exc:
+                        self.say("heartbeat failed: %s" % exc)
+        threading.Thread(target=beat, name="bridge-heartbeat", daemon=True).start()
+        return done
+
+    def loop(self):
+        tasks_dir = self.handoff.dir("tasks")
+        last_mtime, last_scan = None, 0.0
+        while not self.stopping:
+            try:
+                mtime = os.stat(tasks_dir).st_mtime_ns
+            except FileNotFoundError:
+                raise BridgeError("%s disappeared" % tasks_dir, EXIT_FAILED)
+            now = time.monotonic()
+            worked = deferred = False
+            if mtime != last_mtime or now - last_scan >= 10.0 or self.once:
+                last_mtime, last_scan = mtime, now
+                for name in list_task_files(tasks_dir):
+                    if self.stopping:
+                        break
+                    outcome = self.process(os.path.join(tasks_dir, name))
+                    if outcome == "deferred":
+                        deferred = True
+                        last_mtime = None
+                    elif outcome:
+                        worked = True
+                    if outcome == "failed" and self.stop_on_failure:
+                        self.stopped_on_failure = True
+                        self.say("the queue stopped on the failure of %s (set continue_on_failure "
+                                 "to go on); fix it, then run the watcher again" % name[:-5])
+                        return
+            if self.once and not worked and not deferred:
+                return
+            if self.once and deferred and not worked:
+                time.sleep(0.25)
+            elif not self.once or not worked:
+                time.sleep(self.poll)
+        self.say("stopping on %s" % self.stopping)
+
+    # -- startup sweep (crash recovery) --
+
+    def sweep(self):
+        """Recover tasks left in running/ by a watcher that died, before new work."""
+        for name in os.listdir(self.git_dir):  # throwaway indexes of a crashed watcher
+            if name.startswith("bridge-index."):
+                pid = name.split(".")[1]
+                if pid.isdigit() and holder_is_dead({"pid": int(pid), "host": os.uname().nodename}):
+                    try:
+                        os.unlink(os.path.join(self.git_dir, name))
+                    except OSError:
+                        pass
+        running = self.handoff.dir("running")
+        for name in list_task_files(running):
+            task_id = name[:-5]
+            path = os.path.join(running, name)
+            lock_path = self.handoff.path("locks", task_id + ".lock")
+            state, meta = FileLock.probe(lock_path)
+            if state == "held":
+                self.say("%s is in running/ and its lock is held by %s; leaving it" % (
+                    task_id, describe_holder(meta)))
+                continue
+            result = read_result(self.handoff, task_id)
+            try:
+                task = task_defaults(read_task_file(path, fresh_sec=0))
+            except TaskFileError:
+                task = None
+            if result and task and result.get("attempt") == task.get("attempt"):
+                # finished, crashed before tidying up: the result is the truth
+                os.unlink(path)
+                self.drop_lock_file(lock_path)
+                continue
+            if meta and not meta.get("released_at") and not holder_is_dead(meta):
+                timeout = (task or {}).get("timeout_sec", 1800)
+                limit = max(timeout * 2, 7200)
+                beat = meta.get("heartbeat_ts") or meta.get("created_ts") or 0
+                if time.time() - beat <= limit:
+                    self.say("%s is in running/; its lock (%s) is not provably stale yet "
+                             "(limit %ds); leaving it" % (task_id, describe_holder(meta), limit))
+                    continue
+                why = "lock older than %ds" % limit
+            else:
+                why = ("its watcher (%s) no longer runs" % describe_holder(meta) if meta
+                       else "no lock held for it")
+            self.recover(task_id, path, task, meta, why)
+
+    def recover(self, task_id, path, task, meta, why):
+        """Seed step 4 stale recovery: result, bead blocked, re-queue or failed/."""
+        import signal
+        lock = FileLock(self.handoff.path("locks", task_id + ".lock"))
+        if not lock.acquire():
+            return
+        try:
+            meta = meta or {}
+            agent = meta.get("agent")
+            killed = False
+            if isinstance(agent, dict) and isinstance(agent.get("pid"), int):
+                ident = process_identity(agent["pid"])
+                if ident["start_ticks"] and ident["start_ticks"] == agent.get("start_ticks"):
+                    try:
+                        os.killpg(agent["pid"], signal.SIGKILL)
+                        killed = True
+                    except (ProcessLookupError, PermissionError):
+                        pass
+            if task is None:
+                safe = task_id if TASK_ID_RE.match(task_id) else "invalid-" + random_hex()
+                target = move_no_clobber(path, self.handoff.dir("failed"), os.path.basename(path))
+                result = self.new_result(None, safe)
+                result.update(status="failed", exit_path="failed", reason="stale_lock_recovered",
+                              detail="stale (%s) and its task file is unreadable; moved to %s"
+                              % (why, self.handoff.rel(target)))
+                self.write_result(safe, result)
+                return
+            result = self.new_result(task)
+            result["lock"] = {"recovered_from": meta, "why": why, "orphan_agent_killed": killed}
+            git_state = result["git"]
+            snap = self.git_snapshot()
+            base_branch, branch = meta.get("base_branch"), meta.get("branch")
+            git_state.update(base_branch=base_branch, branch=snap["current_branch"],
+                             head_commit=snap["head"], status_after_verify=snap["status"],
+                             dirty_after_verify=snap["dirty"])
+            parking = ""
+            if branch and snap["current_branch"] == branch and branch != base_branch:
+                # Park the interrupted work on its branch so the next task (or the
+                # retry) starts clean; nothing is reverted.
+                try:
+                    if snap["dirty"]:
+                        git_state["wip_commit"] = self.commit_all(
+                            "WIP(bridge): %s interrupted (stale_lock_recovered, attempt %s) - "
+                            "NOT verified" % (task_id, task["attempt"]))
+                    if base_branch and self.config.get("return_to_base", True):
+                        back = self.git.run("checkout", "-q", base_branch, check=False)
+                        git_state["returned_to_base"] = back.ok
+                except BridgeError as exc:
+                    parking = "; parking the interrupted work failed: %s" % exc.message
+            retry = task["attempt"] < task["retry_policy"]["max_attempts"]
+            detail = "task lock was stale (%s); %s" % (
+                why, "re-queued as attempt %d" % (task["attempt"] + 1) if retry
+                else "attempts exhausted (%d of %d); moved to failed/" % (
+                    task["attempt"], task["retry_policy"]["max_attempts"]))
+            result.update(status="failed", exit_path="failed", reason="stale_lock_recovered",
+                          detail=detail + parking)
+            bead_id = bead_id_from_meta(self.handoff, task_id)
+            if bead_id and self.beads.argv:
+                error = self.beads.block(bead_id, "stale lock recovered: " + why)
+                result["bead"].update(id=bead_id, error=error)
+            self.write_result(task_id, result)
+            self.say("%s: %s" % (task_id, detail))
+            if retry:
+                archive_result(self.handoff, task_id, "re-queued for attempt %d" % (task["attempt"] + 1))
+                requeued = dict(read_task_file(path, fresh_sec=0))
+                requeued["attempt"] = task["attempt"] + 1
+                atomic_write_json(self.handoff.path("tasks", task_id + ".json"), requeued)
+                os.unlink(path)
+            else:
+                move_no_clobber(path, self.handoff.dir("failed"), task_id + ".json")
+        finally:
+            lock.release()
+            self.drop_lock_file(lock.path)
+
+    @staticmethod
+    def drop_lock_file(path):
+        # Safe: only the holder of the worker lock ever takes task locks.
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+
+    # -- one task --
+
+    def process(self, path):
+        """Take one queued task file through the protocol. Returns its outcome or None."""
+        name = os.path.basename(path)
+        stem = name[:-5]
+        try:
+            task = read_task_file(path)
+        except TaskFileError as exc:
+            if exc.defer:
+                return "deferred"
+            return self.refuse(path, stem, exc)
+        task = task_defaults(task)
+        task_id = task["id"]
+        existing = read_result(self.handoff, task_id)
+        if os.path.exists(self.handoff.path("results", task_id + ".json")):
+            done_attempt = (existing or {}).get("attempt", 1)
+            if existing is None or not isinstance(done_attempt, int) or done_attempt >= task["attempt"]:
+                if task_id not in self.warned:
+                    self.warned.add(task_id)
+                    self.say("%s already has a result for attempt %s: skipped (idempotency); use "
+                             "`submit --retry` to run it again" % (task_id, task["attempt"]))
+                return None
+            archive_result(self.handoff, task_id, "superseded by attempt %d" % task["attempt"])
+        running = self.handoff.path("running", name)
+        if os.path.lexists(running):
+            if task_id not in self.warned:
+                self.warned.add(task_id)
+                self.say("%s is queued but also in running/; skipped until that one is recovered"
+                         % task_id)
+            return None
+        lock = FileLock(self.handoff.path("locks", task_id + ".lock"),
+                        meta={"task_id": task_id, "timeout_sec": task["timeout_sec"],
+                              "attempt": task["attempt"]})
+        if not lock.acquire():
+            self.say("%s: task lock held by %s; skipped" % (task_id, describe_holder(lock.holder)))
+            return None
+        self.task_lock = lock
+        try:
+            os.rename(path, running)
+            return self.execute(task, running)
+        finally:
+            with self.beat_lock:
+                self.task_lock = None
+                lock.release()
+            self.child = None
+            self.drop_lock_file(lock.path)
+
+    def refuse(self, path, stem, exc):
+        """schema_invalid: result (exit_path skipped), file moved to failed/."""
+        task_id = stem if TASK_ID_RE.match(stem) else "invalid-%s" % random_hex()
+        target = move_no_clobber(path, self.handoff.dir("failed"), os.path.basename(path))
+        snapshot = exc.raw if isinstance(exc.raw, dict) else None
+        result = self.new_result(snapshot, task_id)
+        result.update(status="failed", exit_path="skipped", reason="schema_invalid",
+                      detail="the task file was refused; moved to %s" % self.handoff.rel(target),
+                      errors=exc.errors, task_file=self.handoff.rel(target), task_snapshot=snapshot)
+        result["bead"]["skipped"] = "the task was refused"
+        if os.path.exists(self.handoff.path("results", task_id + ".json")):
+            archive_result(self.handoff, task_id, "superseded by a schema_invalid refusal")
+        self.write_result(task_id, result)
+        self.say("%s: schema_invalid: %s" % (task_id, "; ".join(exc.errors)[:400]))
+        return "skipped"
+
+    def new_result(self, task, task_id=None):
+        """Every field of the result schema, so each exit path writes them all.
+
+        `task` may be a refused (partial) task or None.
+        """
+        task = task if isinstance(task, dict) else {}
+        attempt = task.get("attempt", 1)
+        policy = task.get("retry_policy") if isinstance(task.get("retry_policy"), dict) else {}
+        title = task.get("bead_title")
+        return {
+            "id": task_id or task.get("id"), "status": None, "exit_path": None, "reason": None,
+            "detail": "",
+            "attempt": attempt if isinstance(attempt, int) and not isinstance(attempt, bool) else None,
+            "max_attempts": policy.get("max_attempts", 1),
+            "approved_at": task.get("approved_at"),
+            "started_at": now_iso(),
+            "bead": {"title": title if isinstance(title, str) else None, "id": None, "raw_output": None,
+                     "skipped": None, "error": None},
+            "git": {"base_branch": None, "branch": None, "branch_created": False,
+                    "base_commit": None, "head_commit": None, "dirty_before": None,
+                    "dirty_after_verify": None, "status_before": None,
+                    "status_after_verify": None, "diff_stat_pre": None, "diff_stat_post": None,
+                    "commit": None, "wip_commit": None, "returned_to_base": None},
+            "executor": None,
+            "commands": [],
+            "artifacts": {"patch_pre": None, "patch_post": None, "logs": None,
+                          "prompt": None, "history": None},
+            "patch_redacted": {"pre": False, "post": False},
+            "previous_results": [],
+            "task_snapshot": task,
+            "watcher": {"pid": os.getpid(), "host": os.uname().nodename, "version": __version__},
+        }
+
+    def write_result(self, task_id, result):
+        """The single source of truth: redacted, atomic, always written."""
+        result = dict(result)
+        result.setdefault("id", task_id)
+        result["timestamp"] = now_iso()
+        history = self.handoff.history_path(task_id)
+        if os.path.exists(history):
+            result["previous_results"] = [
+                {k: r.get(k) for k in ("attempt", "status", "reason", "exit_path", "timestamp",
+                                       "archived_because")}
+                for r in result_history(self.handoff, task_id)]
+            result.setdefault("artifacts", {})["history"] = self.handoff.rel(history)
+        atomic_write_json(self.handoff.path("results", task_id + ".json"),
+                          self.redactor.redact_obj(result))
+        self.counts[result.get("exit_path")] = self.counts.get(result.get("exit_path"), 0) + 1
+
+    def git_snapshot(self):
+        """HEAD, branch and porcelain status (.ai-handoff/ excluded) in ONE git call.
+
+        `status --porcelain=v2 --branch` carries the HEAD commit and branch in its
+        header; entries are rendered back to the familiar v1 `XY path` lines.
+        """
+        result = self.git.run("status", "--porcelain=v2", "-z", "--branch", "--untracked-files=all",
+                              "--", ".", *[":(exclude)%s" % p for p in self.exclude], check=False)
+        if not result.ok:
+            return {"head": self.git.head(), "current_branch": self.git.current_branch(),
+                    "status": "git status failed: %s" % result.stderr.strip()[-300:],
+                    "dirty": True}  # fail closed
+        state = {"head": None, "current_branch": None}
+        lines, fields, index = [], result.stdout.split("\0"), 0
+        while index < len(fields):
+            field = fields[index]
+            index += 1
+            if field.startswith("# branch.oid "):
+                oid = field[13:]
+                state["head"] = None if oid == "(initial)" else oid
+            elif field.startswith("# branch.head "):
+                name = field[14:]
+                state["current_branch"] = None if name == "(detached)" else name
+            elif field[:2] in ("1 ", "u "):
+                parts = field.split(" ", 8 if field[0] == "1" else 10)
+                lines.append("%s %s" % (parts[1].replace(".", " "), parts[-1]))
+            elif field[:2] == "2 ":
+                parts = field.split(" ", 9)
+                origin = fields[index] if index < len(fields) else ""
+                index += 1
+                lines.append("%s %s -> %s" % (parts[1].replace(".", " "), origin, parts[-1]))
+            elif field[:2] in ("? ", "! "):
+                lines.append("%s %s" % (field[0] * 2, field[2:]))
+        state["status"] = "".join(line + "\n" for line in lines)
+        state["dirty"] = bool(lines)
+        return state
+
+    def in_progress_operation(self):
+        for name in ("MERGE_HEAD", "rebase-merge", "rebase-apply", "CHERRY_PICK_HEAD", "REVERT_HEAD"):
+            if os.path.exists(os.path.join(self.git_dir, name)):
+                return name
+        return None
+
+    def audit(self, base):
+        """(patch, shortstat) from base to the work tree: one temp-index diff (kernel)."""
+        out = self.git.worktree_diff(base, self.exclude, "--binary", "--shortstat", "-p")
+        if not out:
+            return "", ""
+        stat, _, patch = out.partition("\n\n")
+        return patch, stat.strip()
+
+    def commit_all(self, message):
+        """Commit everything but .ai-handoff/ on the current branch; the new sha or None."""
+        self.git.run("add", "-A")  # .ai-handoff/ is in info/exclude (see run())
+        result = self.git.run("commit", "-q", "--no-verify", "-m", message, check=False)
+        if not result.ok and "tell me who you are" in (result.stderr + result.stdout).lower():
+            result = self.git.run("-c", "user.name=bridge.py", "-c", "user.email=bridge@localhost",
+                                  "commit", "-q", "--no-verify", "-m", message, check=False)
+        if not result.ok:
+            if "nothing to commit" in result.stdout + result.stderr:
+                return None
+            raise BridgeError("git commit failed: %s" % (result.stderr or result.stdout).strip()[-300:],
+                              EXIT_FAILED)
+        return self.git.head()
+
+    def note_in_task_lock(self, **fields):
+        """Record fields in the task lock's metadata (read by a later crash recovery)."""
+        with self.beat_lock:
+            lock = self.task_lock
+            if lock is not None:
+                lock.extra.update(fields)
+                lock.meta.update(fields)
+                lock.heartbeat()
+
+    def progress(self, task_id, step):
+        def tick(elapsed):
+            self.say("%s: %s still running (%ds)" % (task_id, step, int(elapsed)))
+        return tick
+
+    def run_child(self, cmd, task, step, shell=False, env=None):
+        """An agent or verify command with the task timeout, group kill and progress."""
+        def started(proc):
+            self.child = proc
+            if self.stopping:  # the signal came between two steps: stop this one at once
+                import signal
+                try:
+                    os.killpg(proc.pid, signal.SIGTERM)
+                except (ProcessLookupError, PermissionError):
+                    pass
+            if step == "agent" and self.task_lock is not None:
+                agent = {"pid": proc.pid, "start_ticks": _start_ticks(proc.pid)}
+                self.note_in_task_lock(agent=agent)
+        try:
+            return run_command(cmd, cwd=self.root, env=env, timeout=task["timeout_sec"],
+                               shell=shell, on_tick=self.progress(task["id"], step),
+                               tick_sec=self.progress_sec, on_start=started,
+                               cap_bytes=max(self.cap * 64, 8 << 20))
+        finally:
+            self.child = None
+
+    def execute(self, task, running):
+        """Steps 6-14 for a task already in running/ under its lock."""
+        task_id = task["id"]
+        result = self.new_result(task)
+        started = monotonic()
+        outcome = None
+        try:
+            outcome = self.steps(task, running, result)
+        except Stop as stop:
+            result.update(status=stop.status, exit_path=stop.status, reason=stop.reason,
+                          detail=stop.detail)
+        except Exception as exc:  # the result is still written: no silent failure
+            if debug_enabled():
+                import traceback
+                traceback.print_exc()
+            result.update(status="failed", exit_path="failed", reason="internal_error",
+                          detail="%s: %s" % (type(exc).__name__, getattr(exc, "message", exc)))
+        if outcome != "pending":
+            if result["status"] != "success":
+                self.after_failure(task, result)
+            result["duration_ms"] = int((monotonic() - started) * 1000)
+            result["finished_at"] = now_iso()
+            self.write_result(task_id, result)
+            # the result is written first: a crash now leaves a result, never a lost task
+            if result["status"] == "success":
+                os.unlink(running)
+            else:
+                move_no_clobber(running, self.handoff.dir("failed"), task_id + ".json")
+            self.say("%s: %s (%s)%s" % (task_id, result["status"], result["reason"],
+                                        (": " + result["detail"]) if result["detail"] else ""))
+        return result["exit_path"]
+
+    def steps(self, task, running, result):
+        task_id = task["id"]
+        git_state = result["git"]
+        # 6. confirmation gate: before any git change
+        if task["requires_confirmation"] and not task.get("approved_at"):
+            snap = self.git_snapshot()
+            git_state.update(branch=snap["current_branch"], base_branch=snap["current_branch"],
+                             base_commit=snap["head"],
+                             dirty_before=snap["dirty"], status_before=snap["status"],
+                             status_porcelain=snap["status"])
+            result["bead"]["skipped"] = "not created before approval"
+            result.update(status="needs_confirmation", exit_path="needs_confirmation",
+                          reason="requires_confirmation",
+                          detail="waiting in pending/; run `bridge.py approve %s`" % task_id)
+            self.write_result(task_id, result)
+            move_no_clobber(running, self.handoff.dir("pending"), task_id + ".json")
+            self.say("%s: needs confirmation (bridge.py approve %s)" % (task_id, task_id))
+            return "pending"
+        # 3. safety: dirty check and git state, captured before the agent runs
+        snap = self.git_snapshot()
+        base_branch = snap["current_branch"]
+        git_state.update(base_branch=base_branch, base_commit=snap["head"],
+                         dirty_before=snap["dirty"], status_before=snap["status"])
+        operation = self.in_progress_operation()
+        if operation:
+            raise Stop("blocked", "dirty_repo", "a git operation is in progress (%s); finish or "
+                       "abort it first" % operation)
+        if snap["dirty"] and not task["allow_dirty"]:
+            raise Stop("blocked", "dirty_repo", "the work tree has uncommitted changes "
+                       "(see git.status_before); commit or stash them, or set allow_dirty")
+        if snap["head"] is None:
+            raise Stop("blocked", "branch_checkout_failed", "the repository has no commit yet "
+                       "(unborn branch); commit something first")
+        # 3b. branch: off protected branches (and detached HEAD) onto feat/ai/{id}
+        branch = base_branch
+        if base_branch is None or base_branch in self.protected:
+            branch = "feat/ai/" + task_id
+            made = self.git.run("checkout", "-q", "-b", branch, check=False)
+            if made.ok:
+                git_state["branch_created"] = True
+            elif "already exists" in made.stderr and task["attempt"] > 1:
+                switched = self.git.run("checkout", "-q", branch, check=False)
+                if not switched.ok:
+                    raise Stop("blocked", "branch_checkout_failed", "cannot switch to the existing "
+                               "%s for retry: %s" % (branch, switched.stderr.strip()[-300:]))
+                git_state["base_commit"] = self.git.head()
+            elif "already exists" in made.stderr:
+                raise Stop("blocked", "branch_checkout_failed", "branch %s already exists and this "
+                           "is attempt 1, not a retry of the same task; rename the task or delete "
+                           "the branch" % branch)
+            else:
+                raise Stop("blocked", "branch_checkout_failed", "git checkout -b %s failed: %s" % (
+                    branch, made.stderr.strip()[-300:]))
+        git_state["branch"] = branch
+        self.note_in_task_lock(branch=branch, base_branch=base_branch)  # for crash recovery
+        # 7. bead
+        self.bead_create(task, result)
+        # 8. the editing agent
+        prompt = build_prompt(task)
+        prompt_path = self.handoff.path("meta", task_id + ".prompt.md")
+        self.write_redacted(prompt_path, prompt)
+        result["artifacts"]["prompt"] = self.handoff.rel(prompt_path)
+        log_path = self.handoff.path("logs", task_id + ".log")
+        result["artifacts"]["logs"] = self.handoff.rel(log_path)
+        self.log(task_id, "=== %s attempt %d started %s on %s (base %s)\n" % (
+            task_id, task["attempt"], now_iso(), branch, git_state["base_commit"]))
+        values = {"{prompt}": prompt, "{prompt_file}": prompt_path, "{task_file}": running,
+                  "{id}": task_id, "{root}": self.root}
+        argv = []
+        for word in self.executor:
+            for key, value in values.items():
+                word = word.replace(key, value)
+            argv.append(word)
+        env = dict(os.environ)
+        extra_env = config_get(self.config, "executor.env") or {}
+        env.update({str(k): str(v) for k, v in extra_env.items()})
+        env.update(BRIDGE_TASK_ID=task_id, BRIDGE_TASK_FILE=running, BRIDGE_PROMPT_FILE=prompt_path,
+                   BRIDGE_ROOT=self.root)
+        self.say("%s: running the editing agent (%s)" % (task_id, self.executor[0]))
+        ran = self.run_child(argv, task, "agent", env=env)
+        self.log(task_id, "--- agent: %s\n--- stdout\n%s\n--- stderr\n%s\n--- agent %s%s\n" % (
+            " ".join(self.executor), ran.stdout, ran.stderr, ran.describe(), dropped_note(ran)))
+        result["executor"] = {
+            "argv": [self.redact(a)[:500] for a in self.executor],
+            "exit_code": ran.exit_code, "timed_out": ran.timed_out, "signal": ran.signal,
+            "duration_ms": int(ran.duration * 1000),
+            "stdout": cap_text(self.redact(ran.stdout), self.cap, task_id),
+            "stderr": cap_text(self.redact(ran.stderr), self.cap, task_id),
+            "error": ran.error,
+        }
+        # 9. audit 1 (also the partial evidence when the agent failed)
+        self.audit_into(task_id, result, "pre")
+        if self.stopping:
+            raise Stop("failed", "opencode_failed", "the watcher received %s while the agent ran; "
+                       "the agent was stopped" % self.stopping)
+        if not ran.ok:
+            self.post_state(result)
+            raise Stop("failed", "opencode_failed", "the editing agent %s" % ran.describe())
+        # 10. verify
+        failed = None
+        for index, command in enumerate(task["commands_to_run"]):
+            if failed is not None or self.stopping:
+                result["commands"].append({"cmd": command, "exit_code": None, "skipped": True,
+                                           "stdout": "", "stderr": ""})
+                continue
+            self.say("%s: verify %d/%d: %s" % (task_id, index + 1, len(task["commands_to_run"]),
+                                                self.redact(command)[:200]))
+            done = self.run_child(command, task, "verify %d" % (index + 1), shell=True)
+            self.log(task_id, "--- verify: %s\n--- stdout\n%s\n--- stderr\n%s\n--- %s%s\n" % (
+                command, done.stdout, done.stderr, done.describe(), dropped_note(done)))
+            result["commands"].append({
+                "cmd": command, "exit_code": done.exit_code, "timed_out": done.timed_out,
+                "duration_ms": int(done.duration * 1000),
+                "stdout": cap_text(self.redact(done.stdout), self.cap, task_id),
+                "stderr": cap_text(self.redact(done.stderr), self.cap, task_id),
+            })
+            if not done.ok:
+                failed = (command, done)
+        # 11. audit 2
+        self.audit_into(task_id, result, "post")
+        self.post_state(result)
+        if self.stopping:
+            raise Stop("failed", "verify_failed", "the watcher received %s during verification; "
+                       "the verification was stopped" % self.stopping)
+        if failed is not None:
+            raise Stop("failed", "verify_failed", "`%s` %s" % (failed[0][:200], failed[1].describe()))
+        # 12-13. success: commit on the task branch, return to base, close the bead
+        if self.config.get("commit_on_success", True) and git_state["dirty_after_verify"]:
+            git_state["commit"] = self.commit_all("bridge: %s: %s\n\nTask %s (attempt %d) passed: %s\n" % (
+                task_id, task["bead_title"], task_id, task["attempt"],
+                "; ".join(task["commands_to_run"])))
+        self.return_to_base(result)
+        result.update(status="success", exit_path="success", reason="verified",
+                      detail="all %d verification command(s) passed" % len(task["commands_to_run"]))
+        bead_id = result["bead"]["id"]
+        if bead_id:
+            error = self.beads.close(bead_id, "verified by bridge.py (%s)" % task_id)
+            if error:
+                result["bead"]["error"] = error
+                raise Stop("failed", "bead_failed", "verified, but closing the bead failed: " + error)
+        return "success"
+
+    def bead_create(self, task, result):
+        bead = result["bead"]
+        if not self.beads.argv:
+            bead["skipped"] = self.beads.skip_reason
+            return
+        existing = bead_id_from_meta(self.handoff, task["id"])
+        if existing:  # a retry or an approved task keeps its bead
+            bead.update(id=existing, raw_output=self.read_meta(task["id"] + ".bead"), reused=True)
+            return
+        bead_id, raw, error = self.beads.create(task["bead_title"])
+        self.write_redacted(self.handoff.path("meta", task["id"] + ".bead"), raw)
+        bead.update(id=bead_id, raw_output=self.redact(raw), error=error)
+        if error:
+            raise Stop("failed", "bead_failed", error)
+
+    def read_meta(self, name):
+        try:
+            with open(self.handoff.path("meta", name), encoding="utf-8", errors="replace") as handle:
+                return handle.read()
+        except FileNotFoundError:
+            return None
+
+    def audit_into(self, task_id, result, which):
+        base = result["git"]["base_commit"]
+        patch, stat = self.audit(base)
+        path = self.handoff.path("patches", "%s_%s.patch" % (task_id, which))
+        result["patch_redacted"][which] = self.write_redacted(path, patch)
+        result["artifacts"]["patch_" + which] = self.handoff.rel(path)
+        result["git"]["diff_stat_" + which] = stat
+
+    def post_state(self, result):
+        snap = self.git_snapshot()
+        result["git"].update(head_commit=snap["head"], status_after_verify=snap["status"],
+                             dirty_after_verify=snap["dirty"])
+
+    def return_to_base(self, result):
+        git_state = result["git"]
+        base_branch, branch = git_state.get("base_branch"), git_state.get("branch")
+        if not self.config.get("return_to_base", True) or branch == base_branch:
+            return
+        target = base_branch or git_state.get("base_commit")
+        args = ("checkout", "-q", target) if base_branch else ("checkout", "-q", "--detach", target)
+        back = self.git.run(*args, check=False)
+        git_state["returned_to_base"] = back.ok
+        if not back.ok:
+            raise Stop("failed", "internal_error", "could not return to %s: %s" % (
+                target, back.stderr.strip()[-300:]))
+
+    def after_failure(self, task, result):
+        """Bead blocked; with continue_on_failure park the work as a WIP commit and go back."""
+        bead_id = result["bead"].get("id")
+        if bead_id and result["reason"] != "bead_failed":
+            error = self.beads.block(bead_id, "%s: %s" % (result["reason"], result["detail"])[:500])
+            if error:
+                result["bead"]["error"] = error
+        if result["status"] == "blocked":
+            return
+        git_state = result["git"]
+        if result.get("executor") is None and git_state.get("branch_created"):
+            # Failed before the agent ran (e.g. bead_failed): nothing to inspect, so
+            # leave no trace in git: back to base and the empty branch removed.
+            try:
+                self.return_to_base(result)
+                if git_state.get("returned_to_base"):
+                    self.git.run("branch", "-d", git_state["branch"], check=False)
+                    git_state["branch_created"] = False
+            except (BridgeError, Stop) as exc:
+                result["detail"] += "; and returning to base failed: %s" % exc
+            return
+        if not self.continue_on_failure or git_state.get("branch") is None:
+            return
+        try:
+            dirty = self.git_snapshot()["dirty"]
+            if git_state.get("branch") != git_state.get("base_branch") or dirty:
+                if dirty:
+                    git_state["wip_commit"] = self.commit_all(
+                        "WIP(bridge): %s FAILED (%s) - NOT verified, kept for inspection\n\n%s\n" % (
+                            task["id"], result["reason"], result["detail"][:500]))
+                self.return_to_base(result)
+        except (BridgeError, Stop) as exc:
+            result["detail"] += "; and parking the work failed: %s" % exc
+
+
+# ---- queue commands (init, submit, status, approve, unlock) ----------------------
+
+def submit_task(root, source, retry=False):
+    """Validate a task file (or '-' for stdin) and enqueue it atomically. Returns its id."""
+    handoff = Handoff(root)
+    handoff.require()
+    if source == "-":
+        raw = sys.stdin.buffer.read(TASK_MAX_BYTES + 1)
+        try:
+            task = json.loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise BridgeError("stdin: not a UTF-8 JSON task: %s" % exc)
+        errors = validate_task(task)
+    else:
+        try:
+            task = read_task_file(source, check_stem=False, fresh_sec=0)
+            errors = []
+        except TaskFileError as exc:
+            task, errors = exc.raw, exc.errors
+    if errors:
+        raise BridgeError("task %s refused, %d error(s):\n  %s" % (
+            source, len(errors), "\n  ".join(errors)))
+    task_id = task["id"]
+    for state in ("tasks", "running", "pending"):
+        if os.path.lexists(handoff.path(state, task_id + ".json")):
+            raise BridgeError("task %s is already in %s/" % (task_id, state), EXIT_FAILED)
+    previous = read_result(handoff, task_id)
+    if os.path.exists(handoff.path("results", task_id + ".json")):
+        if not retry:
+            raise BridgeError("task %s already has a result (%s, %s); use `submit --retry` to run "
+                              "it again as the next attempt" % (
+                                  task_id, (previous or {}).get("status"), (previous or {}).get("reason")),
+                              EXIT_FAILED)
+        last = (previous or {}).get("attempt")
+        task = dict(task)
+        task["attempt"] = max(task.get("attempt", 1), (last if isinstance(last, int) else 0) + 1)
+        policy = dict(task.get("retry_policy") or {"max_attempts": 1})
+        policy["max_attempts"] = max(policy.get("max_attempts", 1), task["attempt"])
+        task["retry_policy"] = policy
+        archive_result(handoff, task_id, "manual retry as attempt %d" % task["attempt"])
+    atomic_write_json(handoff.path("tasks", task_id + ".json"), task)
+    return task_id, task.get("attempt", 1)
+
+
+def approve_task(root, task_id):
+    """Release a task from pending/: archive its gate result, mark it approved, re-queue."""
+    handoff = Handoff(root)
+    handoff.require()
+    safe_name(task_id, "task id")
+    pending = handoff.path("pending", task_id + ".json")
+    if not os.path.lexists(pending):
+        where = [s for s in ("tasks", "running", "failed") if os.path.lexists(handoff.path(s, task_id + ".json"))]
+        raise BridgeError("task %s is not waiting in pending/%s" % (
+            task_id, " (it is in %s/)" % where[0] if where else ""), EXIT_FAILED)
+    try:
+        task = read_task_file(pending, fresh_sec=0)
+    except TaskFileError as exc:
+        raise BridgeError("pending/%s.json is not a valid task: %s" % (task_id, "; ".join(exc.errors)))
+    task["approved_at"] = now_iso()
+    # Order matters for crashes: history first, then the gate result goes, then the
+    # task appears in tasks/, then it leaves pending/.
+    archive_result(handoff, task_id, "approved at %s" % task["approved_at"])
+    atomic_write_json(handoff.path("tasks", task_id + ".json"), task)
+    os.unlink(pending)
+    return task
+
+
+def queue_status(root, recent=5):
+    handoff = Handoff(root)
+    handoff.require()
+    counts = {state: len(list_task_files(handoff.dir(state)))
+              for state in ("tasks", "running", "pending", "failed")}
+    by_status, failures = {}, []
+    for name in list_task_files(handoff.dir("results")):
+        path = handoff.path("results", name)
+        try:
+            record = read_json_file(path, "result")
+        except BridgeError as exc:
+            failures.append({"id": name[:-5], "reason": "unreadable result", "detail": exc.message,
+                             "mtime": 0})
+            continue
+        if not isinstance(record, dict):
+            continue
+        status = record.get("status") or "?"
+        by_status[status] = by_status.get(status, 0) + 1
+        if record.get("exit_path") in ("failed", "blocked", "skipped"):
+            failures.append({"id": record.get("id"), "status": status,
+                             "exit_path": record.get("exit_path"), "reason": record.get("reason"),
+                             "detail": record.get("detail"), "timestamp": record.get("timestamp"),
+                             "mtime": os.stat(path).st_mtime})
+    failures.sort(key=lambda item: item.pop("mtime"), reverse=True)
+    state, meta = FileLock.probe(handoff.path("locks", WORKER_LOCK))
+    worker = None
+    if state == "held" or (state == "unknown" and meta and not meta.get("released_at")):
+        worker = {k: meta.get(k) for k in ("pid", "host", "created_at", "heartbeat_at")} if meta else {}
+    return {"queued": counts["tasks"], "running": counts["running"], "pending": counts["pending"],
+            "failed": counts["failed"], "results": by_status, "worker": worker,
+            "recent_failures": failures[:recent]}
+
+
+def unlock_worker(root, force=False):
+    """Clear the worker lock when provably stale (or forced). Returns a message."""
+    handoff = Handoff(root)
+    path = handoff.path("locks", WORKER_LOCK)
+    state, meta = FileLock.probe(path)
+    if state == "free" and (not meta or meta.get("released_at")):
+        return "no worker lock is held%s" % (
+            " (last released by %s)" % describe_holder(meta) if meta else "")
+    who = describe_holder(meta)
+    if state == "held" or (state == "unknown" and not holder_is_dead(meta)):
+        if not force:
+            raise BridgeError("the worker lock is held by %s, which %s; not clearing it "
+                              "(--force to clear anyway)" % (
+                                  who, "is alive" if state == "held" else "is not provably dead"),
+                              EXIT_LOCKED)
+        os.unlink(path)
+        return "forced: removed the worker lock of %s (if it still runs, two watchers may now " \
+               "run at once)" % who
+    lock = FileLock(path)
+    if not lock.acquire():
+        raise BridgeError("the worker lock was just taken by %s" % describe_holder(lock.holder),
+                          EXIT_LOCKED)
+    lock.release()
+    return "cleared the stale worker lock of %s (%s)" % (
+        who, "its process no longer runs" if holder_is_dead(meta) else "nobody holds it")
 
 
 # =============================================================================
 # 3. SEAM - the _bridge/ verbs (seed 001)
 # =============================================================================
-# (built on the `seam` branch)
+#
+# The `_bridge/` directory is a file seam between agents (Claude Code, Codex, Pi)
+# and a captain's Bridge UI. The formats are those of Spacedock's Go verbs
+# (`spacedock bridge ...`, the [PR445] generation in reference/seam.md): a Bridge
+# reading what this writes, or writing what this reads, cannot tell the
+# difference - compact JSON in Go's key order with Go's escaping, one record per
+# line. Where the sources disagree, issue 6 decided:
+#
+#   1. A torn last line (no newline yet) is not counted and not delivered.
+#      Lines of any length are read; a malformed line consumes its number.
+#   2. drain appends an `acting` ack for what it returns, but only a terminal
+#      ack (any other status) counts as delivered for drain, check and wake:
+#      an agent that crashes between drain and its real ack gets the intent
+#      again (at-least-once).
+#   3. Every verb resolves one `_bridge/`: --repo-root if given, else the
+#      nearest enclosing git root of the payload's cwd or the working directory
+#      (a linked worktree is its own root).
+#   4. Slugs and ids match [A-Za-z0-9._-]+ and are never . or ..; session ids
+#      that reach an argv may not start with "-".
+#   5. Records are appended with one write(); whole-file state (cursor,
+#      heartbeat, markers) is replaced atomically.
+#
+# `egress emit` runs on every tool call of every agent, so it imports nothing
+# beyond fcntl and never goes through argparse: seam_main() is its entry point.
+
+SEAM_DIR = "_bridge"
+SEAM_VERBS = ("egress", "inbox", "initiate", "alert", "feed", "wake")
+EVENTS_MAX_LINES, EVENTS_KEEP_LINES = 2000, 1000
+INITIATE_MAX_LINES, INITIATE_KEEP_LINES = 2000, 1000
+
+# Intent kind -> the kind of the reply that acknowledges it (ackKindFor).
+ACK_KINDS = {"tell": "reply", "conn": "conn-ack", "decision": "decision-ack",
+             "permission-decision": "permission-ack"}
+
+# Pi's native lifecycle names -> the canonical (Claude) hook names.
+PI_EVENTS = {
+    "session_start": "SessionStart", "session_shutdown": "Stop", "turn_end": "Stop",
+    "agent_start": "SubagentStart", "agent_end": "SubagentStop",
+    "turn_start": "UserPromptSubmit", "tool_execution_start": "PostToolUse",
+    "tool_execution_end": "PostToolUse", "tool_call": "PostToolUse",
+    "tool_result": "PostToolUse",
+}
+
+# The session id each host exports to its tools, after the neutral SD_SESSION_ID.
+HOST_SESSION_ENV = {"claude": "CLAUDE_CODE_SESSION_ID", "codex": "CODEX_THREAD_ID"}
+
+ZERO_TIME = "0001-01-01T00:00:00Z"
+
+
+class SeamFailure(Exception):
+    """A seam verb cannot go on; the CLI prints `message` inside the verb's JSON
+    answer (`answer`, when the verb has already built one)."""
+
+    def __init__(self, message, answer=None):
+        super().__init__(message)
+        self.message = message
+        self.answer = answer
+
+
+# ---- Go-compatible encoding and time ------------------------------------------
+
+def go_json(obj):
+    """JSON as Go's encoding/json writes it: compact, raw UTF-8, but <, >, &,
+    U+2028 and U+2029 escaped, and lone surrogates replaced by U+FFFD."""
+    text = json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
+    if "<" in text or ">" in text or "&" in text:
+        text = text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")
+    if "\u2028" in text or "\u2029" in text:
+        text = text.replace("\u2028", "\\u2028").replace("\u2029", "\\u2029")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        text = "".join("\ufffd" if "\ud800" <= ch <= "\udfff" else ch for ch in text)
+    return text
+
+
+def go_line(obj):
+    """One JSONL record as bytes, newline included (what Go's json.Encoder emits)."""
+    return (go_json(obj) + "\n").encode("utf-8")
+
+
+_RFC3339 = None
+
+
+def parse_rfc3339(text):
+    """Parse an RFC 3339 time as Go's time.Parse(RFC3339) does, or return None.
+
+    Returns (unix_seconds, nanos_digits, offset_seconds, wall) where `wall` holds
+    the original date and clock fields, so the time can be rendered back with
+    its own offset (render_rfc3339_nano) or ordered (unix_seconds, nanos).
+    """
+    global _RFC3339
+    if not isinstance(text, str):
+        return None
+    if _RFC3339 is None:
+        _RFC3339 = re.compile(r"(\d{4})-(\d\d)-(\d\d)T(\d\d):(\d\d):(\d\d)(?:\.(\d{1,9}))?"
+                              r"(Z|([+-])(\d\d):(\d\d))\Z")
+    match = _RFC3339.match(text)
+    if not match:
+        return None
+    year, month, day, hour, minute, second = (int(match.group(i)) for i in range(1, 7))
+    if not (1 <= month <= 12 and 1 <= day <= _days_in_month(year, month)
+            and hour < 24 and minute < 60 and second < 60):
+        return None
+    offset = 0
+    if match.group(8) != "Z":
+        oh, om = int(match.group(10)), int(match.group(11))
+        if oh >= 24 or om >= 60:
+            return None
+        offset = (oh * 3600 + om * 60) * (1 if match.group(9) == "+" else -1)
+    days = _days_from_civil(year, month, day)
+    unix = days * 86400 + hour * 3600 + minute * 60 + second - offset
+    frac = (match.group(7) or "").ljust(9, "0")
+    return (unix, frac, offset, (year, month, day, hour, minute, second))
+
+
+def render_rfc3339_nano(parsed):
+    """Go's t.Format(time.RFC3339Nano) of a parse_rfc3339 result (None = zero time)."""
+    if parsed is None:
+        return ZERO_TIME
+    _, frac, offset, wall = parsed
+    text = "%04d-%02d-%02dT%02d:%02d:%02d" % wall
+    frac = frac.rstrip("0")
+    if frac:
+        text += "." + frac
+    if offset == 0:
+        return text + "Z"
+    sign = "+" if offset > 0 else "-"
+    offset = abs(offset)
+    return text + "%s%02d:%02d" % (sign, offset // 3600, offset % 3600 // 60)
+
+
+def _days_in_month(year, month):
+    if month == 2:
+        return 29 if year % 4 == 0 and (year % 100 != 0 or year % 400 == 0) else 28
+    return 30 if month in (4, 6, 9, 11) else 31
+
+
+def _days_from_civil(year, month, day):
+    """Days since 1970-01-01 of a proleptic Gregorian date (H. Hinnant's algorithm)."""
+    year -= month <= 2
+    era = (year if year >= 0 else year - 399) // 400
+    yoe = year - era * 400
+    doy = (153 * (month + (-3 if month > 2 else 9)) + 2) // 5 + day - 1
+    doe = yoe * 365 + yoe // 4 - yoe // 100 + doy
+    return era * 146097 + doe - 719468
+
+
+# ---- ids, roots and files -------------------------------------------------------
+
+def is_safe_id(text):
+    """The seam's id rule: [A-Za-z0-9._-]+, not . or .. (safe_name without raising)."""
+    return isinstance(text, str) and bool(_SAFE_NAME.match(text)) and text not in (".", "..")
+
+
+def is_safe_session_id(text):
+    """A session id that may become a `codex exec resume` argv word: safe, no leading -."""
+    return is_safe_id(text) and not text.startswith("-")
+
+
+def clean_slugs(values):
+    """Trimmed, safe, de-duplicated and sorted slugs (Go's cleanSlugs)."""
+    out = set()
+    for value in values or ():
+        if isinstance(value, str) and is_safe_id(value.strip()):
+            out.add(value.strip())
+    return sorted(out)
+
+
+def seam_root(repo_root=None, start=None):
+    """The root whose `_bridge/` a verb uses (decision 3)."""
+    if repo_root:
+        return os.path.abspath(repo_root)
+    start = os.path.abspath(start or os.getcwd())
+    return git_toplevel(start) or start
+
+
+def bridge_dir(root, create=False):
+    """ROOT/_bridge, refusing a `_bridge` that exists but is not a directory."""
+    path = os.path.join(root, SEAM_DIR)
+    if os.path.lexists(path) and not os.path.isdir(path):
+        raise SeamFailure("%s exists and is not a directory" % path)
+    if create:
+        try:
+            os.makedirs(path, exist_ok=True)
+        except OSError as exc:
+            raise SeamFailure("cannot create %s: %s" % (path, exc.strerror or exc))
+    return path
+
+
+def _flock_within(fd, operation, seconds):
+    """flock(fd, operation) polling for at most `seconds`; False when it stayed busy.
+
+    Bounded so that a stopped or wedged process holding a _bridge/ file can never
+    make a hook (and with it the agent) wait forever.
+    """
+    import fcntl
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            fcntl.flock(fd, operation | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(0.002)
+
+
+def seam_append(path, data, wait=2.0):
+    """Append `data` (bytes, whole lines) with one write(), safe against trimming.
+
+    Appenders hold a shared flock while they write and check they still hold the
+    file that is at `path`; a trim holds it exclusively while it reads and
+    renames. So no appended line is lost to a concurrent trim, and appenders
+    never wait for each other (nor more than `wait` seconds for a trim). A
+    symlink at `path` is refused (ELOOP).
+    """
+    import fcntl
+    flags = (os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
+             | getattr(os, "O_NOFOLLOW", 0))
+    for _ in range(50):
+        try:
+            fd = os.open(path, flags, 0o644)
+        except FileNotFoundError:
+            os.makedirs(os.path.dirname(path), exist_ok=True)
+            fd = os.open(path, flags, 0o644)
+        try:
+            if not _flock_within(fd, fcntl.LOCK_SH, wait):
+                raise OSError("%s stayed locked for %.1fs" % (path, wait))
+            try:
+                current = os.lstat(path).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                current = False
+            if current:
+                _write_all(fd, data)
+                return
+        finally:
+            os.close(fd)
+    raise OSError("%s keeps being replaced while appending" % path)
+
+
+def seam_trim(path, max_lines, keep_lines, protect=None):
+    """Keep the last `keep_lines` complete lines of `path` once it has more than `max_lines`.
+
+    `protect(head_lines)` may return lines from before the kept tail that must
+    survive (open gate reviews); they are kept in order ahead of the tail. The
+    new file replaces the old one atomically under an exclusive flock (see
+    seam_append). Returns True when the file was trimmed.
+    """
+    import fcntl
+    keep_lines = min(keep_lines, max_lines)
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0))
+    except OSError:
+        return False
+    try:
+        if not _flock_within(fd, fcntl.LOCK_EX, 2.0):
+            return False  # busy: the next append tries again
+        try:
+            if os.lstat(path).st_ino != os.fstat(fd).st_ino:
+                return False  # another process trimmed it first
+        except FileNotFoundError:
+            return False
+        chunks = []
+        while True:
+            block = os.read(fd, 1 << 20)
+            if not block:
+                break
+            chunks.append(block)
+        data = b"".join(chunks)
+        lines = data.split(b"\n")
+        partial = lines.pop()  # b"" when the file ends with a newline
+        if len(lines) <= max_lines:
+            return False
+        head, tail = lines[:len(lines) - keep_lines], lines[len(lines) - keep_lines:]
+        kept = (protect(head, tail) if protect else []) + tail
+        atomic_write(path, b"".join(line + b"\n" for line in kept) + partial, mode=0o644)
+        return True
+    finally:
+        os.close(fd)
+
+
+def write_state(path, obj):
+    """Replace a small state file (heartbeat, cursor) atomically with a Go-encoded line."""
+    atomic_write(path, go_line(obj), mode=0o644)
+
+
+def read_cursor(bdir, slug):
+    """The committed cursor of `slug`: a decimal count of processed inbox lines.
+
+    Missing, unreadable, negative or non-numeric means 0. When the slug has no
+    cursor file yet, the legacy shared `.inbox-cursor` is read instead (drain
+    and commit then adopt it into the slug's file).
+    """
+    if not is_safe_id(slug):
+        return 0
+    text = _read_small(os.path.join(bdir, ".inbox-cursor." + slug))
+    if text is None:
+        text = _read_small(os.path.join(bdir, ".inbox-cursor"))
+    if text and text.isascii() and text.isdigit():
+        return int(text)
+    return 0
+
+
+def adopt_cursor(bdir, slug):
+    """Copy the legacy `.inbox-cursor` into `.inbox-cursor.<slug>` if the latter is missing."""
+    target = os.path.join(bdir, ".inbox-cursor." + slug)
+    legacy = os.path.join(bdir, ".inbox-cursor")
+    if os.path.lexists(target) or not os.path.isfile(legacy):
+        return
+    try:
+        with open(legacy, "rb") as handle:
+            atomic_write(target, handle.read(4096), mode=0o644)
+    except OSError:
+        pass  # nothing adopted: the cursor reads the legacy file anyway
+
+
+def one_line_summary(text, limit):
+    """Go's oneLineSummary: trim, runs of whitespace/control become one space,
+    stop once the UTF-8 length reaches `limit` bytes, trim again."""
+    out, size, gap = [], 0, False
+    for ch in (text or "").strip():
+        code = ord(ch)
+        if ch.isspace() or code < 0x20 or 0x7f <= code <= 0x9f:
+            gap = True
+            continue
+        if gap and out:
+            out.append(" ")
+            size += 1
+        gap = False
+        if size >= limit:
+            break
+        out.append(ch)
+        size += len(ch.encode("utf-8", "replace"))
+        if size >= limit:
+            break
+    return "".join(out).strip()
+
+
+def _session_from_env(host, env=None):
+    env = os.environ if env is None else env
+    name = HOST_SESSION_ENV.get(host)
+    return env.get("SD_SESSION_ID") or (env.get(name, "") if name else "")
+
+
+def _seam_redactor(root):
+    """The kernel redactor with this root's redaction_patterns (never fails the verb)."""
+    try:
+        return get_redactor(load_config(root))
+    except BridgeError:
+        return get_redactor(None)
+
+
+# ---- egress: events.jsonl and session markers --------------------------------------
+
+def _payload_str(obj, key):
+    """A string field of a hook payload; a missing, null or wrong-typed one is ""."""
+    value = obj.get(key) if isinstance(obj, dict) else None
+    return value if isinstance(value, str) else ""
+
+
+def _actor_id(host, payload):
+    """actorIDFor: who the event is about, or "" when no safe id is available."""
+    explicit = _payload_str(payload, "actor_id")
+    if explicit:
+        return explicit if is_safe_id(explicit) else ""
+    session = _payload_str(payload, "session_id")
+    agent = _payload_str(payload, "agent_id")
+    if host == "claude":
+        return session if is_safe_id(session) else ""
+    if is_safe_id(session) and is_safe_id(agent):
+        return session + "." + agent
+    if is_safe_id(session):
+        return session
+    return agent if is_safe_id(agent) else ""
+
+
+def egress_emit(data, host_flag="", repo_root=None, debug=None):
+    """Record one hook payload (bytes) as an event; returns what was done, for debugging.
+
+    Observe-only: every reason not to write is returned as text, never raised,
+    except OSError from writing (the caller swallows it too).
+    """
+    try:
+        payload = json.loads(data.decode("utf-8", "replace"))
+    except ValueError as exc:
+        return "payload is not JSON: %s" % exc
+    if not isinstance(payload, dict):
+        return "payload is not a JSON object"
+    host = (host_flag or _payload_str(payload, "host")).strip().lower()
+    hook_event = _payload_str(payload, "hook_event_name")
+    event = _payload_str(payload, "event") or hook_event
+    if host == "pi":
+        event = PI_EVENTS.get(event.lower(), event)
+    cwd = _payload_str(payload, "cwd") or os.getcwd()
+    if not host or not event or not cwd:
+        return "nothing to record: host, event and cwd are required"
+    cwd = os.path.abspath(cwd)
+    if not os.path.isdir(cwd):
+        return "cwd %s is not a directory" % cwd
+    root = seam_root(repo_root, cwd)
+    bdir = bridge_dir(root)
+    detail = payload.get("detail") if isinstance(payload.get("detail"), dict) else {}
+    ts = _payload_str(payload, "timestamp") or _payload_str(payload, "ts") or utc_iso()
+    actor = _actor_id(host, payload)
+    record = {
+        "timestamp": ts, "ts": ts, "host": host, "event": event,
+        "session_id": _payload_str(payload, "session_id"),
+        "agent_id": _payload_str(payload, "agent_id"),
+        "agent_type": _payload_str(payload, "agent_type"),
+        "actor_id": actor,
+        "detail": {"tool": _payload_str(detail, "tool") or _payload_str(payload, "tool_name"),
+                   "source": _payload_str(detail, "source") or _payload_str(payload, "source")},
+    }
+    events = os.path.join(bdir, "events.jsonl")
+    seam_append(events, go_line(record))
+    try:
+        size = os.lstat(events).st_size
+    except OSError:
+        size = 0
+    if size > EVENTS_MAX_LINES:  # fewer bytes than lines is impossible: skip the count
+        if count_complete_lines(events) > EVENTS_MAX_LINES:
+            seam_trim(events, EVENTS_MAX_LINES, EVENTS_KEEP_LINES)
+    done = "event appended"
+    marker = _marker_for(host, hook_event, payload, detail, actor, cwd)
+    if marker:
+        done += "; " + write_marker(bdir, marker)
+    return done
+
+
+def _marker_for(host, hook_event, payload, detail, actor, cwd):
+    """The session marker this event calls for, or None (section 4 of the reference)."""
+    if not actor:
+        return None
+    agent_id = _payload_str(payload, "agent_id")
+    if not agent_id and "ensign" not in _payload_str(payload, "agent_type").lower():
+        return None  # only a child actor (an ensign) has an entity of its own
+    path = _payload_str(payload, "entity_path")
+    if not path and host == "claude" and hook_event == "PostToolUse" \
+            and _payload_str(payload, "tool_name") == "Read":
+        path = (_payload_str(payload.get("tool_input"), "file_path")
+                or _payload_str(payload, "file_path") or _payload_str(detail, "file_path"))
+    if not path:
+        return None
+    found = derive_entity(cwd, path)
+    if not found:
+        return None
+    workflow, entity = found
+    return {"host": host, "session_id": _payload_str(payload, "session_id"),
+            "agent_id": agent_id, "actor_id": actor, "entity": entity, "workflow": workflow}
+
+
+def write_marker(bdir, marker):
+    """Create sessions/<actor_id>.json unless it exists: the first write wins.
+
+    The content is written to a temporary file and hard-linked into place, so a
+    reader never sees a half-written marker and an existing one is never replaced.
+    """
+    sessions = os.path.join(bdir, "sessions")
+    if os.path.islink(sessions):
+        return "sessions/ is a symlink: no marker written"
+    os.makedirs(sessions, exist_ok=True)
+    final = os.path.join(sessions, marker["actor_id"] + ".json")
+    if os.path.lexists(final):
+        return "marker exists (first write wins)"
+    tmp = os.path.join(sessions, ".%s.%s.tmp" % (marker["actor_id"][:80], random_hex()))
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
+    try:
+        try:
+            _write_all(fd, go_line(marker))
+        finally:
+            os.close(fd)
+        os.link(tmp, final)
+        return "marker written"
+    except FileExistsError:
+        return "marker exists (first write wins)"
+    finally:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+
+
+def _entity_slug(rest):
+    """The entity slug of the path segments below a workflow's state root, or None."""
+    if rest and rest[0] == ".spacedock-state":
+        rest = rest[1:]
+    if len(rest) == 1 and rest[0].endswith(".md") and rest[0] != "README.md":
+        slug = rest[0][:-3]
+    elif len(rest) == 2 and rest[1] == "index.md":
+        slug = rest[0]
+    else:
+        return None
+    return slug if is_safe_id(slug) else None
+
+
+def _readme_state(path):
+    """The `state:` value of a README.md's YAML front matter, or None."""
+    try:
+        import stat
+        if not stat.S_ISREG(os.lstat(path).st_mode):
+            return None
+        with open(path, "rb") as handle:
+            text = handle.read(65536).decode("utf-8", "replace")
+    except OSError:
+        return None
+    lines = text.splitlines()
+    if not lines or lines[0].strip() != "---":
+        return None
+    for line in lines[1:]:
+        if line.strip() == "---":
+            return None
+        if line.startswith("state:"):
+            return line[6:].strip().strip("\"'")
+    return None
+
+
+def derive_entity(cwd, path):
+    """(workflow, entity) for an entity file path inside `cwd`, or None (DeriveEntity)."""
+    if not path.strip() or not cwd:
+        return None
+    clean = os.path.normpath(path)
+    if "_archive" in clean.split(os.sep):
+        return None
+    cwd = os.path.abspath(cwd)
+    full = os.path.abspath(clean if os.path.isabs(clean) else os.path.join(cwd, clean))
+    rel = os.path.relpath(full, cwd)
+    if rel in (".", "..") or rel.startswith(".." + os.sep):
+        return None
+    segs = rel.split(os.sep)
+    # (a) the legacy layout docs/spacedock/<workflow>/...
+    for i in range(len(segs) - 3):
+        if segs[i] == "docs" and segs[i + 1] == "spacedock":
+            slug = _entity_slug(segs[i + 3:])
+            if slug and is_safe_id(segs[i + 2]):
+                return segs[i + 2], slug
+            break
+    # (b) a README.md whose front matter names a split-root state directory
+    directory = os.path.dirname(full)
+    while True:
+        state = _readme_state(os.path.join(directory, "README.md"))
+        if state and state != "$inline" and not os.path.isabs(state):
+            state_root = os.path.normpath(os.path.join(directory, state))
+            inside = os.path.relpath(state_root, directory)
+            if inside != ".." and not inside.startswith(".." + os.sep):
+                below = os.path.relpath(full, state_root)
+                if below != ".." and not below.startswith(".." + os.sep):
+                    slug = _entity_slug(below.split(os.sep))
+                    workflow = os.path.basename(directory)
+                    if slug and is_safe_id(workflow):
+                        return workflow, slug
+        if directory == cwd or len(directory) <= len(cwd):
+            break
+        directory = os.path.dirname(directory)
+    # (c) a .spacedock-state directory below its workflow directory
+    for i, seg in enumerate(segs):
+        if seg == ".spacedock-state" and i >= 1:
+            slug = _entity_slug(segs[i + 1:])
+            if slug and is_safe_id(segs[i - 1]):
+                return segs[i - 1], slug
+            break
+    return None
+
+
+# ---- inbox: reading intent, routing, replies -----------------------------------------
+
+_INBOX_STRINGS = ("id", "kind", "text", "target", "entity", "field", "value", "verdict",
+                  "request_id")
+
+
+def parse_intent(obj):
+    """An inbox record as Go decodes it, or None when Go would reject the line.
+
+    A field of the wrong type, or a `ts` that is present but not RFC 3339, drops
+    the record (its line still counts). Returns a dict with the fields, the raw
+    `ts` string and the parsed time under "_ts".
+    """
+    if not isinstance(obj, dict):
+        return None
+    rec = {}
+    for key in _INBOX_STRINGS:
+        value = obj.get(key)
+        if value is not None and not isinstance(value, str):
+            return None
+        rec[key] = value or ""
+    raw_ts = obj.get("ts")
+    if raw_ts is None:
+        rec["ts"], rec["_ts"] = "", None
+    else:
+        parsed = parse_rfc3339(raw_ts)
+        if parsed is None:
+            return None
+        rec["ts"], rec["_ts"] = raw_ts, parsed
+    granted = obj.get("granted")
+    if granted is not None and not isinstance(granted, bool):
+        return None
+    rec["granted"] = granted
+    for key in ("target_set", "directives"):
+        value = obj.get(key)
+        if value is not None and not (isinstance(value, list)
+                                      and all(isinstance(v, str) for v in value)):
+            return None
+        rec[key] = value or []
+    return rec
+
+
+def discover_slugs(bdir):
+    """Workflow slugs that have a heartbeat file fo.<slug>.json."""
+    try:
+        names = os.listdir(bdir)
+    except OSError:
+        return []
+    return clean_slugs(name[3:-5] for name in names
+                       if name.startswith("fo.") and name.endswith(".json"))
+
+
+def intent_targets(rec, members, bdir):
+    """targetsFor: the slugs an intent is addressed to."""
+    if rec["target_set"]:
+        return clean_slugs(rec["target_set"])
+    target = rec["target"].strip()
+    if target in ("", "all"):
+        return clean_slugs(members) if members else discover_slugs(bdir)
+    return clean_slugs([target])
+
+
+def reply_key(line, id_or_ts, kind, target):
+    return "%d\0%s\0%s\0%s" % (line, id_or_ts, kind, target)
+
+
+def intent_key(line, rec, target):
+    return reply_key(line, rec["id"] or render_rfc3339_nano(rec["_ts"]), rec["kind"], target)
+
+
+# The history is append-only, so what a scan learned about its first bytes stays
+# true: `.seam-index.json` remembers where line N of inbox.jsonl starts and which
+# acks in fo-replies.jsonl answer lines past the lowest cursor. Each entry is
+# checked against the file (inode, size, the 32 bytes before the offset) before
+# use, so a stale or foreign index only costs a full scan. It is a cache: losing
+# it loses nothing, so it is replaced without fsync.
+SEAM_INDEX = ".seam-index.json"
+_INDEX_MAX_KEYS = 20000
+
+
+def _load_index(bdir):
+    try:
+        with open(os.path.join(bdir, SEAM_INDEX), "rb") as handle:
+            index = json.loads(handle.read(8 << 20))
+    except (OSError, ValueError):
+        return {}
+    return index if isinstance(index, dict) else {}
+
+
+def _save_index(bdir, index):
+    path = os.path.join(bdir, SEAM_INDEX)
+    tmp = "%s.%s.tmp" % (path, random_hex())
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
+        try:
+            _write_all(fd, json.dumps(index, separators=(",", ":")).encode("utf-8"))
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except OSError:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+
+
+def _mark(handle, st, offset):
+    """What identifies the first `offset` bytes of an open file: [inode, offset, tail hex]."""
+    size = min(offset, 32)
+    handle.seek(offset - size)
+    return [st.st_ino, offset, handle.read(size).hex()]
+
+
+def _mark_ok(handle, st, mark):
+    if not (isinstance(mark, list) and len(mark) == 3 and mark[0] == st.st_ino
+            and isinstance(mark[1], int) and 0 <= mark[1] <= st.st_size):
+        return False
+    return _mark(handle, st, mark[1])[2] == mark[2]
+
+
+def read_inbox(bdir, start, index):
+    """[(line, record or None)] for the complete inbox lines after line `start`, and
+    the inbox's complete line count; resumes from the index's nearest checkpoint."""
+    try:
+        handle = open(os.path.join(bdir, "inbox.jsonl"), "rb")
+    except OSError:
+        return [], 0
+    with handle:
+        st = os.fstat(handle.fileno())
+        base_line, base_offset = 0, 0
+        points = [p for p in index.get("inbox") or () if isinstance(p, list) and len(p) == 2
+                  and isinstance(p[0], int) and 0 < p[0] <= start]
+        for line, mark in sorted(points, key=lambda p: -p[0]):
+            if _mark_ok(handle, st, mark):
+                base_line, base_offset = line, mark[1]
+                break
+        handle.seek(base_offset)
+        number = base_line + _skip_lines(handle, start - base_line)
+        first_line, first_offset = number, handle.tell()
+        out, offset = [], first_offset
+        for raw in handle:
+            if not raw.endswith(b"\n"):
+                break
+            number += 1
+            offset += len(raw)
+            try:
+                out.append((number, json.loads(raw)))
+            except ValueError:
+                out.append((number, None))
+        new = [[line, mark] for line, mark in points if line not in (first_line, number)]
+        for line, at in ((first_line, first_offset), (number, offset)):
+            if line > 0:
+                new.append([line, _mark(handle, st, at)])
+        index["inbox"] = sorted(new, key=lambda p: p[0])[-16:]
+    return out, number
+
+
+_REPLY_LINE = None
+
+
+def load_reply_keys(bdir, lines, floor, index):
+    """(terminal, acting): replyKey sets of the acks in fo-replies.jsonl for inbox `lines`.
+
+    A reply counts only if it is well formed as Go's loadReplies requires
+    (schema 1, safe target, line > 0, intent kind); status `acting` goes to the
+    second set (decision 2). Acks of lines at or below `floor` (the lowest
+    cursor asked about) can never matter again, so the index keeps only the
+    rest and later calls read just the bytes appended since.
+    """
+    global _REPLY_LINE
+    terminal, acting = set(), set()
+    try:
+        handle = open(os.path.join(bdir, "fo-replies.jsonl"), "rb")
+    except OSError:
+        return terminal, acting
+    with handle:
+        st = os.fstat(handle.fileno())
+        cache = index.get("replies")
+        entries = []
+        if (isinstance(cache, dict) and isinstance(cache.get("floor"), int) and cache["floor"] <= floor
+                and isinstance(cache.get("keys"), list) and _mark_ok(handle, st, cache.get("mark"))):
+            entries = [e for e in cache["keys"] if isinstance(e, list) and len(e) == 3
+                       and isinstance(e[0], int) and e[0] > floor]
+            handle.seek(cache["mark"][1])
+        else:
+            handle.seek(0)
+        begin = handle.tell()
+        data = handle.read()
+        end = data.rfind(b"\n") + 1  # a torn last line is not there yet
+        if _REPLY_LINE is None:
+            _REPLY_LINE = re.compile(rb'"in_reply_to_line"[ \t\r\n]*:[ \t\r\n]*([0-9]+)(?![0-9.eE])')
+        seen = -1
+        for match in _REPLY_LINE.finditer(data, 0, end):
+            if int(match.group(1)) <= floor or match.start() < seen:
+                continue
+            start = data.rfind(b"\n", 0, match.start()) + 1
+            seen = data.find(b"\n", match.end()) + 1
+            try:
+                reply = json.loads(data[start:seen])
+            except ValueError:
+                continue
+            key = _reply_record_key(reply)
+            if key is not None and reply["in_reply_to_line"] > floor:
+                entries.append([reply["in_reply_to_line"], key, reply.get("status") != "acting"])
+        if len(entries) <= _INDEX_MAX_KEYS:
+            index["replies"] = {"floor": floor, "mark": _mark(handle, st, begin + end), "keys": entries}
+    for line, key, is_terminal in entries:
+        if line in lines:
+            (terminal if is_terminal else acting).add(key)
+    return terminal, acting
+
+
+def _reply_record_key(reply):
+    """The replyKey of one fo-replies record, or None when loadReplies would skip it."""
+    if not isinstance(reply, dict):
+        return None
+    schema, line = reply.get("schema"), reply.get("in_reply_to_line")
+    if type(schema) is not int or schema != 1 or type(line) is not int or line <= 0:
+        return None
+    target, kind = reply.get("target"), reply.get("intent_kind")
+    rid, rts, status = reply.get("in_reply_to_id"), reply.get("in_reply_to_ts"), reply.get("status")
+    if not isinstance(target, str) or not is_safe_id(target.strip()) or target.strip() != target:
+        return None
+    if not isinstance(kind, str) or not kind:
+        return None
+    if (rid is not None and not isinstance(rid, str)) or (status is not None and not isinstance(status, str)):
+        return None
+    parsed = None
+    if rts is not None:
+        parsed = parse_rfc3339(rts)
+        if parsed is None:
+            return None
+    return reply_key(line, rid or render_rfc3339_nano(parsed), kind, target)
+
+
+def pending_intents(bdir, slugs, members=None):
+    """Undelivered intent per slug: ({slug: [(line, rec)]}, high_water, cursors, acting keys).
+
+    A record is pending for a slug when its line is past the slug's cursor, it
+    is addressed to the slug (`members` None means each slug alone; [] means
+    the heartbeat slugs), and no terminal ack answers it. Only the lines past
+    the lowest cursor are read, so the cost follows what is pending, not the
+    history (see read_inbox and load_reply_keys).
+    """
+    index = _load_index(bdir)
+    before = json.dumps(index, sort_keys=True)
+    cursors = {slug: read_cursor(bdir, slug) for slug in slugs}
+    floor = min(cursors.values()) if cursors else 0
+    found = {slug: [] for slug in slugs}
+    lines, high_water = read_inbox(bdir, floor, index)
+    for number, obj in lines:
+        rec = parse_intent(obj) if obj is not None else None
+        if rec is None:
+            continue
+        for slug in slugs:
+            if number > cursors[slug] and slug in intent_targets(
+                    rec, [slug] if members is None else members, bdir):
+                found[slug].append((number, rec))
+    wanted = {line for items in found.values() for line, _ in items}
+    terminal, acting = load_reply_keys(bdir, wanted, floor, index) if wanted else (set(), set())
+    if json.dumps(index, sort_keys=True) != before:
+        _save_index(bdir, index)
+    pending = {slug: [(line, rec) for line, rec in items
+                      if intent_key(line, rec, slug) not in terminal]
+               for slug, items in found.items()}
+    return pending, high_water, cursors, acting
+
+
+def reply_record(kind, target, line, intent_kind, status, rid="", rts="", extra=()):
+    """An fo-replies.jsonl record in Go's key order; empty optional fields are omitted."""
+    rec = {"schema": 1, "ts": utc_iso(), "kind": kind, "target": target}
+    if rid:
+        rec["in_reply_to_id"] = rid
+    rec["in_reply_to_line"] = line
+    if rts:
+        rec["in_reply_to_ts"] = rts
+    rec["intent_kind"] = intent_kind
+    rec["status"] = status
+    for key, value in extra:
+        if value not in ("", None):
+            rec[key] = value
+    return rec
+
+
+# ---- inbox verbs ---------------------------------------------------------------
+
+def inbox_drain(root, slug, host="", session_id=None, members=None):
+    """Return the intent pending for `slug` (peek: the cursor does not move).
+
+    Stamps the heartbeat fo.<slug>.json first (the roster sees the FO alive even
+    with an empty inbox) and appends one `acting` ack per returned record that
+    has none yet.
+    """
+    out = {"status": "ok", "slug": slug}
+    if host:
+        out["host"] = host
+    out.update(cursor=0, high_water=0, count=0, heartbeat=False, records=[])
+    if not is_safe_id(slug):
+        out.update(status="failed", records=None, error="invalid or missing --slug")
+        return out
+    if session_id is None:
+        session_id = _session_from_env(host)
+    if session_id and not is_safe_session_id(session_id):
+        out.update(status="failed", error="invalid session id %r" % session_id)
+        return out
+    bdir = bridge_dir(root, create=True)
+    beat = {"session_id": session_id}
+    if host:
+        beat["host"] = host
+    beat.update(ts=utc_iso(), state="idle")
+    try:
+        write_state(os.path.join(bdir, "fo.%s.json" % slug), beat)
+        out["heartbeat"] = True
+    except OSError as exc:
+        out["error"] = "heartbeat not written: %s" % (exc.strerror or exc)
+    if not os.path.exists(os.path.join(bdir, "inbox.jsonl")):
+        out["status"] = "no-inbox"
+        return out
+    adopt_cursor(bdir, slug)
+    pending, high_water, cursors, acting = pending_intents(
+        bdir, [slug], members if members else [slug])
+    out.update(cursor=cursors[slug], high_water=high_water)
+    acks = []
+    for line, rec in pending[slug]:
+        item = {"line": line, "id": rec["id"], "ts": rec["ts"], "kind": rec["kind"]}
+        for key in ("text", "granted", "target", "target_set", "entity", "field", "value",
+                    "verdict", "directives", "request_id"):
+            if rec[key] not in ("", None, []):
+                item[key] = rec[key]
+        out["records"].append(item)
+        ack_kind = ACK_KINDS.get(rec["kind"])
+        if ack_kind and intent_key(line, rec, slug) not in acting:
+            acks.append(reply_record(ack_kind, slug, line, rec["kind"], "acting", rec["id"],
+                                     rec["ts"], (("request_id", rec["request_id"]),
+                                                 ("session_id", session_id), ("host", host))))
+    out["count"] = len(out["records"])
+    if acks:
+        try:
+            seam_append(os.path.join(bdir, "fo-replies.jsonl"),
+                        b"".join(go_line(ack) for ack in acks))
+        except OSError as exc:
+            out["error"] = "acting acks not written: %s" % (exc.strerror or exc)
+    return out
+
+
+def inbox_ack(root, opts):
+    """Append one reply to fo-replies.jsonl for an intent, after checking it exists.
+
+    Loud guard: the ack must name the inbox line, its kind and a correlator
+    (--id or --ts), and they must match what is on that line; otherwise
+    nothing is written and the error says which part disagrees.
+    """
+    slug, host = opts.get("slug", ""), opts.get("host", "").strip().lower()
+    if not is_safe_id(slug):
+        raise SeamFailure("invalid or missing --slug")
+    line_text = opts.get("line", "")
+    if not (line_text.isascii() and line_text.isdigit() and int(line_text) > 0):
+        raise SeamFailure("--line must be a positive integer, got %r" % line_text)
+    line = int(line_text)
+    kind = opts.get("kind", "")
+    if kind not in ACK_KINDS:
+        raise SeamFailure("unknown --kind (want tell|conn|decision|permission-decision)")
+    status = opts.get("status", "").strip()
+    if not status:
+        raise SeamFailure("--status is required")
+    rid, rts = opts.get("id", ""), opts.get("ts", "")
+    if not rid and not rts:
+        raise SeamFailure("ack has no correlator: pass --id (from the drained record) or --ts")
+    if rid and not is_safe_id(rid):
+        raise SeamFailure("--id %r must match [A-Za-z0-9._-]+" % rid)
+    if rts and parse_rfc3339(rts) is None:
+        raise SeamFailure("--ts %r is not an RFC 3339 time" % rts)
+    session_id = opts["session-id"] if "session-id" in opts else _session_from_env(host)
+    if session_id and not is_safe_session_id(session_id):
+        raise SeamFailure("invalid session id %r" % session_id)
+    bdir = bridge_dir(root)
+    rec = None
+    for item in scan_jsonl(os.path.join(bdir, "inbox.jsonl"), line - 1):
+        rec = parse_intent(item.record) if item.record is not None else False
+        break
+    if rec is None:
+        raise SeamFailure("inbox line %d does not exist (%s has %d complete lines)" % (
+            line, os.path.join(SEAM_DIR, "inbox.jsonl"),
+            count_complete_lines(os.path.join(bdir, "inbox.jsonl"))))
+    if rec is False:
+        raise SeamFailure("inbox line %d is not a valid intent record" % line)
+    if rid and rec["id"] != rid:
+        raise SeamFailure("--id %s does not match inbox line %d (id %r)" % (rid, line, rec["id"]))
+    if rts and render_rfc3339_nano(parse_rfc3339(rts)) != render_rfc3339_nano(rec["_ts"]):
+        raise SeamFailure("--ts %s does not match inbox line %d (ts %r)" % (rts, line, rec["ts"]))
+    if rec["kind"] != kind:
+        raise SeamFailure("--kind %s does not match inbox line %d (kind %r)" % (kind, line, rec["kind"]))
+    text = opts.get("text", "")
+    if text:
+        text = _seam_redactor(root).redact(text.replace("\r", " ").replace("\n", " ").strip())
+    granted = opts.get("granted")
+    reply = reply_record(ACK_KINDS[kind], slug, line, kind, status, rid, rts, (
+        ("text", text), ("granted", granted), ("entity", opts.get("entity", "")),
+        ("field", opts.get("field", "")), ("value", opts.get("value", "")),
+        ("verdict", opts.get("verdict", "")), ("request_id", opts.get("request-id", "")),
+        ("session_id", session_id), ("host", host)))
+    try:
+        seam_append(os.path.join(bdir, "fo-replies.jsonl"), go_line(reply))
+    except OSError as exc:
+        raise SeamFailure("cannot append to fo-replies.jsonl: %s" % (exc.strerror or exc))
+    return {"appended": True, "kind": reply["kind"], "target": slug, "line": line}
+
+
+def inbox_commit(root, slug, cursor_text):
+    """Advance `slug`'s cursor to N, never backwards and never past the inbox's end."""
+    if not is_safe_id(slug):
+        raise SeamFailure("invalid or missing --slug")
+    if not (cursor_text.isascii() and cursor_text.isdigit()):
+        raise SeamFailure("negative --cursor" if cursor_text.startswith("-") or not cursor_text
+                          else "--cursor must be a line count, got %r" % cursor_text)
+    wanted = int(cursor_text)
+    bdir = bridge_dir(root, create=True)
+    lock = acquire_flock(os.path.join(bdir, ".inbox-cursor.%s.lock" % slug), timeout=10.0)
+    if lock is None:
+        raise SeamFailure("another commit for %s holds its cursor lock" % slug)
+    try:
+        adopt_cursor(bdir, slug)
+        current = read_cursor(bdir, slug)
+        lines = count_complete_lines(os.path.join(bdir, "inbox.jsonl"))
+        if wanted > lines:
+            raise SeamFailure("--cursor %d is past the inbox's %d complete lines (an over-advanced "
+                              "cursor loses intent)" % (wanted, lines))
+        new = max(wanted, current)
+        if new != current or not os.path.exists(os.path.join(bdir, ".inbox-cursor." + slug)):
+            atomic_write(os.path.join(bdir, ".inbox-cursor." + slug), "%d\n" % new, mode=0o644)
+        return {"cursor": new}
+    finally:
+        release_flock(lock)
+
+
+def _seam_command(root):
+    """How instructions name bridge.py (config `seam.command`)."""
+    try:
+        return config_get(load_config(root), "seam.command") or "python3 scripts/bridge.py"
+    except BridgeError:
+        return "python3 scripts/bridge.py"
+
+
+def inbox_check(data, host="", repo_root=None, slug=None, session_id=None):
+    """The Claude Stop hook: {"decision":"block",...} when intent is queued for this
+    session's workflows, else {}. Never blocks twice in a row (stop_hook_active);
+    the CLI turns any failure into {} so a broken seam never traps the agent."""
+    try:
+        payload = json.loads(data.decode("utf-8", "replace")) if data.strip() else {}
+    except ValueError:
+        payload = {}
+    if not isinstance(payload, dict):
+        payload = {}
+    if payload.get("stop_hook_active") is True:
+        return {}
+    host = (host or "claude").strip().lower()
+    root = seam_root(repo_root, _payload_str(payload, "cwd") or None)
+    bdir = os.path.join(root, SEAM_DIR)
+    if not os.path.isfile(os.path.join(bdir, "inbox.jsonl")):
+        return {}
+    session_id = session_id or _payload_str(payload, "session_id")
+    if slug is not None:
+        slugs = [slug] if is_safe_id(slug) else []
+    elif is_safe_id(session_id):
+        slugs = [s for s in discover_slugs(bdir) if _heartbeat_session(bdir, s) == session_id]
+        marker_slug = _marker_workflow(bdir, session_id)
+        if marker_slug and marker_slug not in slugs:
+            slugs.append(marker_slug)
+    else:
+        slugs = []
+    if not slugs:
+        return {}
+    pending, _, _, _ = pending_intents(bdir, slugs)
+    counts = [(s, len(pending[s])) for s in slugs if pending[s]]
+    total = sum(n for _, n in counts)
+    if not total:
+        return {}
+    command = _seam_command(root)
+    names = ", ".join(s for s, _ in counts)
+    reason = ("Bridge has %d queued captain-intent record%s in _bridge/inbox.jsonl for "
+              "workflow(s): %s. Before stopping, drain them: run `%s inbox drain --host %s "
+              "--slug %s` (repeat per slug), act on each record, ack each with `%s inbox ack "
+              "...`, then advance the cursor with `%s inbox commit ...`." % (
+                  total, "" if total == 1 else "s", names, command, host, counts[0][0],
+                  command, command))
+    return {"decision": "block", "reason": reason}
+
+
+def _heartbeat(bdir, slug):
+    """The parsed fo.<slug>.json heartbeat, or None (a malformed ts fails it whole)."""
+    try:
+        with open(os.path.join(bdir, "fo.%s.json" % slug), "rb") as handle:
+            beat = json.loads(handle.read(1 << 20))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(beat, dict):
+        return None
+    if beat.get("ts") is not None and parse_rfc3339(beat.get("ts")) is None:
+        return None
+    return beat
+
+
+def _heartbeat_session(bdir, slug):
+    beat = _heartbeat(bdir, slug)
+    value = beat.get("session_id") if beat else None
+    return value.strip() if isinstance(value, str) else ""
+
+
+def _markers(bdir):
+    """[(mtime, path, marker dict)] of sessions/*.json, in name order."""
+    sessions = os.path.join(bdir, "sessions")
+    out = []
+    try:
+        names = sorted(os.listdir(sessions))
+    except OSError:
+        return out
+    for name in names:
+        if not name.endswith(".json") or name.startswith("."):
+            continue
+        path = os.path.join(sessions, name)
+        try:
+            with open(path, "rb") as handle:
+                marker = json.loads(handle.read(65536))
+            mtime = os.stat(path).st_mtime
+        except (OSError, ValueError):
+            continue
+        if isinstance(marker, dict):
+            out.append((mtime, path, marker))
+    return out
+
+
+def _marker_workflow(bdir, session_id):
+    for _, _, marker in _markers(bdir):
+        if marker.get("session_id") == session_id and is_safe_id(marker.get("workflow")):
+            return marker["workflow"]
+    return None
+
+
+# ---- FO -> Bridge: initiate, alert, feed -----------------------------------------------
+
+INITIATE_KINDS = ("status", "reco", "gate-review")
+FEED_VERBS = ("dispatch", "advance", "complete")
+
+
+def initiate(root, opts):
+    """Append a status / reco / gate-review card to fo-initiate.jsonl (folded by id)."""
+    rid, kind = opts.get("id", "").strip(), opts.get("kind", "").strip()
+    redactor = _seam_redactor(root)
+    headline = one_line_summary(redactor.redact(opts.get("headline", "")), 240)
+    body = one_line_summary(redactor.redact(opts.get("body", "")), 2000)
+    request_id = opts.get("request-id", "").strip()
+    if kind == "gate-review" and not request_id:
+        request_id = rid
+    out = {"id": rid, "request_id": request_id, "queued": False}
+    if not rid:
+        raise SeamFailure("initiation: id is required", out)
+    if not is_safe_id(rid):
+        raise SeamFailure("initiation: id %r must match [A-Za-z0-9._-]+" % rid, out)
+    if kind not in INITIATE_KINDS:
+        raise SeamFailure("initiation: kind must be one of status|reco|gate-review", out)
+    if not headline:
+        raise SeamFailure("initiation: headline is required", out)
+    rec = {"schema": 1, "id": rid, "ts": utc_iso(), "kind": kind}
+    for key, flag in (("workflow", "workflow"), ("entity", "entity"), ("ship_id", "ship-id"),
+                      ("host", "host"), ("session_id", "session-id")):
+        value = opts.get(flag, "").strip()
+        if value:
+            rec[key] = value.lower() if key == "host" else value
+    rec["headline"] = headline
+    if body:
+        rec["body"] = body
+    if request_id:
+        rec["request_id"] = request_id
+    rec["status"] = "open"
+    path = os.path.join(bridge_dir(root, create=True), "fo-initiate.jsonl")
+    try:
+        seam_append(path, go_line(rec))
+        if count_complete_lines(path) > INITIATE_MAX_LINES:
+            seam_trim(path, INITIATE_MAX_LINES, INITIATE_KEEP_LINES,
+                      lambda head, tail: _open_gates(os.path.dirname(path), head, tail))
+    except OSError as exc:
+        raise SeamFailure("initiation: cannot write %s: %s" % (path, exc.strerror or exc), out)
+    out["queued"] = True
+    return out
+
+
+def _open_gates(bdir, head, tail):
+    """Lines of `head` to keep through a trim: each undecided open gate's latest line."""
+    def ident(raw):
+        try:
+            rec = json.loads(raw)
+        except ValueError:
+            return None, None
+        return (rec.get("id") if isinstance(rec, dict) and isinstance(rec.get("id"), str)
+                else None), rec
+    in_tail = {ident(raw)[0] for raw in tail}
+    latest = {}
+    for index, raw in enumerate(head):
+        rid, rec = ident(raw)
+        if rid and rid not in in_tail:
+            latest[rid] = (index, rec)
+    decided = _decided_requests(bdir)
+    keep = []
+    for rid, (index, rec) in latest.items():
+        if rec.get("kind") == "gate-review" and rec.get("status") == "open" and \
+                (rec.get("request_id") or rid) not in decided:
+            keep.append(index)
+    return [head[i] for i in sorted(keep)]
+
+
+def _decided_requests(bdir):
+    """request_ids the captain has decided (inbox `decision` lines), for gate eviction."""
+    decided = set()
+    for item in scan_jsonl(os.path.join(bdir, "inbox.jsonl")):
+        if b'"decision"' not in item.raw:
+            continue
+        rec = item.record
+        if isinstance(rec, dict) and rec.get("kind") == "decision" and isinstance(rec.get("request_id"), str):
+            decided.add(rec["request_id"])
+    return decided
+
+
+def alert_permission(root, opts):
+    """Append a non-blocking permission interrupt to fo-alerts.jsonl."""
+    rid = opts.get("id", "").strip() or "perm_" + random_hex(16)
+    out = {"id": rid, "request_id": rid, "queued": False}
+    if not is_safe_id(rid):
+        raise SeamFailure("permission alert: id %r must match [A-Za-z0-9._-]+" % rid, out)
+    redactor = _seam_redactor(root)
+    reason = one_line_summary(redactor.redact(opts.get("reason", "")), 240)
+    if not reason:
+        raise SeamFailure("permission alert: reason is required", out)
+    rec = {"schema": 1, "id": rid, "ts": utc_iso(), "kind": "permission-request",
+           "severity": "blocked"}
+    for key in ("workflow", "entity", "host", "session_id"):
+        value = opts.get(key.replace("_", "-"), "").strip()
+        if value:
+            rec[key] = value.lower() if key == "host" else value
+    rec["reason"] = reason
+    command = one_line_summary(redactor.redact(opts.get("command", "")), 500)
+    if command:
+        rec["command"] = command
+    rule = [part.strip() for part in opts.get("prefix-rule", "").split(",") if part.strip()]
+    if rule:
+        rec["prefix_rule"] = rule
+    rec["status"] = "open"
+    try:
+        seam_append(os.path.join(bridge_dir(root, create=True), "fo-alerts.jsonl"), go_line(rec))
+    except (OSError, SeamFailure) as exc:
+        raise SeamFailure("permission alert: cannot write: %s" % (
+            getattr(exc, "strerror", None) or exc), out)
+    out["queued"] = True
+    return out
+
+
+def feed(root, opts):
+    """Append one line of ambient narration to fo-feed.jsonl (the shape Bridge reads)."""
+    verb = opts.get("verb", "").strip()
+    if verb not in FEED_VERBS:
+        raise SeamFailure("feed: --verb must be one of dispatch|advance|complete")
+    text = one_line_summary(_seam_redactor(root).redact(opts.get("text", "")), 120)
+    if not text:
+        raise SeamFailure("feed: --text is required")
+    rec = {"ts": utc_iso(), "verb": verb}
+    for key in ("entity", "workflow", "stage"):
+        value = opts.get(key, "").strip()
+        if value and not is_safe_id(value):
+            raise SeamFailure("feed: --%s %r must match [A-Za-z0-9._-]+" % (key, value))
+        rec[key] = value
+    rec["text"] = text
+    try:
+        seam_append(os.path.join(bridge_dir(root, create=True), "fo-feed.jsonl"), go_line(rec))
+    except OSError as exc:
+        raise SeamFailure("feed: cannot write fo-feed.jsonl: %s" % (exc.strerror or exc))
+    return {"appended": True, "verb": verb}
+
+
+# ---- wake: resume parked Codex sessions --------------------------------------------
+
+def wake_codex(root, members=None, codex_bin=None):
+    """Resume each parked Codex FO session that has undelivered intent.
+
+    Holds the exclusive wake lock for the whole pass (a crashed holder's flock
+    is released by the kernel, so a stale lock reclaims itself), runs the wake
+    command per session and waits for it with a timeout, so one session is never
+    resumed twice at once. Never moves a cursor: delivery is the FO's drain + ack.
+    """
+    config = load_config(root)
+    bdir = bridge_dir(root)
+    if not os.path.isfile(os.path.join(bdir, "inbox.jsonl")):
+        return {"status": "noop", "message": "no pending inbox records"}
+    lock = FileLock(os.path.join(bdir, ".wake-lock.codex"),
+                    ttl_sec=float(config_get(config, "seam.wake_timeout_sec", 1800)) + 300,
+                    meta={"purpose": "bridge.py wake --host codex"})
+    if not lock.acquire():
+        return {"status": "locked", "message": "another bridge ingress wake is running"}
+    try:
+        return _wake_pass(root, bdir, config, members, codex_bin)
+    finally:
+        lock.release()
+
+
+def _wake_pass(root, bdir, config, members, codex_bin):
+    # Targets are the --members, else the slugs with a heartbeat; broadcasts
+    # route to them as in Go's wake.
+    targets = clean_slugs(members) if members else discover_slugs(bdir)
+    found, _, _, _ = pending_intents(bdir, targets, clean_slugs(members) if members else [])
+    pending = {slug: [line for line, _ in items] for slug, items in found.items() if items}
+    if not pending:
+        return {"status": "noop", "message": "no pending inbox records"}
+    inbox = os.path.join(bdir, "inbox.jsonl")
+    all_lines = sorted({line for lines in pending.values() for line in lines})
+    groups = {}  # session id -> slugs
+    for slug in sorted(pending):
+        session = _resumable_session(bdir, slug)
+        if session:
+            groups.setdefault(session, []).append(slug)
+    if not groups:
+        _wake_event(bdir, "skipped-no-session", all_lines, sorted(pending), "",
+                    message="no resumable Codex session id")
+        return {"status": "skipped-no-session", "lines": all_lines, "targets": sorted(pending),
+                "message": "no resumable Codex session id"}
+    template = config_get(config, "seam.wake_command") or ["codex", "exec", "resume", "{session_id}", "-"]
+    timeout = float(config_get(config, "seam.wake_timeout_sec", 1800))
+    command = _seam_command(root)
+    woke, failures = 0, []
+    for session, slugs in groups.items():
+        lines = sorted({line for slug in slugs for line in pending[slug]})
+        argv = [part.replace("{session_id}", session) for part in template]
+        if codex_bin:
+            argv[0] = codex_bin
+        prompt = ("Bridge has queued captain intent for this Codex session.\n"
+                  "Pending physical inbox lines for this session: %s\n"
+                  "Addressed workflow slugs: %s\n"
+                  "Inbox: %s\n"
+                  "For each slug run `%s inbox drain --host codex --slug SLUG`, act on each "
+                  "record, ack it with `%s inbox ack ...`, then `%s inbox commit ...`.\n" % (
+                      ",".join(map(str, lines)), ",".join(slugs), inbox, command, command, command))
+        result = run_command(argv, cwd=root, stdin_data=prompt, timeout=timeout, kill_grace=5.0)
+        if result.ok:
+            woke += 1
+            _wake_event(bdir, "woke", lines, slugs, session)
+        else:
+            error = result.describe()
+            tail = result.stderr.strip().splitlines()[-1:] if result.stderr else []
+            if tail:
+                error += ": " + tail[0][:300]
+            failures.append(error)
+            _wake_event(bdir, "failed", lines, slugs, session, error=error)
+    status = "woke" if not failures else ("partial" if woke else "failed")
+    out = {"status": status, "lines": all_lines, "sessions": len(groups),
+           "targets": sorted(pending),
+           "message": {"woke": "resumed Codex FO session", "partial": "some Codex sessions failed to resume",
+                       "failed": "no Codex session resumed"}[status]}
+    if failures:
+        out["error"] = "; ".join(failures)
+    return out
+
+
+def _resumable_session(bdir, slug):
+    """The Codex session to resume for `slug`: heartbeat, else newest marker, else latest codex event."""
+    session = _heartbeat_session(bdir, slug)
+    if is_safe_session_id(session):
+        return session
+    best = None
+    for mtime, path, marker in _markers(bdir):
+        sid = marker.get("session_id")
+        if marker.get("workflow") == slug and is_safe_session_id(sid):
+            if best is None or (mtime, path) > best[:2]:
+                best = (mtime, path, sid)
+    if best:
+        return best[2]
+    latest = None
+    for item in scan_jsonl(os.path.join(bdir, "events.jsonl")):
+        rec = item.record
+        if not isinstance(rec, dict) or rec.get("host") != "codex":
+            continue
+        sid, when = rec.get("session_id"), parse_rfc3339(rec.get("ts"))
+        if is_safe_session_id(sid) and when and (latest is None or when[:2] >= latest[0]):
+            latest = (when[:2], sid)
+    return latest[1] if latest else None
+
+
+def _wake_event(bdir, status, lines, targets, session, message="", error=""):
+    now = utc_iso()
+    rec = {"timestamp": now, "ts": now, "host": "codex", "event": "wake", "status": status,
+           "lines": lines, "targets": targets, "session_id": session}
+    if message:
+        rec["message"] = message
+    if error:
+        rec["error"] = error
+    try:
+        seam_append(os.path.join(bdir, "wake-events.jsonl"), go_line(rec))
+    except OSError as exc:
+        warn("wake: cannot append to wake-events.jsonl: %s" % (exc.strerror or exc))
 
 
 # =============================================================================
@@ -1970,7 +5139,1403 @@ def relay_up(root, config, captain_id, session, cmd_id, status, summary, force=F
 # =============================================================================
 # 6. CHANGES - change sets and their MCP executor (seed 004)
 # =============================================================================
-# (built on the `changes` branch)
+
+# Change sets (seed 004, issue 5). A planning agent writes reviewable change sets under
+# changes/<id>/; the trusted executor (`changes run`) validates each one offline (schema,
+# integrity) and against the repository's MCP server (alignment, governance, impact), then
+# applies it through the server, gates it for a human (Tier 2) or rejects it. Every decision
+# lands in changes/<id>/05-status.json (written only here, atomically and canonically) and in
+# the decision log changes/.log/executor.jsonl.
+
+CHANGESET_PROTOCOL = "changeset_id_v1"
+CHANGESET_STATUS_SCHEMA = "changeset_status_v1"
+PLAN_VERSION = "plan_v1"
+CS_META = "00-meta.json"
+CS_ARCH = "01-architecture.md"
+CS_PLAN = "02-implementation-plan.json"
+CS_TASKS = "03-task-list.md"
+CS_STATUS = "05-status.json"
+CS_STATES = ("draft", "ready", "validating", "pending_review", "executing", "completed",
+             "failed", "superseded")
+CS_TERMINAL = ("completed", "failed", "superseded")
+CS_DECISIONS = ("auto", "review_required", "rejected", "approved")
+CS_META_KEYS = ("artifact_manifest", "base_state", "plan_sha256", "protocol", "repo_key",
+                "subject", "supersedes", "title")
+# Tools a plan may call. Everything else (run.execute, workspace.write_file, shell_command...)
+# rejects the whole plan: mutation goes through patches the server checks, nothing else.
+CS_READ_TOOLS = ("gov.preflight", "gov.drift", "features.overview", "features.locate",
+                 "features.impact", "xray.scan")
+CS_MAX_SAFE_INT = 2 ** 53 - 1
+
+
+class CanonicalJSONError(BridgeError):
+    """A value that canonical JSON (our subset of RFC 8785) cannot represent."""
+
+
+def _canonical_check(value, where="$"):
+    """Refuse what canonical JSON may not hold: floats, NaN, out-of-range integers,
+    non-string keys, lone surrogates. `where` is a JSONPath-like location for the message."""
+    if value is None or value is True or value is False:
+        return
+    if isinstance(value, int):
+        if not -CS_MAX_SAFE_INT <= value <= CS_MAX_SAFE_INT:
+            shown = str(value) if value.bit_length() < 256 else "of %d bits" % value.bit_length()
+            raise CanonicalJSONError("%s: integer %s is outside +/-(2^53-1)" % (where, shown))
+        return
+    if isinstance(value, float):
+        raise CanonicalJSONError("%s: number %r is not an integer (floats are not allowed in "
+                                 "canonical JSON)" % (where, value))
+    if isinstance(value, str):
+        _canonical_check_text(value, where)
+        return
+    if isinstance(value, (list, tuple)):
+        for i, item in enumerate(value):
+            _canonical_check(item, "%s[%d]" % (where, i))
+        return
+    if isinstance(value, dict):
+        for key, item in value.items():
+            if not isinstance(key, str):
+                raise CanonicalJSONError("%s: object key %r is not a string" % (where, key))
+            _canonical_check_text(key, where + " (key)")
+            _canonical_check(item, "%s.%s" % (where, key))
+        return
+    raise CanonicalJSONError("%s: %s is not a JSON value" % (where, type(value).__name__))
+
+
+def _canonical_check_text(text, where):
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise CanonicalJSONError("%s: lone surrogate U+%04X in string" % (
+            where, ord(text[exc.start])))
+
+
+def canonical_json(value):
+    """Canonical JSON bytes: UTF-8, keys sorted by code point (= UTF-8 byte order, the seed's
+    rule; RFC 8785 sorts by UTF-16 code units, which differs only for astral-plane vs
+    U+E000..U+FFFF keys), no whitespace, arrays in order, no trailing newline."""
+    import json
+    _canonical_check(value)
+    # Python compares str by code point, so sort_keys gives the byte order we want.
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
+                      allow_nan=False).encode("utf-8")
+
+
+def canonical_sha256(value):
+    import hashlib
+    return hashlib.sha256(canonical_json(value)).hexdigest()
+
+
+def canonical_loads(data, what="JSON"):
+    """Parse JSON strictly for hashed artifacts: duplicate keys, floats, NaN/Infinity,
+    out-of-range integers, lone surrogates and invalid UTF-8 are errors naming `what`."""
+    import json
+
+    def pairs(items):
+        seen = {}
+        for key, val in items:
+            if key in seen:
+                raise CanonicalJSONError("%s: duplicate key %s" % (what, json.dumps(key)))
+            seen[key] = val
+        return seen
+
+    def bad_float(text):
+        raise CanonicalJSONError("%s: number %s is not an integer (floats are not allowed)"
+                                 % (what, text))
+
+    def bad_constant(text):
+        raise CanonicalJSONError("%s: %s is not valid JSON here" % (what, text))
+
+    if isinstance(data, bytes):
+        try:
+            data = data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise CanonicalJSONError("%s: invalid UTF-8 at byte %d" % (what, exc.start))
+    if data.startswith("\ufeff"):
+        raise CanonicalJSONError("%s: byte order mark is not allowed" % what)
+    try:
+        value = json.loads(data, object_pairs_hook=pairs, parse_float=bad_float,
+                           parse_constant=bad_constant)
+    except json.JSONDecodeError as exc:
+        raise CanonicalJSONError("%s: line %d column %d: %s" % (what, exc.lineno, exc.colno,
+                                                                exc.msg))
+    except (ValueError, RecursionError) as exc:  # e.g. an integer of 5000 digits
+        raise CanonicalJSONError("%s: %s" % (what, exc))
+    try:
+        _canonical_check(value)
+    except CanonicalJSONError as exc:
+        raise CanonicalJSONError("%s: %s" % (what, exc))
+    return value
+
+
+def read_canonical_file(path, what=None):
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError as exc:
+        raise BridgeError("cannot read %s: %s" % (path, exc.strerror or exc))
+    return canonical_loads(data, what or str(path))
+
+
+# ---- slug, repo key, id -------------------------------------------------------------------
+
+_SLUG_EXTRA = {"ß": "ss", "æ": "ae", "Æ": "ae", "ø": "o", "Ø": "o", "œ": "oe", "Œ": "oe",
+               "đ": "d", "Đ": "d", "ł": "l", "Ł": "l", "þ": "th", "Þ": "th", "ı": "i"}
+
+
+def changeset_slug(subject, max_len=48):
+    """ASCII slug: accents transliterated (NFKD, combining marks dropped), anything not
+    [a-z0-9] becomes one `-`, trimmed, cut to `max_len` and trimmed again; `change` if empty."""
+    import unicodedata
+    text = "".join(_SLUG_EXTRA.get(ch, ch) for ch in str(subject))
+    text = unicodedata.normalize("NFKD", text).encode("ascii", "ignore").decode("ascii")
+    text = re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
+    text = text[:max_len].strip("-")
+    return text or "change"
+
+
+def normalize_repo_key(url):
+    """`host/owner/repo` from a git remote URL (scheme, user, password/token and port removed,
+    host lower-cased, `.git` and slashes stripped), or None for local paths and file:// URLs.
+    Never raises on odd input and never returns any part of the userinfo."""
+    from urllib.parse import urlsplit
+    url = (url or "").strip()
+    if not url:
+        return None
+    if re.match(r"^[A-Za-z][A-Za-z0-9+.-]*://", url):
+        try:
+            parts = urlsplit(url)
+            host = parts.hostname  # lower-cased, brackets, port and userinfo removed
+        except ValueError:
+            return None
+        if parts.scheme.lower() == "file" or not host:
+            return None
+        path = parts.path
+    else:
+        # scp-like [user@]host:path -- only when no '/' comes before the first ':'
+        m = re.match(r"^(?:[^@/:]*@)?(\[[^\]/]+\]|[^:/\\]+):(.*)$", url)
+        if not m or "/" in url.split(":", 1)[0]:
+            return None
+        host = m.group(1).strip("[]").lower()
+        path = m.group(2)
+        if len(host) == 1:  # C:\src\repo is a drive letter, not a host
+            return None
+    while True:
+        stripped = path.strip("/")
+        if stripped.endswith(".git"):
+            stripped = stripped[:-4]
+        if stripped == path:
+            break
+        path = stripped
+    if not path or not host:
+        return None
+    return host + "/" + path
+
+
+def changeset_repo_key(root):
+    """Repo key of `root`: the normalised `origin` URL, else the absolute repository path."""
+    res = Git(root).run("remote", "get-url", "origin", check=False)
+    key = normalize_repo_key(res.stdout.strip()) if res.exit_code == 0 else None
+    return key or os.path.abspath(str(root))
+
+
+def changeset_identity(subject, repo_key, base_state):
+    """The hashed identity payload of changeset_id_v1 (normalised inputs only)."""
+    return {"base_state": {"id": str(base_state["id"]), "kind": str(base_state["kind"])},
+            "protocol": CHANGESET_PROTOCOL, "repo_key": repo_key,
+            "subject": changeset_slug(subject)}
+
+
+def changeset_id(identity, length=12):
+    return identity["subject"] + "--" + canonical_sha256(identity)[:length]
+
+
+# ---- MCP client -----------------------------------------------------------------------------
+
+class McpError(BridgeError):
+    """An error reply from the MCP server; `mcp_code` may be an int or a string (STALE_LEASE)."""
+
+    def __init__(self, message, mcp_code=None, data=None):
+        BridgeError.__init__(self, message, EXIT_FAILED)
+        self.mcp_code = mcp_code
+        self.data = data
+
+
+class McpServerGone(BridgeError):
+    """The server exited, closed its output or did not answer in time."""
+
+
+class McpClient:
+    """JSON-RPC client for one MCP server process over stdio.
+
+    Sends in the configured framing (`content-length`, what axiomregent reads, or `line`, the
+    MCP standard) and reads either (kernel MessageReader). Replies are matched by id; replies
+    with a null id (axiomregent answers notifications) and unknown ids are ignored. One process
+    lives for a whole change set so the server's in-memory leases stay valid."""
+
+    def __init__(self, command, cwd, framing="content-length", timeout=30.0, env=None,
+                 log=None):
+        import shlex
+        if isinstance(command, str):
+            command = shlex.split(command)
+        if not command:
+            raise BridgeError("changes.mcp.command is empty", EXIT_USAGE)
+        self.command = [str(c) for c in command]
+        self.cwd = str(cwd)
+        self.framing = framing
+        self.timeout = float(timeout)
+        self.env = env
+        self.log = log or (lambda msg: None)
+        self.proc = None
+        self._next_id = 0
+        self._replies = None
+        self._stderr_tail = []
+        self._stalled = False
+        self.server_info = None
+        self.tools = None
+
+    def start(self):
+        import queue
+        import subprocess
+        import threading
+        env = dict(os.environ)
+        env.update(self.env or {})
+        try:
+            self.proc = subprocess.Popen(
+                self.command, cwd=self.cwd, env=env, stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
+        except OSError as exc:
+            raise McpServerGone("cannot start MCP server %s: %s" % (
+                self.command[0], exc.strerror or exc), EXIT_FAILED)
+        self._replies = queue.Queue()
+        threading.Thread(target=self._read_stdout, daemon=True).start()
+        threading.Thread(target=self._read_stderr, daemon=True).start()
+        init = self.request("initialize", {
+            "protocolVersion": "2024-11-05", "capabilities": {},
+            "clientInfo": {"name": "bridge.py", "version": __version__}})
+        self.server_info = init if isinstance(init, dict) else {}
+        self.notify("notifications/initialized", {})
+        return self
+
+    def _read_stdout(self):
+        import json
+        reader = MessageReader(self.proc.stdout)
+        while True:
+            try:
+                raw = reader.read()
+            except Exception as exc:  # framing error: the stream is unusable
+                self._replies.put(("gone", "unreadable server output: %s" % exc))
+                return
+            if raw is None:
+                self._replies.put(("gone", "server closed its output"))
+                return
+            try:
+                msg = json.loads(raw)
+            except ValueError:
+                self.log("mcp: ignoring unparseable message from server")
+                continue
+            self._replies.put(("msg", msg))
+
+    def _read_stderr(self):
+        for line in iter(self.proc.stderr.readline, b""):
+            self._stderr_tail.append(line.decode("utf-8", "replace").rstrip())
+            del self._stderr_tail[:-20]
+
+    def _send(self, obj):
+        try:
+            self.proc.stdin.write(frame_message(obj, self.framing))
+            self.proc.stdin.flush()
+        except (OSError, ValueError):
+            raise McpServerGone(self._gone_message("cannot write to server"), EXIT_FAILED)
+
+    def _gone_message(self, what):
+        code = self.proc.poll() if self.proc else None
+        if code is None and self.proc is not None:
+            try:
+                code = self.proc.wait(timeout=1.0)
+            except Exception:
+                code = None
+        msg = "MCP server %s" % what
+        if code is not None:
+            msg += " (exit code %s)" % code
+        tail = [t for t in self._stderr_tail if t][-3:]
+        if tail:
+            msg += "; stderr: " + " | ".join(tail)
+        return get_redactor().redact(msg)
+
+    def notify(self, method, params=None):
+        self._send({"jsonrpc": "2.0", "method": method, "params": params or {}})
+
+    def request(self, method, params=None, timeout=None):
+        import queue
+        import time
+        self._next_id += 1
+        rid = self._next_id
+        self._send({"jsonrpc": "2.0", "id": rid, "method": method, "params": params or {}})
+        deadline = time.monotonic() + (timeout or self.timeout)
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                self._stalled = True
+                hint = ""
+                if method == "initialize":
+                    hint = " (is changes.mcp.framing %r what it speaks?)" % self.framing
+                raise McpServerGone("MCP server did not answer %s within %.0f s%s" % (
+                    _mcp_label(method, params), timeout or self.timeout, hint), EXIT_FAILED)
+            try:
+                kind, msg = self._replies.get(timeout=left)
+            except queue.Empty:
+                continue
+            if kind == "gone":
+                self._replies.put((kind, msg))  # later calls fail the same way
+                raise McpServerGone(self._gone_message(
+                    "exited during %s: %s" % (_mcp_label(method, params), msg)), EXIT_FAILED)
+            if isinstance(msg, dict) and "method" in msg:
+                if msg.get("id") is not None:  # a request from the server: we offer nothing
+                    self._send({"jsonrpc": "2.0", "id": msg["id"], "error": {
+                        "code": -32601, "message": "Method not found"}})
+                continue
+            if not isinstance(msg, dict) or msg.get("id") != rid:
+                continue  # null-id replies to notifications, stale ids
+            err = msg.get("error")
+            if err is not None:
+                if not isinstance(err, dict):
+                    err = {"message": str(err)}
+                raise McpError("%s failed: %s%s" % (
+                    _mcp_label(method, params), err.get("message", "error"),
+                    " (%s)" % err["code"] if "code" in err else ""),
+                    err.get("code"), err.get("data"))
+            return msg.get("result")
+
+    def call_tool(self, name, arguments, timeout=None):
+        """tools/call, unwrapping the result: structuredContent, else `json` blocks (axiomregent)
+        or `text` blocks holding JSON (the standard); several blocks give a list."""
+        import json
+        result = self.request("tools/call", {"name": name, "arguments": arguments},
+                              timeout=timeout)
+        if not isinstance(result, dict):
+            return result
+        if result.get("isError"):
+            raise McpError("%s failed: %s" % (name, _mcp_text(result)), "tool_error")
+        if "structuredContent" in result:
+            return result["structuredContent"]
+        blocks = result.get("content")
+        if not isinstance(blocks, list):
+            return result
+        values = []
+        for block in blocks:
+            if not isinstance(block, dict):
+                continue
+            if block.get("type") == "json":
+                values.append(block.get("json"))
+            elif block.get("type") == "text":
+                text = block.get("text", "")
+                try:
+                    values.append(json.loads(text))
+                except ValueError:
+                    values.append(text)
+        if len(values) == 1:
+            return values[0]
+        return values
+
+    def close(self):
+        """EOF on stdin (a polite server exits), then the whole process group goes: a
+        server that stalled or spawned helpers must not outlive its change set."""
+        import subprocess
+        if self.proc is None:
+            return
+        try:
+            self.proc.stdin.close()
+        except (OSError, ValueError):
+            pass
+        if not self._stalled:
+            try:
+                self.proc.wait(timeout=2.0)
+            except subprocess.TimeoutExpired:
+                pass
+        kill_process_group(self.proc, grace=1.0)
+        self.proc = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def _mcp_label(method, params):
+    if method == "tools/call" and isinstance(params, dict):
+        return str(params.get("name"))
+    return method
+
+
+def _mcp_text(result):
+    parts = []
+    for block in result.get("content") or []:
+        if isinstance(block, dict) and block.get("type") == "text":
+            parts.append(str(block.get("text")))
+    return " ".join(parts) or "error"
+
+
+# ---- change sets on disk ------------------------------------------------------------------
+
+def changeset_patch_paths(patch, strip=1):
+    """Paths a unified diff touches (its `---`/`+++` headers, /dev/null skipped; hunk bodies
+    are skipped by their line counts, so a removed line `-- x` is not a header)."""
+    paths = set()
+    old_left = new_left = 0
+    for line in str(patch).splitlines():
+        if old_left > 0 or new_left > 0:  # inside a hunk
+            if line.startswith("\\"):
+                continue  # "\ No newline at end of file"
+            tag = line[:1]
+            if tag in (" ", ""):
+                old_left, new_left = old_left - 1, new_left - 1
+            elif tag == "-":
+                old_left -= 1
+            elif tag == "+":
+                new_left -= 1
+            continue
+        m = re.match(r"^@@ -\d+(?:,(\d+))? \+\d+(?:,(\d+))? @@", line)
+        if m:
+            old_left = int(m.group(1)) if m.group(1) is not None else 1
+            new_left = int(m.group(2)) if m.group(2) is not None else 1
+            continue
+        if not (line.startswith("+++ ") or line.startswith("--- ")):
+            continue
+        name = line[4:].split("\t", 1)[0].strip()
+        if name.startswith('"') and name.endswith('"') and len(name) > 1:
+            name = name[1:-1]
+        if name == "/dev/null" or not name:
+            continue
+        parts = name.split("/")
+        if len(parts) > strip:
+            paths.add("/".join(parts[strip:]))
+    return sorted(paths)
+
+
+def changeset_tool_allowed(tool):
+    return (tool == "workspace.apply_patch" or tool in CS_READ_TOOLS
+            or (tool.startswith("snapshot.") and len(tool) > len("snapshot.")))
+
+
+def changeset_plan_problems(plan, base_kind=None, folder=None):
+    """Schema problems of a plan_v1 document as (code, message) pairs; empty when valid."""
+    problems = []
+
+    def bad(code, msg):
+        problems.append((code, msg))
+
+    if not isinstance(plan, dict):
+        return [("invalid_plan", "the plan must be a JSON object")]
+    allowed = ("version", "change_set_id", "generated_from_digest", "prerequisites", "tasks",
+               "goal", "description")
+    for key in sorted(plan):
+        if key not in allowed:
+            bad("invalid_plan", "unknown plan field %r" % key)
+    if plan.get("version") != PLAN_VERSION:
+        bad("invalid_plan", "version must be %r, not %r" % (PLAN_VERSION, plan.get("version")))
+    if "change_set_id" in plan and folder is not None and plan["change_set_id"] != folder:
+        bad("integrity_mismatch", "plan change_set_id %r is not the folder name %r"
+            % (plan["change_set_id"], folder))
+    for key in ("generated_from_digest", "goal", "description", "change_set_id"):
+        if key in plan and not isinstance(plan[key], str):
+            bad("invalid_plan", "%s must be a string" % key)
+    pre = plan.get("prerequisites", {})
+    if not isinstance(pre, dict):
+        bad("invalid_plan", "prerequisites must be an object")
+    else:
+        if "base_snapshot_id" in pre and not isinstance(pre["base_snapshot_id"], str):
+            bad("invalid_plan", "prerequisites.base_snapshot_id must be a string")
+        leases = pre.get("required_leases", [])
+        if not isinstance(leases, list) or not all(isinstance(x, str) for x in leases):
+            bad("invalid_plan", "prerequisites.required_leases must be a list of strings")
+    tasks = plan.get("tasks")
+    if not isinstance(tasks, list) or not tasks:
+        bad("invalid_plan", "tasks must be a non-empty list")
+        return problems
+    seen = set()
+    for i, task in enumerate(tasks):
+        where = "tasks[%d]" % i
+        if not isinstance(task, dict):
+            bad("invalid_plan", "%s must be an object" % where)
+            continue
+        tid = task.get("id")
+        if not isinstance(tid, str) or not tid:
+            bad("invalid_plan", "%s.id must be a non-empty string" % where)
+        elif tid in seen:
+            bad("invalid_plan", "%s.id %r is used twice" % (where, tid))
+        else:
+            seen.add(tid)
+        if task.get("type") != "mcp_call":
+            bad("forbidden_task", "%s.type %r: only mcp_call tasks may run (no shell)"
+                % (where, task.get("type")))
+        tool = task.get("tool")
+        if not isinstance(tool, str) or not tool:
+            bad("invalid_plan", "%s.tool must be a non-empty string" % where)
+        elif not changeset_tool_allowed(tool):
+            bad("forbidden_tool", "%s.tool %r is not allowlisted (workspace.apply_patch, "
+                "snapshot.*, %s)" % (where, tool, ", ".join(CS_READ_TOOLS)))
+        params = task.get("params", {})
+        if not isinstance(params, dict):
+            bad("invalid_plan", "%s.params must be an object" % where)
+            params = {}
+        if tool == "workspace.apply_patch":
+            if not isinstance(params.get("patch"), str) or not params.get("patch"):
+                bad("invalid_plan", "%s.params.patch must be a non-empty string" % where)
+            mode = params.get("mode", base_kind)
+            if mode is None and base_kind is None:
+                pass  # decided by the base state, checked once that is known
+            elif mode not in ("worktree", "snapshot"):
+                bad("invalid_plan", "%s.params.mode must be worktree or snapshot" % where)
+            elif base_kind and mode != base_kind:
+                bad("invalid_plan", "%s.params.mode %r does not match base_state.kind %r"
+                    % (where, mode, base_kind))
+            if "strip" in params and (not isinstance(params["strip"], int)
+                                      or isinstance(params["strip"], bool)):
+                bad("invalid_plan", "%s.params.strip must be an integer" % where)
+        risk = task.get("risk_profile")
+        if not isinstance(risk, dict):
+            bad("invalid_plan", "%s.risk_profile must be an object" % where)
+        else:
+            if risk.get("impact_score") not in ("none", "low", "medium", "high"):
+                bad("invalid_plan", "%s.risk_profile.impact_score must be none, low, medium or "
+                    "high" % where)
+            feats = risk.get("touched_features", [])
+            if not isinstance(feats, list) or not all(isinstance(x, str) for x in feats):
+                bad("invalid_plan", "%s.risk_profile.touched_features must be a list of "
+                    "strings" % where)
+            if not isinstance(risk.get("destructive", False), bool):
+                bad("invalid_plan", "%s.risk_profile.destructive must be a boolean" % where)
+    return problems
+
+
+def changeset_meta_problems(meta):
+    problems = []
+
+    def bad(msg):
+        problems.append(("invalid_meta", msg))
+
+    if not isinstance(meta, dict):
+        return [("invalid_meta", "00-meta.json must be a JSON object")]
+    for key in sorted(meta):
+        if key not in CS_META_KEYS:
+            bad("unknown field %r" % key)
+    if meta.get("protocol") != CHANGESET_PROTOCOL:
+        bad("protocol must be %r" % CHANGESET_PROTOCOL)
+    subject = meta.get("subject")
+    if not isinstance(subject, str) or changeset_slug(subject) != subject:
+        bad("subject must be a normalised slug, not %r" % (subject,))
+    if not isinstance(meta.get("repo_key"), str) or not meta.get("repo_key"):
+        bad("repo_key must be a non-empty string")
+    base = meta.get("base_state")
+    if (not isinstance(base, dict) or sorted(base) != ["id", "kind"]
+            or base.get("kind") not in ("snapshot", "worktree")
+            or not isinstance(base.get("id"), str) or not base.get("id")):
+        bad("base_state must be {\"kind\": \"snapshot\"|\"worktree\", \"id\": \"...\"}")
+    if not re.match(r"^[0-9a-f]{64}$", str(meta.get("plan_sha256", ""))):
+        bad("plan_sha256 must be 64 lower-case hex digits")
+    if "title" in meta and not isinstance(meta["title"], str):
+        bad("title must be a string")
+    sup = meta.get("supersedes", [])
+    if not isinstance(sup, list) or not all(isinstance(x, str) and _SAFE_NAME.match(x)
+                                            and x not in (".", "..") for x in sup):
+        bad("supersedes must be a list of change set ids")
+    man = meta.get("artifact_manifest", {})
+    if not isinstance(man, dict) or not all(isinstance(v, str) for v in man.values()):
+        bad("artifact_manifest must map file names to sha256 strings")
+    return problems
+
+
+class ChangeSets:
+    """The `changes/` directory of one repository: change sets, their status, the executor."""
+
+    def __init__(self, root, config):
+        self.root = str(root)
+        self.config = config
+        self.cfg = config.get("changes") or {}
+        self.dir = os.path.join(self.root, self.cfg.get("dir") or "changes")
+        self.lock_path = os.path.join(self.dir, ".locks", "worktree.lock")
+        self.log_path = os.path.join(self.dir, ".log", "executor.jsonl")
+        self.redactor = get_redactor(config)
+
+    # -- plumbing --
+    def path(self, cs_id, name=None):
+        safe_name(cs_id, "change set id")
+        base = os.path.join(self.dir, cs_id)
+        return os.path.join(base, name) if name else base
+
+    def ids(self):
+        try:
+            names = sorted(os.listdir(self.dir))
+        except FileNotFoundError:
+            return []
+        return [n for n in names if not n.startswith(".")
+                and os.path.isdir(os.path.join(self.dir, n))]
+
+    def mcp_configured(self):
+        return bool((self.cfg.get("mcp") or {}).get("command"))
+
+    def client(self):
+        mcp = self.cfg.get("mcp") or {}
+        if not mcp.get("command"):
+            raise BridgeError("no MCP server configured: set changes.mcp.command in "
+                              "bridge.config.json", EXIT_USAGE)
+        framing = mcp.get("framing") or "content-length"
+        if framing not in ("content-length", "line"):
+            raise BridgeError("changes.mcp.framing must be content-length or line, not %r"
+                              % framing, EXIT_USAGE)
+        return McpClient(mcp["command"], self.root, framing=framing,
+                         timeout=float(mcp.get("timeout_sec") or 30),
+                         env={str(k): str(v) for k, v in (mcp.get("env") or {}).items()},
+                         log=self.say)
+
+    def say(self, msg):
+        sys.stderr.write("bridge changes: %s\n" % self.redactor.redact(msg))
+
+    def record(self, cs_id, event, **fields):
+        rec = {"ts": now_iso(), "change_set_id": cs_id, "event": event}
+        rec.update(fields)
+        append_jsonl(self.log_path, self.redactor.redact_obj(rec))
+
+    def ensure_excluded(self):
+        """Keep changes/ out of `git status` (and so out of the worktree fingerprint): the
+        change sets written after an id is derived must not make their own base stale."""
+        res = Git(self.root).run("rev-parse", "--git-path", "info/exclude", check=False)
+        if res.exit_code != 0:
+            return
+        path = res.stdout.strip()
+        if not os.path.isabs(path):
+            path = os.path.join(self.root, path)
+        pattern = "/%s/" % os.path.relpath(self.dir, self.root).replace(os.sep, "/")
+        try:
+            with open(path, "r", encoding="utf-8", errors="replace") as f:
+                if pattern in f.read().splitlines():
+                    return
+        except FileNotFoundError:
+            pass
+        append_text(path, pattern + "\n")
+
+    # -- status --
+    def status_lock(self):
+        """A short flock serialising status writes between the executor and `approve`."""
+        import contextlib
+
+        @contextlib.contextmanager
+        def held():
+            path = os.path.join(self.dir, ".locks", "status.lock")
+            fd = acquire_flock(path, timeout=10.0)
+            if fd is None:
+                raise BridgeError("%s stayed locked for 10 s" % path, EXIT_LOCKED)
+            try:
+                yield
+            finally:
+                release_flock(fd)
+        return held()
+
+    def read_status(self, cs_id):
+        path = self.path(cs_id, CS_STATUS)
+        if not os.path.exists(path):
+            return None
+        status = read_canonical_file(path, path)
+        if (not isinstance(status, dict)
+                or status.get("schema_version") != CHANGESET_STATUS_SCHEMA
+                or status.get("state") not in CS_STATES
+                or status.get("decision") not in CS_DECISIONS):
+            raise BridgeError("%s is not a %s document" % (path, CHANGESET_STATUS_SCHEMA))
+        return status
+
+    def write_status(self, cs_id, state, decision, reason, meta=None, prev=None, **extra):
+        """Replace 05-status.json (canonical, atomic) and log the decision."""
+        status = dict(prev or {})
+        status.update({
+            "schema_version": CHANGESET_STATUS_SCHEMA, "change_set_id": cs_id,
+            "state": state, "decision": decision, "reason": self.redactor.redact(reason),
+            "updated_at": now_iso()})
+        if isinstance(meta, dict) and isinstance(meta.get("base_state"), dict):
+            status["validated_against"] = {"base_state": meta["base_state"],
+                                           "plan_sha256": meta.get("plan_sha256")}
+        status.setdefault("validated_against", None)
+        status.setdefault("execution", {"started_task_id": None, "completed_task_ids": [],
+                                        "last_error": None})
+        for key, value in extra.items():
+            status[key] = value
+        execution = status["execution"]
+        if execution.get("last_error"):
+            execution["last_error"] = self.redactor.redact(execution["last_error"])
+        # Server answers (violations...) may hold floats or odd text: store them as strings
+        # rather than fail to record a decision.
+        status = _canonical_safe(status)
+        with self.status_lock():
+            atomic_write(self.path(cs_id, CS_STATUS), canonical_json(status))
+        self.record(cs_id, "status", state=state, decision=decision, reason=status["reason"])
+        return status
+
+    # -- offline checks --
+    def load(self, cs_id):
+        """(meta, plan, problems) after every offline check: schema, folder name vs the id
+        recomputed from 00-meta.json, plan_sha256 vs the plan's canonical bytes."""
+        problems = []
+        meta = plan = None
+        try:
+            safe_name(cs_id, "change set id")
+        except BridgeError as exc:
+            return None, None, [("integrity_mismatch", str(exc))]
+        meta_path, plan_path = self.path(cs_id, CS_META), self.path(cs_id, CS_PLAN)
+        try:
+            meta = read_canonical_file(meta_path, CS_META)
+        except BridgeError as exc:
+            problems.append(("invalid_meta", str(exc)))
+        if meta is not None:
+            mp = changeset_meta_problems(meta)
+            problems.extend(mp)
+            if not mp:
+                identity = {k: meta[k] for k in ("base_state", "protocol", "repo_key",
+                                                 "subject")}
+                digest = canonical_sha256(identity)
+                ok_names = (meta["subject"] + "--" + digest[:12],
+                            meta["subject"] + "--" + digest[:16])
+                if cs_id not in ok_names:
+                    problems.append(("integrity_mismatch",
+                                     "folder name %s does not match the id recomputed from "
+                                     "00-meta.json (%s)" % (cs_id, ok_names[0])))
+        try:
+            plan = read_canonical_file(plan_path, CS_PLAN)
+        except BridgeError as exc:
+            problems.append(("invalid_plan", str(exc)))
+        if plan is not None:
+            base_kind = None
+            if meta is not None and isinstance(meta, dict):
+                base_kind = (meta.get("base_state") or {}).get("kind") \
+                    if isinstance(meta.get("base_state"), dict) else None
+            if (isinstance(meta, dict) and isinstance(meta.get("plan_sha256"), str)):
+                actual = canonical_sha256(plan)
+                if actual != meta["plan_sha256"]:
+                    problems.append(("plan_tampered",
+                                     "plan_sha256 in 00-meta.json is %s but the plan hashes "
+                                     "to %s" % (meta["plan_sha256"][:16], actual[:16])))
+            problems.extend(changeset_plan_problems(plan, base_kind, cs_id))
+            problems.extend(self.path_problems(plan))
+            if (base_kind == "snapshot" and isinstance(plan.get("prerequisites"), dict)
+                    and plan["prerequisites"].get("base_snapshot_id") not in
+                    (None, meta["base_state"]["id"])):
+                problems.append(("invalid_plan", "prerequisites.base_snapshot_id is not "
+                                 "base_state.id"))
+        if isinstance(meta, dict) and isinstance(meta.get("artifact_manifest"), dict):
+            import hashlib
+            for name, digest in sorted(meta["artifact_manifest"].items()):
+                try:
+                    with open(self.path(cs_id, safe_name(name, "artifact")), "rb") as f:
+                        actual = hashlib.sha256(f.read()).hexdigest()
+                except (OSError, BridgeError) as exc:
+                    problems.append(("integrity_mismatch", "artifact %s: %s" % (name, exc)))
+                    continue
+                if actual != digest.split(":")[-1]:
+                    problems.append(("integrity_mismatch", "artifact %s does not match "
+                                     "artifact_manifest" % name))
+        return meta, plan, problems
+
+    def path_problems(self, plan):
+        """Patches may not reach outside the repository, into .git, or into changes/ (the
+        executor's own records and other change sets)."""
+        problems = []
+        own = os.path.relpath(self.dir, self.root).replace(os.sep, "/").strip("/")
+        for i, task in enumerate(plan.get("tasks") or []):
+            if not isinstance(task, dict) or task.get("tool") != "workspace.apply_patch":
+                continue
+            params = task.get("params") if isinstance(task.get("params"), dict) else {}
+            strip = params.get("strip", 1) if isinstance(params.get("strip", 1), int) else 1
+            for path in changeset_patch_paths(params.get("patch") or "", strip):
+                parts = path.split("/")
+                if (path.startswith("/") or ".." in parts or parts[0] == ".git"
+                        or path == own or path.startswith(own + "/")):
+                    problems.append(("forbidden_path", "tasks[%d] patches %s (outside the "
+                                     "repository, .git or %s/)" % (i, path, own)))
+        return problems
+
+    def state_of(self, cs_id):
+        """(state, decision, reason) for display: the status file, else draft/ready."""
+        try:
+            status = self.read_status(cs_id)
+        except BridgeError as exc:
+            return "unknown", None, str(exc)
+        if status is not None:
+            return status["state"], status.get("decision"), status.get("reason")
+        if os.path.exists(self.path(cs_id, CS_META)) and os.path.exists(
+                self.path(cs_id, CS_PLAN)):
+            return "ready", None, "waiting for the executor"
+        return "draft", None, "00-meta.json or 02-implementation-plan.json missing"
+
+    # -- base state --
+    def base_state(self, client, snapshot=None):
+        """snapshot -> {"kind": "snapshot", "id": ID}; worktree -> sha256 of the canonical JSON
+        of snapshot.info's fingerprint; servers without snapshot.info anchor to a new
+        snapshot (the seed's fallback)."""
+        if snapshot:
+            return {"kind": "snapshot", "id": str(snapshot)}
+        try:
+            return {"kind": "worktree", "id": self.worktree_fingerprint(client)}
+        except McpError as exc:
+            if exc.mcp_code != -32601:
+                raise
+        snap = client.call_tool("snapshot.create", {"repo_root": self.root})
+        if not isinstance(snap, dict) or not snap.get("snapshot_id"):
+            raise BridgeError("snapshot.create returned no snapshot_id", EXIT_FAILED)
+        return {"kind": "snapshot", "id": str(snap["snapshot_id"])}
+
+    def worktree_fingerprint(self, client):
+        info = client.call_tool("snapshot.info", {"repo_root": self.root})
+        fp = info.get("fingerprint") if isinstance(info, dict) else None
+        if not isinstance(fp, dict):
+            raise BridgeError("snapshot.info returned no fingerprint object", EXIT_FAILED)
+        return canonical_sha256(fp)
+
+    # -- validation against the server --
+    def check_online(self, client, meta, plan):
+        """Alignment, governance, impact. Returns (outcome, code, reason, details):
+        outcome is "reject", "review" or "auto"."""
+        base = meta["base_state"]
+        kind = base["kind"]
+        details = {"server": (client.server_info or {}).get("serverInfo")}
+        rejects = []  # every reason to reject, so `validate` can print them all
+        if kind == "worktree":
+            current = self.worktree_fingerprint(client)
+            if current != base["id"]:
+                rejects.append(("stale_base", "the worktree fingerprint is %s, the plan was "
+                                "made against %s; re-plan under a new id" % (
+                                    current[:16], base["id"][:16])))
+        else:
+            try:
+                client.call_tool("snapshot.info", {"repo_root": self.root,
+                                                   "snapshot_id": base["id"]})
+            except McpError as exc:
+                return ("reject", "stale_base", "snapshot %s is not available: %s"
+                        % (base["id"], exc), details)
+        paths = set()
+        for task in plan["tasks"]:
+            if task["tool"] == "workspace.apply_patch":
+                paths.update(changeset_patch_paths(task["params"]["patch"],
+                                                   task["params"].get("strip", 1)))
+        paths = sorted(paths)
+        details["changed_paths"] = paths
+        args = {"repo_root": self.root, "intent": "edit", "mode": kind, "changed_paths": paths}
+        if kind == "snapshot":
+            args["snapshot_id"] = base["id"]
+        pre = client.call_tool("gov.preflight", args)
+        if not isinstance(pre, dict):
+            raise BridgeError("gov.preflight returned %s, not an object" % type(pre).__name__,
+                              EXIT_FAILED)
+        tier = pre.get("safety_tier")
+        violations = pre.get("violations") or []
+        details["safety_tier"] = tier
+        details["preflight_violations"] = violations
+        errors = [v for v in violations if not isinstance(v, dict)
+                  or v.get("severity") != "warning"]
+        if tier == "tier3" or errors:
+            rejects.append(("tier3", "gov.preflight: Tier 3 change (never approvable): %s"
+                            % _violation_text(violations)))
+        elif tier not in ("tier1", "tier2"):
+            raise BridgeError("gov.preflight returned an unknown safety_tier %r" % (tier,),
+                              EXIT_FAILED)
+        drift = client.call_tool("gov.drift", {"repo_root": self.root})
+        if isinstance(drift, dict):
+            drift = drift.get("violations") or []
+        if drift:
+            details["drift"] = drift
+            rejects.append(("gov_drift", "gov.drift reports %d violation(s): %s"
+                            % (len(drift), _violation_text(drift))))
+        if rejects:
+            details["problems"] = ["%s: %s" % r for r in rejects]
+            code, reason = rejects[0]
+            if len(rejects) > 1:
+                reason += " (+ %s)" % ", ".join(c for c, _ in rejects[1:])
+            return ("reject", code, reason, details)
+        touched, source = self.impact(client, paths, base)
+        details["touched_features"] = touched
+        details["impact_source"] = source
+        critical = sorted(set(touched) & set(self.cfg.get("critical_features") or []))
+        reasons = []
+        if tier == "tier2":
+            reasons.append("gov.preflight: Tier 2 change")
+        if violations:
+            reasons.append("gov.preflight warnings: %s" % _violation_text(violations))
+        if critical:
+            reasons.append("touches critical feature(s) %s" % ", ".join(critical))
+        if reasons:
+            return ("review", "review_required", "; ".join(reasons) +
+                    " -- approve with `bridge.py changes approve ID`", details)
+        return ("auto", "auto", "Tier 1, no drift, no critical feature touched", details)
+
+    def impact(self, client, paths, base):
+        """Feature ids touched by `paths`: features.impact, or where the server does not offer
+        it (-32601, axiomregent) the same intersection computed from features.overview."""
+        args = {"repo_root": self.root, "changed_paths": paths}
+        if base["kind"] == "snapshot":
+            args["snapshot_id"] = base["id"]
+        try:
+            res = client.call_tool("features.impact", args)
+            if isinstance(res, dict):
+                res = res.get("features") or res.get("feature_ids") or []
+            return sorted(set(str(x) for x in res)), "features.impact"
+        except McpError as exc:
+            if exc.mcp_code != -32601:
+                raise
+        overview = client.call_tool("features.overview", {"repo_root": self.root})
+        if not isinstance(overview, dict):
+            raise BridgeError("features.overview returned %s, not an object"
+                              % type(overview).__name__, EXIT_FAILED)
+        touched = set()
+        for feat in overview.get("features") or []:
+            if not isinstance(feat, dict):
+                continue
+            files = [feat.get("spec_path")] + list(feat.get("impl_files") or []) + \
+                list(feat.get("test_files") or [])
+            for f in files:
+                if not isinstance(f, str) or not f:
+                    continue
+                f = f.strip("/")
+                if any(p == f or p.startswith(f + "/") for p in paths):
+                    touched.add(str(feat.get("feature_id")))
+        return sorted(touched), "features.overview"
+
+
+def _canonical_safe(value):
+    """`value` with everything canonical JSON refuses turned into strings."""
+    if isinstance(value, dict):
+        return {_canonical_safe_text(str(k)): _canonical_safe(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_canonical_safe(v) for v in value]
+    if isinstance(value, str):
+        return _canonical_safe_text(value)
+    if value is None or isinstance(value, bool):
+        return value
+    if isinstance(value, int) and -CS_MAX_SAFE_INT <= value <= CS_MAX_SAFE_INT:
+        return value
+    if isinstance(value, int) and value.bit_length() >= 256:
+        return "<integer of %d bits>" % value.bit_length()
+    return str(value)
+
+
+def _canonical_safe_text(text):
+    return text.encode("utf-8", "replace").decode("utf-8")
+
+
+def _violation_text(violations):
+    parts = []
+    for v in violations[:5]:
+        if isinstance(v, dict):
+            parts.append("%s %s" % (v.get("code"), v.get("path") or v.get("feature_id") or ""))
+        else:
+            parts.append(str(v))
+    if len(violations) > 5:
+        parts.append("... %d more" % (len(violations) - 5))
+    return "; ".join(p.strip() for p in parts) or "(none listed)"
+
+
+# ---- the executor ---------------------------------------------------------------------------
+
+class ChangeExecutor:
+    """The trusted local executor of seed section 6: one change set at a time, under
+    changes/.locks/worktree.lock, each with its own MCP server process."""
+
+    def __init__(self, sets):
+        self.sets = sets
+        self.lock = None
+        self.stopping = False
+        self.skipped = set()  # unreadable statuses already reported by this process
+
+    def acquire(self):
+        cfg = self.sets.cfg
+        self.lock = FileLock(self.sets.lock_path, ttl_sec=int(cfg.get("lock_ttl_sec") or 7200),
+                             meta={"command": "changes run", "root": self.sets.root})
+        if not self.lock.acquire():
+            raise BridgeError("another executor holds %s: %s" % (
+                self.sets.lock_path, describe_holder(self.lock.holder)), EXIT_LOCKED)
+        if self.lock.recovered:
+            self.sets.say("recovered the executor lock from a dead holder: %s"
+                          % describe_holder(self.lock.recovered))
+            self.sets.record(None, "lock_recovered", holder=self.lock.recovered)
+        self.sets.ensure_excluded()
+
+    def release(self):
+        if self.lock is not None:
+            self.lock.release()
+            self.lock = None
+
+    def run_once(self):
+        """One pass over every change set. Returns the list of (id, final state) processed."""
+        sets = self.sets
+        done = []
+        self.apply_supersessions()
+        for cs_id in sets.ids():
+            if self.stopping:
+                break
+            self.lock.heartbeat()
+            final = self.process(cs_id)
+            if final:
+                done.append((cs_id, final))
+        return done
+
+    def apply_supersessions(self):
+        """A valid, unprocessed change set naming `supersedes` retires those ids first."""
+        sets = self.sets
+        for cs_id in sets.ids():
+            try:
+                if sets.read_status(cs_id) is not None:
+                    continue
+            except BridgeError:
+                continue
+            if not os.path.exists(sets.path(cs_id, CS_PLAN)):
+                continue
+            meta, plan, problems = sets.load(cs_id)
+            if problems or not meta.get("supersedes"):
+                continue
+            for old in meta["supersedes"]:
+                try:
+                    status = sets.read_status(old) if os.path.isdir(sets.path(old)) else None
+                except BridgeError:
+                    continue
+                if not os.path.isdir(sets.path(old)):
+                    continue
+                if status is not None and (status["state"] in CS_TERMINAL
+                                           or status["state"] == "executing"):
+                    continue
+                old_meta, _, _ = sets.load(old)
+                sets.write_status(old, "superseded", "rejected", "superseded by %s" % cs_id,
+                                  meta=old_meta if isinstance(old_meta, dict) else None,
+                                  prev=status)
+
+    def process(self, cs_id):
+        sets = self.sets
+        try:
+            status = sets.read_status(cs_id)
+        except BridgeError as exc:
+            if cs_id not in self.skipped:  # once per process, not on every poll
+                self.skipped.add(cs_id)
+                sets.record(cs_id, "skipped", reason="unreadable status: %s" % exc)
+                sets.say("%s: skipped: %s" % (cs_id, exc))
+            return None
+        if status is None:
+            if not (os.path.exists(sets.path(cs_id, CS_META))
+                    and os.path.exists(sets.path(cs_id, CS_PLAN))):
+                return None  # draft: the agent is still writing it
+            return self.validate_and_run(cs_id, None)
+        state = status["state"]
+        if state in ("ready", "draft", "validating"):
+            return self.validate_and_run(cs_id, status)
+        if state == "pending_review" and status.get("decision") == "approved":
+            return self.validate_and_run(cs_id, status, approved=True)
+        if state == "executing":
+            # We hold the worktree lock, so whoever was executing died mid-way.
+            task = (status.get("execution") or {}).get("started_task_id")
+            st = sets.write_status(
+                cs_id, "failed", status.get("decision") or "auto",
+                "interrupted: the executor stopped during task %s; the worktree may hold "
+                "part of this change set" % task, prev=status)
+            sets.say("%s: failed: %s" % (cs_id, st["reason"]))
+            return "failed"
+        return None
+
+    def validate_and_run(self, cs_id, status, approved=False):
+        sets = self.sets
+        meta, plan, problems = sets.load(cs_id)
+        decision = "approved" if approved else "auto"
+        if problems:
+            code, msg = problems[0]
+            more = " (+%d more problem(s); see `changes validate %s`)" % (
+                len(problems) - 1, cs_id) if len(problems) > 1 else ""
+            st = sets.write_status(cs_id, "failed", "rejected", "%s: %s%s" % (code, msg, more),
+                                   meta=meta if isinstance(meta, dict)
+                                   and "base_state" in meta else None, prev=status,
+                                   problems=["%s: %s" % p for p in problems])
+            sets.say("%s: failed: %s" % (cs_id, st["reason"]))
+            return "failed"
+        if approved:
+            approval = status.get("approval") or {}
+            if approval.get("plan_sha256") != meta["plan_sha256"]:
+                st = sets.write_status(cs_id, "failed", "rejected",
+                                       "plan_tampered: the plan changed after it was approved",
+                                       meta=meta, prev=status)
+                sets.say("%s: failed: %s" % (cs_id, st["reason"]))
+                return "failed"
+        client = sets.client()  # a configuration error stops here, before any status moves
+        status = sets.write_status(cs_id, "validating", decision,
+                                   "validating against the MCP server", meta=meta, prev=status)
+        try:
+            client.start()
+            outcome, code, reason, details = sets.check_online(client, meta, plan)
+            if outcome == "reject":
+                status = sets.write_status(cs_id, "failed", "rejected", "%s: %s" % (code, reason),
+                                           meta=meta, prev=status, validation=details)
+                sets.say("%s: failed: %s" % (cs_id, status["reason"]))
+                return "failed"
+            if outcome == "review" and not approved:
+                status = sets.write_status(cs_id, "pending_review", "review_required",
+                                           reason, meta=meta, prev=status, validation=details)
+                sets.say("%s: pending_review: %s" % (cs_id, reason))
+                return "pending_review"
+            return self.execute(client, cs_id, meta, plan, status, decision, details)
+        except Exception as exc:  # nothing may leave a change set silently half-decided
+            if isinstance(exc, McpServerGone):
+                code = "mcp_server_gone"
+            elif isinstance(exc, BridgeError):
+                code = "mcp_error"
+            else:
+                code = "internal_error"
+                exc = "%s: %s" % (type(exc).__name__, exc)
+            status = sets.write_status(cs_id, "failed", status["decision"],
+                                       "%s: %s" % (code, exc), meta=meta, prev=status)
+            sets.say("%s: failed: %s" % (cs_id, status["reason"]))
+            return "failed"
+        finally:
+            client.close()
+
+    def execute(self, client, cs_id, meta, plan, status, decision, details):
+        sets = self.sets
+        base = meta["base_state"]
+        execution = {"started_task_id": None, "completed_task_ids": [], "last_error": None}
+        status = sets.write_status(cs_id, "executing", decision,
+                                   "executing %d task(s)" % len(plan["tasks"]), meta=meta,
+                                   prev=status, validation=details, execution=execution)
+        lease_id = None
+        snapshot_id = base["id"] if base["kind"] == "snapshot" else None
+        results = []
+        try:
+            if base["kind"] == "worktree" and any(t["tool"] == "workspace.apply_patch"
+                                                  for t in plan["tasks"]):
+                # Leases live in the server process; take one now and keep the process.
+                listing = client.call_tool("snapshot.list", {"repo_root": sets.root})
+                lease_id = listing.get("lease_id") if isinstance(listing, dict) else None
+                if not lease_id:  # snapshot.create issues leases too
+                    snap = client.call_tool("snapshot.create", {"repo_root": sets.root})
+                    lease_id = snap.get("lease_id") if isinstance(snap, dict) else None
+            for task in plan["tasks"]:
+                self.lock.heartbeat()
+                execution["started_task_id"] = task["id"]
+                status = sets.write_status(cs_id, "executing", decision, "running task %s (%s)"
+                                           % (task["id"], task["tool"]), meta=meta, prev=status,
+                                           execution=execution)
+                params = dict(task.get("params") or {})
+                params["repo_root"] = sets.root  # never a path the plan chose
+                timeout = None
+                if task["tool"] == "workspace.apply_patch":
+                    params["mode"] = base["kind"]
+                    params.pop("lease_id", None)
+                    params.pop("snapshot_id", None)
+                    if lease_id:
+                        params["lease_id"] = lease_id
+                    if snapshot_id and base["kind"] == "snapshot":
+                        params["snapshot_id"] = snapshot_id
+                    timeout = float((sets.cfg.get("mcp") or {}).get("apply_timeout_sec") or 120)
+                result = client.call_tool(task["tool"], params, timeout=timeout)
+                if task["tool"] == "workspace.apply_patch":
+                    rejects = result.get("rejects") if isinstance(result, dict) else None
+                    if rejects:
+                        raise _TaskFailed("patch_rejected", "task %s: the server rejected %s"
+                                          % (task["id"], _rejects_text(rejects)))
+                    if not isinstance(result, dict):
+                        raise _TaskFailed("mcp_error", "task %s: workspace.apply_patch "
+                                          "returned no result object" % task["id"])
+                    lease_id = result.get("lease_id") or lease_id
+                    if base["kind"] == "snapshot" and result.get("snapshot_id"):
+                        snapshot_id = result["snapshot_id"]
+                    results.append({"task_id": task["id"], "applied": [
+                        a.get("path") for a in result.get("applied") or []
+                        if isinstance(a, dict)]})
+                else:
+                    results.append({"task_id": task["id"], "tool": task["tool"]})
+                execution["completed_task_ids"].append(task["id"])
+        except _TaskFailed as exc:
+            return self._fail(cs_id, meta, status, decision, execution, exc.code, exc.message)
+        except McpError as exc:
+            code = "stale_lease" if exc.mcp_code == "STALE_LEASE" else "mcp_error"
+            return self._fail(cs_id, meta, status, decision, execution, code, str(exc))
+        except McpServerGone as exc:
+            return self._fail(cs_id, meta, status, decision, execution, "mcp_server_gone",
+                              str(exc))
+        except BridgeError as exc:
+            return self._fail(cs_id, meta, status, decision, execution, "mcp_error", str(exc))
+        execution["started_task_id"] = None
+        extra = {"execution": execution, "results": results}
+        if base["kind"] == "snapshot":
+            extra["result_snapshot_id"] = snapshot_id
+        status = sets.write_status(cs_id, "completed", decision, "applied %d task(s)"
+                                   % len(plan["tasks"]), meta=meta, prev=status, **extra)
+        sets.say("%s: completed (%s)" % (cs_id, decision))
+        return "completed"
+
+    def _fail(self, cs_id, meta, status, decision, execution, code, message):
+        execution["last_error"] = "%s: %s" % (code, message)
+        status = self.sets.write_status(cs_id, "failed", decision, "%s: %s" % (code, message),
+                                        meta=meta, prev=status, execution=execution)
+        self.sets.say("%s: failed: %s" % (cs_id, status["reason"]))
+        return "failed"
+
+
+class _TaskFailed(Exception):
+    def __init__(self, code, message):
+        Exception.__init__(self, message)
+        self.code = code
+        self.message = message
+
+
+def _rejects_text(rejects):
+    parts = []
+    for rej in rejects[:5]:
+        if isinstance(rej, dict):
+            reasons = sorted({str(h.get("reason")) for h in rej.get("hunks") or []
+                              if isinstance(h, dict)})
+            parts.append("%s (%s)" % (rej.get("path"), ", ".join(reasons) or "rejected"))
+        else:
+            parts.append(str(rej))
+    return "; ".join(parts)
+
+
+# ---- creating and approving change sets ---------------------------------------------------
+
+def changeset_task_list(cs_id, title, plan):
+    """03-task-list.md: the human checklist derived from the plan (never edited by hand)."""
+    lines = ["# Task list: %s" % (title or cs_id), "",
+             "Change set `%s`. Derived from `%s`; regenerate it instead of editing it." % (
+                 cs_id, CS_PLAN), ""]
+    for task in plan.get("tasks") or []:
+        risk = task.get("risk_profile") or {}
+        bits = ["impact %s" % risk.get("impact_score", "?")]
+        if risk.get("touched_features"):
+            bits.append("features: " + ", ".join(risk["touched_features"]))
+        if risk.get("destructive"):
+            bits.append("destructive")
+        line = "- [ ] `%s` %s (%s)" % (task.get("id"), task.get("tool"), "; ".join(bits))
+        if task.get("description"):
+            line += " - " + " ".join(str(task["description"]).split())
+        if task.get("tool") == "workspace.apply_patch":
+            paths = changeset_patch_paths((task.get("params") or {}).get("patch", ""),
+                                          (task.get("params") or {}).get("strip", 1))
+            if paths:
+                line += "\n  - files: " + ", ".join("`%s`" % p for p in paths)
+        lines.append(line)
+    return "\n".join(lines) + "\n"
+
+
+def changeset_new(sets, subject, plan_path, arch_path=None, snapshot=None, worktree=False):
+    """Create (or idempotently rewrite) changes/<id>/. Returns the id."""
+    if not str(subject).strip():
+        raise BridgeError("--subject must not be empty", EXIT_USAGE)
+    try:
+        with open(plan_path, "rb") as f:
+            plan = canonical_loads(f.read(), plan_path)
+    except OSError as exc:
+        raise BridgeError("cannot read %s: %s" % (plan_path, exc.strerror or exc))
+    arch = None
+    if arch_path:
+        try:
+            with open(arch_path, "r", encoding="utf-8") as f:
+                arch = f.read()
+        except (OSError, UnicodeDecodeError) as exc:
+            raise BridgeError("cannot read %s: %s" % (arch_path, exc))
+    def refuse(problems):
+        raise BridgeError("%s is not a valid %s plan (%d problem(s)): %s" % (
+            plan_path, PLAN_VERSION, len(problems),
+            "; ".join("%s: %s" % p for p in problems)), EXIT_USAGE)
+
+    problems = changeset_plan_problems(plan) + sets.path_problems(plan)
+    if problems:  # before starting any server
+        refuse(problems)
+    base = changeset_resolve_base(sets, snapshot, worktree)
+    problems = changeset_plan_problems(plan, base["kind"])
+    if problems:
+        refuse(problems)
+    identity = changeset_identity(subject, changeset_repo_key(sets.root), base)
+    title = " ".join(str(subject).split())  # for 03-task-list.md; not part of the meta
+    supersedes = []
+    for length in (12, 16):
+        cs_id = changeset_id(identity, length)
+        plan = dict(plan, change_set_id=cs_id)
+        meta = dict(identity, plan_sha256=canonical_sha256(plan))
+        if supersedes:
+            meta["supersedes"] = supersedes
+        meta_path = sets.path(cs_id, CS_META)
+        if not os.path.exists(meta_path):
+            break
+        with open(meta_path, "rb") as f:
+            existing = f.read()
+        if existing == canonical_json(meta):
+            break
+        if length == 16:
+            raise BridgeError(
+                "change set ids %s and %s are both taken by other plans for the same subject "
+                "and base; change the subject or re-plan on a new base"
+                % (changeset_id(identity, 12), cs_id), EXIT_FAILED)
+        supersedes = [cs_id]  # same identity, different plan: the new plan supersedes it
+    try:
+        status = sets.read_status(cs_id)
+    except BridgeError:
+        status = {"state": "unknown", "decision": None}
+    if status is not None and (status.get("state") not in ("draft", "ready", "pending_review")
+                               or status.get("decision") == "approved"):
+        raise BridgeError("change set %s is already %s (%s); it is immutable: an edited plan "
+                          "gets a new id" % (cs_id, status.get("state"), status.get("decision")),
+                          EXIT_FAILED)
+    os.makedirs(sets.path(cs_id), exist_ok=True)
+    atomic_write(sets.path(cs_id, CS_PLAN), canonical_json(plan))
+    atomic_write(sets.path(cs_id, CS_TASKS), changeset_task_list(cs_id, title, plan))
+    if arch is not None:
+        atomic_write(sets.path(cs_id, CS_ARCH), arch)
+    # The meta goes last: its presence with the plan is what makes the change set READY.
+    atomic_write(sets.path(cs_id, CS_META), canonical_json(meta))
+    sets.record(cs_id, "created", subject=identity["subject"], base_state=base,
+                plan_sha256=meta["plan_sha256"], supersedes=supersedes)
+    return cs_id
+
+
+def changeset_resolve_base(sets, snapshot=None, worktree=False):
+    if snapshot:
+        return {"kind": "snapshot", "id": str(snapshot)}
+    if not sets.mcp_configured():
+        raise BridgeError("a worktree base state comes from the MCP server's snapshot.info: set "
+                          "changes.mcp.command, or pass --snapshot ID", EXIT_USAGE)
+    sets.ensure_excluded()
+    client = sets.client()
+    try:
+        client.start()
+        if worktree:
+            return {"kind": "worktree", "id": sets.worktree_fingerprint(client)}
+        return sets.base_state(client)
+    finally:
+        client.close()
+
+
+def changeset_approve(sets, cs_id):
+    """Tier-2 human approval: pending_review -> approved; the next run executes it."""
+    if not os.path.isdir(sets.path(cs_id)):
+        raise BridgeError("no change set %s in %s" % (cs_id, sets.dir))
+    with sets.status_lock():
+        status = sets.read_status(cs_id)
+        if status is None:
+            raise BridgeError("%s has not been validated yet: run `bridge.py changes run` first"
+                              % cs_id, EXIT_FAILED)
+        if status["state"] == "pending_review" and status.get("decision") == "approved":
+            return status, False
+        if status["state"] != "pending_review" or status.get("decision") != "review_required":
+            extra = ""
+            if str(status.get("reason", "")).startswith("tier3"):
+                extra = "; Tier 3 changes can never be approved"
+            raise BridgeError("%s is %s (%s), not waiting for review%s" % (
+                cs_id, status["state"], status.get("decision"), extra), EXIT_FAILED)
+        meta, plan, problems = sets.load(cs_id)
+        if problems:
+            raise BridgeError("%s no longer passes its checks (%s: %s); not approved" % (
+                cs_id, problems[0][0], problems[0][1]), EXIT_FAILED)
+        validated = (status.get("validated_against") or {}).get("plan_sha256")
+        if validated != meta["plan_sha256"]:
+            raise BridgeError("%s: the plan changed since it was validated; not approved"
+                              % cs_id, EXIT_FAILED)
+    user = os.environ.get("USER") or os.environ.get("LOGNAME") or "unknown"
+    approval = {"approved_at": now_iso(), "by": user, "plan_sha256": meta["plan_sha256"]}
+    status = sets.write_status(cs_id, "pending_review", "approved",
+                               "approved by %s (Tier 2); the next `changes run` executes it"
+                               % user, meta=meta, prev=status, approval=approval)
+    return status, True
 
 
 # =============================================================================
@@ -2001,18 +6566,402 @@ def load_args_config(args):
 # ---- kernel commands ----
 def add_kernel_parsers(subparsers):
     """Commands that expose kernel pieces directly (redact)."""
+    add_command(
+        subparsers, "redact", cmd_redact,
+        help="copy stdin to stdout with secrets replaced by [REDACTED]",
+        description="Copy stdin to stdout with the redaction every part of bridge.py uses: "
+                    "known token formats, values after secret-named keys, secret-named "
+                    "environment variables (and their encoded forms) and the config's "
+                    "redaction_patterns. Output is written as input arrives (per read of "
+                    "complete lines), so it works in pipelines and hooks.",
+        example="some-tool 2>&1 | python3 scripts/bridge.py redact > tool.log")
+
+
+def _redact_split(data, eof):
+    """Where to cut `data` (bytes read so far) so the cut-off part can be redacted now:
+    after the last newline, and before a private key block whose END has not arrived yet."""
+    if eof:
+        return len(data)
+    cut = data.rfind(b"\n") + 1
+    begin = data.rfind(b"-----BEGIN", 0, cut)
+    if begin >= 0 and data.find(b"-----END", begin, cut) < 0 and len(data) - begin < 65536:
+        cut = data.rfind(b"\n", 0, begin) + 1
+    return cut
+
+
+def cmd_redact(args):
+    _root, config = load_args_config(args)
+    redactor = get_redactor(config)
+    fd, out = sys.stdin.fileno(), sys.stdout.buffer
+    pending, eof = b"", False
+    try:
+        while not eof:
+            chunk = os.read(fd, 1 << 20)
+            eof = not chunk
+            pending += chunk
+            cut = _redact_split(pending, eof)
+            if cut:
+                text = pending[:cut].decode("utf-8", "surrogateescape")
+                out.write(redactor.redact(text).encode("utf-8", "surrogateescape"))
+                out.flush()
+                pending = pending[cut:]
+    except BrokenPipeError:
+        # The reader went away (`... | head`): stop like cat(1) does, without a traceback
+        # or a second error when Python flushes stdout at exit.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_FAILED
+    return EXIT_OK
 # ---- end kernel commands ----
 
 
 # ---- watch commands ----
 def add_watch_parsers(subparsers):
     """init, submit, watch, status, approve, unlock."""
+    add_command(subparsers, "init", cmd_init,
+                "create .ai-handoff/ and make git ignore it locally",
+                "python3 scripts/bridge.py init            # in the repository")
+    parser = add_command(subparsers, "submit", cmd_submit,
+                         "validate a task and queue it atomically in .ai-handoff/tasks/",
+                         "python3 scripts/bridge.py submit task.json\n"
+                         "python3 scripts/bridge.py submit --retry .ai-handoff/failed/ID.json")
+    parser.add_argument("task", metavar="TASK.json", help="the task file ('-' reads stdin)")
+    parser.add_argument("--retry", action="store_true",
+                        help="the task already has a result: archive it and queue the next attempt")
+    parser = add_command(subparsers, "watch", cmd_watch,
+                         "run the watcher: take queued tasks through the Bridge Protocol",
+                         "python3 scripts/bridge.py watch --once     # process the queue, then exit\n"
+                         "python3 scripts/bridge.py watch --poll 2   # keep watching")
+    parser.add_argument("--once", action="store_true", help="process what is queued, then exit")
+    parser.add_argument("--poll", type=float, metavar="SECONDS",
+                        help="polling interval when idle (default: poll_sec, 1 s)")
+    parser = add_command(subparsers, "status", cmd_status,
+                         "counts per state and the most recent failures with their reasons",
+                         "python3 scripts/bridge.py status --json")
+    parser.add_argument("--json", action="store_true", help="machine-readable output")
+    parser = add_command(subparsers, "approve", cmd_approve,
+                         "release a task waiting in pending/ so the next watcher run executes it",
+                         "python3 scripts/bridge.py approve 2026-11-22_01_add-greeting")
+    parser.add_argument("id", help="the task id")
+    parser = add_command(subparsers, "unlock", cmd_unlock,
+                         "clear the worker lock when it is provably stale (or --force)",
+                         "python3 scripts/bridge.py unlock")
+    parser.add_argument("--force", action="store_true",
+                        help="clear it even when its holder may still run (dangerous)")
+
+
+def cmd_init(args):
+    root = find_root(args.root)
+    for line in handoff_init(root) or ["%s/ already set up" % HANDOFF_DIR]:
+        print(line)
+    return EXIT_OK
+
+
+def cmd_submit(args):
+    root, _config = load_args_config(args)
+    task_id, attempt = submit_task(root, args.task, retry=args.retry)
+    print("queued %s (attempt %s) in %s/tasks/" % (task_id, attempt, HANDOFF_DIR))
+    return EXIT_OK
+
+
+def cmd_watch(args):
+    root, config = load_args_config(args)
+    watcher = Watcher(root, config, poll=args.poll, once=args.once)
+    return watcher.run()
+
+
+def cmd_status(args):
+    root, _config = load_args_config(args)
+    report = queue_status(root)
+    if args.json:
+        print(json.dumps(report, indent=2, ensure_ascii=False))
+        return EXIT_OK
+    print("queued %(queued)d  running %(running)d  pending %(pending)d  failed/ %(failed)d" % report)
+    print("results: " + (", ".join("%s %d" % item for item in sorted(report["results"].items()))
+                         or "none"))
+    worker = report["worker"]
+    print("watcher: " + ("running, %s" % describe_holder(worker) if worker else "not running"))
+    if report["recent_failures"]:
+        print("recent failures:")
+        for item in report["recent_failures"]:
+            print("  %s  %s/%s  %s" % (item.get("id"), item.get("exit_path"), item.get("reason"),
+                                       (item.get("detail") or "")[:160]))
+    return EXIT_OK
+
+
+def cmd_approve(args):
+    root, _config = load_args_config(args)
+    task = approve_task(root, args.id)
+    print("approved %s at %s; the next `bridge.py watch` runs it" % (task["id"], task["approved_at"]))
+    return EXIT_OK
+
+
+def cmd_unlock(args):
+    root, _config = load_args_config(args)
+    print(unlock_worker(root, force=args.force))
+    return EXIT_OK
 # ---- end watch commands ----
 
 
 # ---- seam commands ----
+# The seam verbs keep the Go CLI's flag grammar (`--flag value` or `--flag=value`,
+# the first occurrence wins) and print one JSON answer, so they are parsed here
+# rather than by argparse; argparse only lists them in --help. seam_main() is
+# also the fast entry point the hooks use (see the README): `egress emit` must
+# start in the time Python takes to import json.
+
+SEAM_USAGE = {
+    "egress": "egress emit --host claude|codex|pi [--repo-root DIR]  < hook payload",
+    "inbox drain": "inbox drain --slug SLUG [--host H] [--session-id ID] [--members a,b] [--repo-root DIR]",
+    "inbox ack": ("inbox ack --slug SLUG --line N --kind tell|conn|decision|permission-decision "
+                  "--status STATUS (--id ID | --ts TS) [--text T] [--granted [true|false]] "
+                  "[--entity E] [--field F] [--value V] [--verdict V] [--request-id R] "
+                  "[--session-id ID] [--host H] [--repo-root DIR]"),
+    "inbox commit": "inbox commit --slug SLUG --cursor N [--repo-root DIR]",
+    "inbox check": "inbox check [--host claude] [--slug SLUG] [--session-id ID] [--repo-root DIR]  < Stop payload",
+    "initiate": ("initiate --kind status|reco|gate-review --id ID --headline TEXT [--body TEXT] "
+                 "[--workflow W] [--entity E] [--ship-id S] [--host H] [--session-id ID] "
+                 "[--request-id R] [--repo-root DIR]"),
+    "alert": ("alert permission --reason TEXT [--id ID] [--command CMD] [--prefix-rule a,b] "
+              "[--workflow W] [--entity E] [--host H] [--session-id ID] [--repo-root DIR]"),
+    "feed": ("feed --verb dispatch|advance|complete --text TEXT [--entity E] [--workflow W] "
+             "[--stage S] [--repo-root DIR]"),
+    "wake": "wake --host codex [--members a,b] [--codex-bin PATH] [--repo-root DIR]",
+}
+
+SEAM_EXAMPLES = {
+    "egress": "echo '{\"hook_event_name\":\"PreToolUse\",\"session_id\":\"s1\"}' | "
+              "python3 scripts/bridge.py egress emit --host claude",
+    "inbox drain": "python3 scripts/bridge.py inbox drain --slug fo-main",
+    "inbox ack": ("python3 scripts/bridge.py inbox ack --slug fo-main --line 3 --kind tell "
+                  "--status done --id msg-17 --text 'shipped'"),
+    "inbox commit": "python3 scripts/bridge.py inbox commit --slug fo-main --cursor 3",
+    "inbox check": "echo '{\"stop_hook_active\":false}' | python3 scripts/bridge.py inbox check --slug fo-main",
+    "initiate": ("python3 scripts/bridge.py initiate --kind status --id st-1 "
+                 "--headline 'tests green on feat/x'"),
+    "alert": "python3 scripts/bridge.py alert permission --reason 'wants to run rm -rf build/'",
+    "feed": "python3 scripts/bridge.py feed --verb advance --text 'moved task 4 to review'",
+    "wake": "python3 scripts/bridge.py wake --host codex",
+}
+
+_SEAM_FLAGS = {
+    "egress": ("host",),
+    "inbox drain": ("host", "slug", "session-id", "members"),
+    "inbox ack": ("host", "slug", "line", "id", "ts", "kind", "status", "text", "entity", "field",
+                  "value", "verdict", "request-id", "session-id"),
+    "inbox commit": ("slug", "cursor"),
+    "inbox check": ("host", "slug", "session-id"),
+    "initiate": ("kind", "id", "headline", "workflow", "entity", "ship-id", "host", "session-id",
+                 "body", "request-id"),
+    "alert": ("id", "workflow", "entity", "host", "session-id", "reason", "command", "prefix-rule"),
+    "feed": ("verb", "text", "entity", "workflow", "stage"),
+    "wake": ("host", "members", "codex-bin"),
+}
+
+
+def parse_go_flags(argv, names, strict=False, tristate=()):
+    """Parse flags as the Go `spacedock bridge` verbs do.
+
+    `--flag value` or `--flag=value`; the first occurrence wins. Lenient mode
+    takes the next word as the value even when it starts with `--`; strict mode
+    (initiate, alert) calls that a missing value. Unknown flags and stray words
+    are errors in both. A `tristate` flag is absent (not in the result), bare
+    (True), or `--flag X` / `--flag=X` (True iff X is "true", case-insensitive).
+    """
+    names = set(names) | {"repo-root", "root"}
+    values, index = {}, 0
+    while index < len(argv):
+        token = argv[index]
+        index += 1
+        if not token.startswith("--") or token == "--":
+            raise SeamFailure("unexpected positional argument: %s" % token)
+        name, has_value, value = token[2:].partition("=")
+        if name in tristate:
+            if not has_value:
+                if index < len(argv) and not argv[index].startswith("--"):
+                    value, index = argv[index], index + 1
+                else:
+                    value = "true"
+            values.setdefault(name, value.startswith("--") or value.lower() == "true")
+            continue
+        if name not in names:
+            raise SeamFailure("unknown flag: --%s" % name)
+        if not has_value:
+            if index >= len(argv) or (strict and argv[index].startswith("--")):
+                raise SeamFailure("missing value for --%s" % name)
+            value, index = argv[index], index + 1
+        values.setdefault(name, value)
+    if "root" in values:
+        values.setdefault("repo-root", values["root"])
+    return values
+
+
+def _seam_print(obj):
+    sys.stdout.write(go_json(obj) + "\n")
+    sys.stdout.flush()
+
+
+def _csv(text):
+    return [part.strip() for part in (text or "").split(",") if part.strip()]
+
+
+def seam_main(argv=None):
+    """Run one seam verb; returns the exit code. Never shows a traceback.
+
+    egress emit prints nothing and exits 0 whatever happens (BRIDGE_DEBUG=1 says
+    why on stderr); inbox check prints {} on any failure and exits 0; initiate,
+    alert and feed answer {"queued"/"appended": false, "error": ...} and exit 0
+    (they must never block the agent); drain, ack, commit and wake exit 1 on
+    failure (2 for usage), so `ack && commit` never advances past a failed ack.
+    """
+    argv = sys.argv[1:] if argv is None else list(argv)
+    verb = argv[0] if argv else ""
+    if verb in ("inbox", "alert", "egress") and len(argv) > 1 and not argv[1].startswith("-"):
+        verb, rest = "%s %s" % (argv[0], argv[1]), argv[2:]
+    else:
+        rest = argv[1:]
+    if verb == "egress emit":
+        return _cmd_egress_emit(rest)
+    if verb == "inbox check":
+        return _cmd_inbox_check(rest)
+    key = {"alert permission": "alert"}.get(verb, verb)
+    if "-h" in rest or "--help" in rest or key not in SEAM_USAGE or verb in ("inbox", "egress", "alert"):
+        usage = SEAM_USAGE.get(key) or "\n  ".join(
+            text for name, text in SEAM_USAGE.items() if name.startswith(verb or " "))
+        if "-h" in rest or "--help" in rest:
+            example = SEAM_EXAMPLES.get(key) or "\n  ".join(
+                text for name, text in SEAM_EXAMPLES.items() if name.startswith(verb or " "))
+            sys.stdout.write("usage: bridge.py %s\n\nexample:\n  %s\n" % (usage, example))
+            return EXIT_OK
+        if verb.startswith("inbox "):
+            _seam_print({"error": "unknown inbox subcommand: %s" % verb[6:]})
+        else:
+            warn("error: usage: bridge.py %s" % (usage or " | ".join(SEAM_VERBS)))
+        return EXIT_USAGE
+    try:
+        return _run_seam_verb(key, rest)
+    except Exception as exc:  # the last line of defence: one clear line, no traceback
+        if debug_enabled():
+            raise
+        warn("internal error: %s: %s (set BRIDGE_DEBUG=1 for a traceback)" % (type(exc).__name__, exc))
+        return EXIT_FAILED
+
+
+def _run_seam_verb(key, rest):
+    failed = {
+        "inbox drain": lambda e: {"status": "failed", "slug": "", "cursor": 0, "high_water": 0,
+                                  "count": 0, "heartbeat": False, "records": None, "error": e},
+        "inbox ack": lambda e: {"appended": False, "error": e},
+        "inbox commit": lambda e: {"cursor": 0, "error": e},
+        "initiate": lambda e: {"queued": False, "error": e},
+        "alert": lambda e: {"queued": False, "error": e},
+        "feed": lambda e: {"appended": False, "error": e},
+        "wake": lambda e: {"status": "failed", "error": e},
+    }[key]
+    strict = key in ("initiate", "alert")
+    try:
+        opts = parse_go_flags(rest, _SEAM_FLAGS[key], strict,
+                              tristate=("granted",) if key == "inbox ack" else ())
+    except SeamFailure as exc:
+        _seam_print(failed(exc.message))
+        return EXIT_OK if key in ("initiate", "alert", "feed") else EXIT_USAGE
+    try:
+        root = seam_root(opts.get("repo-root"))
+        if key == "inbox drain":
+            host = opts.get("host", "").strip().lower()
+            out = inbox_drain(root, opts.get("slug", ""), host, opts.get("session-id"),
+                              _csv(opts.get("members")))
+            _seam_print(out)
+            return EXIT_FAILED if out["status"] == "failed" else EXIT_OK
+        if key == "inbox ack":
+            _seam_print(inbox_ack(root, opts))
+        elif key == "inbox commit":
+            _seam_print(inbox_commit(root, opts.get("slug", ""), opts.get("cursor", "")))
+        elif key == "initiate":
+            _seam_print(initiate(root, opts))
+        elif key == "alert":
+            _seam_print(alert_permission(root, opts))
+        elif key == "feed":
+            _seam_print(feed(root, opts))
+        elif key == "wake":
+            host = opts.get("host", "codex").strip().lower() or "codex"
+            if host != "codex":
+                _seam_print({"status": "failed",
+                             "error": "bridge ingress wake currently supports host codex only"})
+                return EXIT_USAGE
+            out = wake_codex(root, _csv(opts.get("members")), opts.get("codex-bin"))
+            _seam_print(out)
+            return {"locked": EXIT_LOCKED, "failed": EXIT_FAILED,
+                    "partial": EXIT_FAILED}.get(out["status"], EXIT_OK)
+        return EXIT_OK
+    except (SeamFailure, BridgeError, OSError) as exc:
+        message = getattr(exc, "message", None) or "%s: %s" % (
+            getattr(exc, "filename", "") or "", getattr(exc, "strerror", None) or exc)
+        answer = dict(getattr(exc, "answer", None) or failed(message))
+        answer["error"] = message
+        if key == "inbox commit" and opts.get("slug") and is_safe_id(opts["slug"]):
+            answer["cursor"] = read_cursor(os.path.join(seam_root(opts.get("repo-root")), SEAM_DIR),
+                                           opts["slug"])
+        _seam_print(answer)
+        return EXIT_OK if key in ("initiate", "alert", "feed") else EXIT_FAILED
+
+
+def _cmd_egress_emit(rest):
+    """Observe-only: read the payload, record it, print nothing, exit 0."""
+    debug = debug_enabled()
+    if "-h" in rest or "--help" in rest:
+        sys.stdout.write("usage: bridge.py %s\n" % SEAM_USAGE["egress"])
+        return EXIT_OK
+    try:
+        opts = parse_go_flags(rest, _SEAM_FLAGS["egress"])
+        data = sys.stdin.buffer.read()
+        done = egress_emit(data, opts.get("host", ""), opts.get("repo-root"))
+    except Exception as exc:  # the host must never see us fail
+        done = "not recorded: %s: %s" % (type(exc).__name__, exc)
+    if debug:
+        warn("egress emit: %s" % done)
+    return EXIT_OK
+
+
+def _cmd_inbox_check(rest):
+    """The Stop hook: prints {"decision":"block",...} or {}, always exits 0."""
+    answer = {}
+    try:
+        opts = parse_go_flags(rest, _SEAM_FLAGS["inbox check"])
+        data = sys.stdin.buffer.read() if not sys.stdin.isatty() else b""
+        answer = inbox_check(data, opts.get("host", ""), opts.get("repo-root"),
+                             opts.get("slug"), opts.get("session-id"))
+    except Exception as exc:
+        if debug_enabled():
+            warn("inbox check: %s: %s" % (type(exc).__name__, exc))
+    try:
+        _seam_print(answer)
+    except (OSError, ValueError):
+        pass
+    return EXIT_OK
+
+
+def cmd_seam(args):
+    return seam_main([args.seam_verb] + list(args.seam_args))
+
+
 def add_seam_parsers(subparsers):
     """egress, inbox, initiate, alert, feed, wake."""
+    helps = {
+        "egress": "record an agent hook payload in _bridge/events.jsonl (silent, exit 0)",
+        "inbox": "drain|ack|commit|check captain intent from _bridge/inbox.jsonl",
+        "initiate": "push a status / reco / gate-review card to _bridge/fo-initiate.jsonl",
+        "alert": "raise a permission alert in _bridge/fo-alerts.jsonl",
+        "feed": "append ambient narration to _bridge/fo-feed.jsonl",
+        "wake": "resume parked Codex sessions that have undelivered intent",
+    }
+    for verb in SEAM_VERBS:
+        usage = "\n  ".join("bridge.py " + text for name, text in SEAM_USAGE.items()
+                            if name.split()[0] == verb)
+        # prefix_chars that no flag uses: every word after the verb reaches seam_main
+        parser = subparsers.add_parser(verb, help=helps[verb], add_help=False, prefix_chars="\x01",
+                                       usage=usage)
+        parser.add_argument("seam_args", nargs="*")
+        parser.set_defaults(func=cmd_seam, seam_verb=verb)
 # ---- end seam commands ----
 
 
@@ -2088,6 +7037,190 @@ def add_proxy_parsers(subparsers):
 # ---- changes commands ----
 def add_changes_parsers(subparsers):
     """changes id|new|validate|run|status|approve."""
+    import argparse
+    top = subparsers.add_parser(
+        "changes", help="deterministic change sets, validated and executed through an MCP server",
+        description="Change sets under changes/<id>/ (seed 004): a planning agent proposes, the "
+                    "executor validates against the MCP server and applies, or gates for review.",
+        epilog="example:\n  python3 bridge.py changes new --subject 'Fix login' --plan plan.json\n"
+               "  python3 bridge.py changes run --once",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = top.add_subparsers(dest="changes_command", metavar="ACTION")
+    top.set_defaults(func=lambda args: (top.print_help(sys.stderr), EXIT_USAGE)[1])
+
+    p = add_command(sub, "id", cmd_changes_id, "print the changeset_id_v1 id for a subject",
+                    "python3 bridge.py changes id --subject 'Refactor login flow' --snapshot snap1")
+    p.add_argument("--subject", required=True, help="brief description of the intent")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--snapshot", metavar="ID", help="anchor to this MCP snapshot id")
+    g.add_argument("--worktree", action="store_true",
+                   help="anchor to the worktree fingerprint (snapshot.info; the default)")
+
+    p = add_command(sub, "new", cmd_changes_new, "create changes/<id>/ from a plan",
+                    "python3 bridge.py changes new --subject 'Fix typo' --plan plan.json "
+                    "--architecture notes.md")
+    p.add_argument("--subject", required=True, help="brief description of the intent")
+    p.add_argument("--plan", required=True, metavar="PLAN.json", help="a plan_v1 document")
+    p.add_argument("--architecture", metavar="FILE.md", help="copied to 01-architecture.md")
+    g = p.add_mutually_exclusive_group()
+    g.add_argument("--snapshot", metavar="ID", help="anchor to this MCP snapshot id")
+    g.add_argument("--worktree", action="store_true",
+                   help="anchor to the worktree fingerprint (snapshot.info; the default)")
+
+    p = add_command(sub, "validate", cmd_changes_validate,
+                    "check a change set (offline, then through the MCP server if configured)",
+                    "python3 bridge.py changes validate fix-typo--0123456789ab")
+    p.add_argument("id", metavar="ID")
+
+    p = add_command(sub, "run", cmd_changes_run, "the executor: validate, gate and apply",
+                    "python3 bridge.py changes run --once")
+    p.add_argument("--once", action="store_true", help="one pass over changes/, then exit")
+    p.add_argument("--poll", type=float, metavar="SECONDS",
+                   help="seconds between passes (default changes.poll_sec)")
+
+    p = add_command(sub, "status", cmd_changes_status, "states and decisions of change sets",
+                    "python3 bridge.py changes status --json")
+    p.add_argument("id", nargs="?", metavar="ID")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+
+    p = add_command(sub, "approve", cmd_changes_approve,
+                    "Tier-2 human approval of a change set waiting for review",
+                    "python3 bridge.py changes approve fix-login--0123456789ab")
+    p.add_argument("id", metavar="ID")
+
+
+def _changes_open(args):
+    root, config = load_args_config(args)
+    return ChangeSets(root, config)
+
+
+def cmd_changes_id(args):
+    sets = _changes_open(args)
+    base = changeset_resolve_base(sets, args.snapshot, args.worktree)
+    identity = changeset_identity(args.subject, changeset_repo_key(sets.root), base)
+    print(changeset_id(identity))
+    return EXIT_OK
+
+
+def cmd_changes_new(args):
+    sets = _changes_open(args)
+    cs_id = changeset_new(sets, args.subject, args.plan, args.architecture, args.snapshot,
+                          args.worktree)
+    print(cs_id)
+    return EXIT_OK
+
+
+def cmd_changes_validate(args):
+    sets = _changes_open(args)
+    cs_id = safe_name(args.id, "change set id")
+    if not os.path.isdir(sets.path(cs_id)):
+        raise BridgeError("no change set %s in %s" % (cs_id, sets.dir))
+    meta, plan, problems = sets.load(cs_id)
+    for code, msg in problems:
+        print("%s: %s: %s" % (cs_id, code, msg))
+    if problems:
+        return EXIT_FAILED
+    if not sets.mcp_configured():
+        print("%s: offline checks passed; repository alignment and governance skipped (no "
+              "changes.mcp.command)" % cs_id)
+        return EXIT_OK
+    client = sets.client()
+    try:
+        client.start()
+        outcome, code, reason, details = sets.check_online(client, meta, plan)
+    except (McpError, McpServerGone) as exc:
+        print("%s: mcp_error: %s" % (cs_id, exc))
+        return EXIT_FAILED
+    finally:
+        client.close()
+    if outcome == "reject":
+        for problem in details.get("problems") or ["%s: %s" % (code, reason)]:
+            print("%s: %s" % (cs_id, problem))
+        return EXIT_FAILED
+    print("%s: valid; the executor would decide %s: %s" % (cs_id, code, reason))
+    return EXIT_OK
+
+
+def cmd_changes_run(args):
+    import signal
+    sets = _changes_open(args)
+    if not sets.mcp_configured():
+        raise BridgeError("changes run needs an MCP server: set changes.mcp.command", EXIT_USAGE)
+    executor = ChangeExecutor(sets)
+    executor.acquire()
+
+    def stop(signum, frame):
+        executor.stopping = True
+    old = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
+    failed = False
+    poll = args.poll if args.poll is not None else float(sets.cfg.get("poll_sec") or 2.0)
+    try:
+        while True:
+            for cs_id, final in executor.run_once():
+                print("%s %s" % (cs_id, final))
+                sys.stdout.flush()
+                failed = failed or final == "failed"
+            if args.once or executor.stopping:
+                break
+            deadline = time.monotonic() + poll
+            while time.monotonic() < deadline and not executor.stopping:
+                time.sleep(min(0.2, poll))
+            executor.lock.heartbeat()
+    finally:
+        executor.release()
+        for s, h in old.items():
+            signal.signal(s, h)
+    return EXIT_FAILED if failed else EXIT_OK
+
+
+def cmd_changes_status(args):
+    sets = _changes_open(args)
+    if args.id:
+        cs_id = safe_name(args.id, "change set id")
+        if not os.path.isdir(sets.path(cs_id)):
+            raise BridgeError("no change set %s in %s" % (cs_id, sets.dir))
+        status = sets.read_status(cs_id)
+        if status is None:
+            state, decision, reason = sets.state_of(cs_id)
+            status = {"change_set_id": cs_id, "state": state, "decision": decision,
+                      "reason": reason}
+        if args.json:
+            print(json.dumps(status, ensure_ascii=False, sort_keys=True, indent=2))
+        else:
+            for key in ("change_set_id", "state", "decision", "reason"):
+                print("%-14s %s" % (key + ":", status.get(key)))
+            ex = status.get("execution") or {}
+            if ex.get("completed_task_ids") or ex.get("last_error"):
+                print("%-14s %s" % ("completed:", ", ".join(ex.get("completed_task_ids") or [])
+                                    or "-"))
+                print("%-14s %s" % ("last_error:", ex.get("last_error") or "-"))
+        return EXIT_OK
+    rows = []
+    for cs_id in sets.ids():
+        state, decision, reason = sets.state_of(cs_id)
+        rows.append({"change_set_id": cs_id, "state": state, "decision": decision,
+                     "reason": reason})
+    holder = FileLock.probe(sets.lock_path)
+    if args.json:
+        print(json.dumps({"change_sets": rows, "executor": {
+            "lock": holder[0], "holder": holder[1] if holder[0] == "held" else None}},
+            ensure_ascii=False, sort_keys=True, indent=2))
+        return EXIT_OK
+    if not rows:
+        print("no change sets in %s" % sets.dir)
+    for row in rows:
+        print("%-16s %-16s %s  %s" % (row["state"], row["decision"] or "-",
+                                      row["change_set_id"], row["reason"] or ""))
+    if holder[0] == "held":
+        print("executor running: %s" % describe_holder(holder[1]))
+    return EXIT_OK
+
+
+def cmd_changes_approve(args):
+    sets = _changes_open(args)
+    status, changed = changeset_approve(sets, safe_name(args.id, "change set id"))
+    print("%s %s" % (status["change_set_id"], "approved" if changed else "already approved"))
+    return EXIT_OK
 # ---- end changes commands ----
 
 
@@ -2107,6 +7240,11 @@ def build_parser():
 
 
 def main(argv=None):
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in SEAM_VERBS:
+        # Hooks run the seam verbs on every tool call: skip building the argparse
+        # tree (it costs more than the verb itself); seam_main parses its own flags.
+        return seam_main(argv)
     parser = build_parser()
     args = parser.parse_args(argv)
     if not getattr(args, "func", None):

@@ -260,3 +260,27 @@ def test_message_reader_both_framings():
     assert json.loads(reader.read()) == {"id": 2} and reader.framing == "content-length"
     assert json.loads(reader.read()) == {"id": 3}
     assert reader.read() is None
+
+
+def test_example_config_loads_without_warnings(tmp_path):
+    """bridge.config.example.json documents every key: it must load cleanly as a config."""
+    out = run_bridge("redact", "--root", str(tmp_path), "--config",
+                     str(BRIDGE.parent / "bridge.config.example.json"), input="plain text\n")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout == "plain text\n" and out.stderr == ""
+
+
+def test_example_config_documents_every_key():
+    example = json.loads((BRIDGE.parent / "bridge.config.example.json").read_text())
+
+    def keys(tree, prefix=""):
+        found = set()
+        for key, value in tree.items():
+            if key.startswith("_comment"):
+                continue
+            found.add(prefix + key)
+            if isinstance(value, dict) and value:
+                found |= keys(value, prefix + key + ".")
+        return found
+
+    assert keys(bridge.CONFIG_DEFAULTS) == keys(example)

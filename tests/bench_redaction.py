@@ -1,0 +1,143 @@
+#!/usr/bin/env python3
+"""Redaction throughput (not collected by pytest; `make bench` runs it).
+
+Prints, side by side in one run (medians of 3, wall time and CPU time, with the load
+average, since on a shared busy machine wall time mostly measures the other processes):
+  - MB/s of Redactor.redact on a 50 MB ordinary log (target >= 20 MB/s), with no secret
+    environment variables and with 3 of them (each adds its encoded forms to the search);
+  - the same log through the CLI, `bridge.py redact < log > /dev/null` (process start included);
+  - the seed's six minimum patterns as one `re.sub` on the same log, for reference;
+  - seconds for each 1 MB adversarial shape (target: well under 1 s each).
+"""
+import importlib.util
+import os
+import random
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+BRIDGE = os.path.join(os.path.dirname(HERE), "bridge.py")
+spec = importlib.util.spec_from_file_location("bridge_bench", BRIDGE)
+bridge = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(bridge)
+
+SEED_PATTERNS = [r"Bearer\s+[A-Za-z0-9\-_\.]+", r"sk-[A-Za-z0-9]{10,}", r"AIza[0-9A-Za-z\-_]{20,}",
+                 r"anthropic[_-]?(api)?[_-]?key[:=]\s*\S+", r"x-api-key[:=]\s*\S+",
+                 r"Authorization[:=]\s*\S+"]
+
+
+def ordinary_log(size):
+    """A realistic mixed log: app logs, HTTP access lines, test output, a git diff, JSON
+    events, stack traces. Secret-adjacent words appear (token counts, cache keys, the word
+    Authorization) but no secrets. ~2 MB of varied lines, repeated up to `size` bytes."""
+    rng = random.Random(3)
+    hexs = lambda n: "".join(rng.choice("0123456789abcdef") for _ in range(n))
+    words = ("request handled user session cache miss retry queue worker build step test "
+             "passed failed module import compile link deploy risk-assessment task-manager "
+             "disk-usage config loaded reading writing token count key lookup").split()
+    templates = [
+        lambda: "2024-05-%02dT%02d:%02d:%02d.%03dZ INFO  [%s] %s %s in %dms" % (
+            rng.randint(1, 28), rng.randint(0, 23), rng.randint(0, 59), rng.randint(0, 59),
+            rng.randint(0, 999), rng.choice(["api", "worker", "db", "auth"]),
+            " ".join(rng.choice(words) for _ in range(6)), hexs(8), rng.randint(1, 900)),
+        lambda: '10.0.%d.%d - - [01/May/2024:12:%02d:%02d +0000] "GET /api/v1/items/%d?page=%d HTTP/1.1" %d %d "-" "Mozilla/5.0"' % (
+            rng.randint(0, 255), rng.randint(0, 255), rng.randint(0, 59), rng.randint(0, 59),
+            rng.randint(1, 99999), rng.randint(1, 9), rng.choice([200, 201, 304, 404, 500]), rng.randint(100, 99999)),
+        lambda: "tests/test_%s.py::test_%s_%d PASSED [%3d%%]" % (
+            rng.choice(words), rng.choice(words), rng.randint(1, 99), rng.randint(0, 100)),
+        lambda: "commit %s%s\nAuthor: Dev <dev@example.com>\n\n    fix %s in %s" % (
+            hexs(20), hexs(20), rng.choice(words), rng.choice(words)),
+        lambda: "diff --git a/src/%s.py b/src/%s.py\n@@ -%d,6 +%d,7 @@\n-    value = compute(%s)\n+    value = compute(%s, cache_key=key)" % (
+            rng.choice(words), rng.choice(words), rng.randint(1, 500), rng.randint(1, 500),
+            rng.choice(words), rng.choice(words)),
+        lambda: '{"event":"llm_call","request_id":"%s-%s-%s","max_tokens":4096,"prompt_tokens":%d,"token_type":"bearer","status":"ok"}' % (
+            hexs(8), hexs(4), hexs(12), rng.randint(1, 9000)),
+        lambda: 'Traceback (most recent call last):\n  File "/usr/lib/python3.11/%s.py", line %d, in %s\nKeyError: \'%s\'' % (
+            rng.choice(words), rng.randint(1, 900), rng.choice(words), rng.choice(words)),
+        lambda: "WARN Authorization header missing for /health; see https://docs.example.com/auth#%s" % rng.choice(words),
+    ]
+    lines, total = [], 0
+    while total < 2_000_000:
+        line = rng.choice(templates)()
+        lines.append(line)
+        total += len(line) + 1
+    block = "\n".join(lines) + "\n"
+    return (block * (size // len(block) + 1))[:size]
+
+
+CPU = {}
+
+
+def _cpu():
+    """CPU seconds used by this process and its finished children."""
+    import resource
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def median_time(func, runs=3, label=None):
+    """Median wall time of `runs` runs; the median CPU time goes to CPU[label]. On a shared,
+    busy machine wall time mostly measures the other processes; CPU time measures ours."""
+    times, cpus = [], []
+    for _ in range(runs):
+        start, cpu = time.perf_counter(), _cpu()
+        func()
+        times.append(time.perf_counter() - start)
+        cpus.append(_cpu() - cpu)
+    if label:
+        CPU[label] = statistics.median(cpus)
+    return statistics.median(times)
+
+
+def main():
+    size = 50 * 1024 * 1024
+    mb = size / (1024 * 1024)
+    text = ordinary_log(size)
+    plain = bridge.Redactor((), env={})
+    with_env = bridge.Redactor((), env={"GITHUB_TOKEN": "ghx_Zk29dLq81xWmAbCdEf123456",
+                                        "DB_PASSWORD": "Tr0ub4dor&3-horse", "API_SECRET": "s3cr3t-Value-99"})
+    assert plain.redact(text) == text, "the ordinary log must come out unchanged"
+    t_plain = median_time(lambda: plain.redact(text), label="plain")
+    t_env = median_time(lambda: with_env.redact(text), label="env")
+    seed = re.compile("|".join("(?:%s)" % p for p in SEED_PATTERNS))
+    t_seed = median_time(lambda: seed.sub("[REDACTED]", text), label="seed")
+    with tempfile.NamedTemporaryFile("w", suffix=".log", delete=False) as handle:
+        handle.write(text)
+    try:
+        def cli():
+            with open(handle.name, "rb") as src, open(os.devnull, "wb") as dst:
+                subprocess.run([sys.executable, BRIDGE, "redact", "--root", tempfile.gettempdir()],
+                               stdin=src, stdout=dst, check=True, env={"PATH": os.environ.get("PATH", "")})
+        t_cli = median_time(cli, label="cli")
+    finally:
+        os.unlink(handle.name)
+
+    print("redaction throughput, %.0f MB ordinary log (target >= 20 MB/s); load average %.1f"
+          % (mb, os.getloadavg()[0]))
+    print("  %-38s %11s %11s %8s" % ("", "wall", "CPU", "wall s"))
+    for label, name, t in (("plain", "Redactor.redact, no secret env vars", t_plain),
+                           ("env", "Redactor.redact, 3 secret env vars", t_env),
+                           ("cli", "bridge.py redact (CLI, whole process)", t_cli),
+                           ("seed", "seed's 6 patterns as one re.sub", t_seed)):
+        print("  %-38s %6.1f MB/s %6.1f MB/s %8.2f" % (name, mb / t, mb / CPU[label], t))
+    print("  ratio ours/seed (time, medians): %.2f" % (t_plain / t_seed))
+
+    from test_redaction import adversarial_inputs
+    print("adversarial 1 MB inputs, median of 3 (target: well under 1 s each); load average %.1f"
+          % os.getloadavg()[0])
+    worst = worst_cpu = 0.0
+    for name, data in adversarial_inputs().items():
+        t = median_time(lambda: with_env.redact(data), label=name)
+        worst = max(worst, t)
+        print("  %-32s %6.3f s wall  %6.3f s CPU" % (name, t, CPU[name]))
+        worst_cpu = max(worst_cpu, CPU[name])
+    print("  worst                            %6.3f s wall  %6.3f s CPU" % (worst, worst_cpu))
+
+
+if __name__ == "__main__":
+    main()

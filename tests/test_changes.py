@@ -1,0 +1,752 @@
+"""`bridge.py changes`: change sets validated and executed through an MCP server.
+
+Everything runs through the CLI on real git repositories, with fixtures/mcp_axiomregent.py
+(axiomregent's real quirks, or the MCP standard with --line) as the server; it applies patches
+with `git apply`, so a completed change set really changed the files."""
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import time
+
+import pytest
+
+from conftest import (BRIDGE, FIXTURES, PYTHON, clean_env, git, make_git_repo,
+                      process_running, run_bridge)
+
+SERVER = str(FIXTURES / "mcp_axiomregent.py")
+
+
+def load_bridge():
+    spec = importlib.util.spec_from_file_location("bridge_under_test", str(BRIDGE))
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+B = load_bridge()
+
+FEATURES = {
+    "features": [
+        {"feature_id": "auth_core", "title": "Auth", "spec_path": "spec/auth.md",
+         "impl_files": ["src/auth.py"], "test_files": []},
+        {"feature_id": "docs", "title": "Docs", "spec_path": "spec/docs.md",
+         "impl_files": ["docs"], "test_files": []},
+    ],
+    "generated_files": ["src/gen.py"],
+}
+
+NOTES_PATCH = "--- a/notes.txt\n+++ b/notes.txt\n@@ -1 +1,2 @@\n hello\n+world\n"
+AUTH_PATCH = ("--- a/src/auth.py\n+++ b/src/auth.py\n@@ -1,2 +1,2 @@\n def login():\n"
+              "-    return 1\n+    return 2\n")
+GEN_PATCH = "--- a/src/gen.py\n+++ b/src/gen.py\n@@ -1 +1 @@\n-X = 1\n+X = 2\n"
+GUIDE_PATCH = "--- a/docs/guide.md\n+++ b/docs/guide.md\n@@ -1 +1 @@\n-guide\n+better guide\n"
+BAD_PATCH = "--- a/notes.txt\n+++ b/notes.txt\n@@ -1 +1 @@\n-no such line\n+x\n"
+
+
+class Env:
+    """A repository with features, a config outside it, and helpers to drive the CLI."""
+
+    def __init__(self, tmp_path, server_args=(), framing="content-length", **changes_cfg):
+        self.tmp = tmp_path
+        self.repo = make_git_repo(tmp_path / "repo")
+        (self.repo / "spec").mkdir()
+        (self.repo / "src").mkdir()
+        (self.repo / "docs").mkdir()
+        (self.repo / "spec" / "features.yaml").write_text(json.dumps(FEATURES, indent=1))
+        (self.repo / "spec" / "auth.md").write_text("auth\n")
+        (self.repo / "spec" / "docs.md").write_text("docs\n")
+        (self.repo / "src" / "auth.py").write_text("def login():\n    return 1\n")
+        (self.repo / "src" / "gen.py").write_text("X = 1\n")
+        (self.repo / "docs" / "guide.md").write_text("guide\n")
+        (self.repo / "notes.txt").write_text("hello\n")
+        git(self.repo, "add", "-A")
+        git(self.repo, "commit", "-q", "-m", "features")
+        self.cfg_path = tmp_path / "cfg.json"
+        self.configure(server_args, framing, **changes_cfg)
+
+    def configure(self, server_args=(), framing="content-length", **changes_cfg):
+        cfg = {"mcp": {"command": [PYTHON, SERVER] + list(server_args), "framing": framing,
+                       "timeout_sec": 20}}
+        for key, value in changes_cfg.items():
+            if key == "mcp":
+                cfg["mcp"].update(value)
+            else:
+                cfg[key] = value
+        self.cfg_path.write_text(json.dumps({"changes": cfg}))
+
+    def cli(self, *args, **kw):
+        return run_bridge("changes", *args, "--root", self.repo, "--config", self.cfg_path,
+                          **kw)
+
+    def new(self, subject, tasks, *extra, ok=True):
+        plan_path = self.tmp / ("plan-%s.json" % time.monotonic_ns())
+        plan_path.write_text(json.dumps(plan(tasks), indent=2))
+        res = self.cli("new", "--subject", subject, "--plan", plan_path, *extra)
+        if ok:
+            assert res.returncode == 0, res.stderr
+            return res.stdout.strip()
+        return res
+
+    def run(self, *extra, **kw):
+        return self.cli("run", "--once", *extra, **kw)
+
+    def dir(self, cs_id):
+        return self.repo / "changes" / cs_id
+
+    def status(self, cs_id):
+        raw = (self.dir(cs_id) / "05-status.json").read_bytes()
+        data = json.loads(raw)
+        # written canonically: the bytes are exactly the canonical serialisation
+        assert raw == B.canonical_json(data)
+        assert data["schema_version"] == "changeset_status_v1"
+        assert data["decision"] and data["reason"]
+        return data
+
+    def log(self):
+        path = self.repo / "changes" / ".log" / "executor.jsonl"
+        return [json.loads(line) for line in path.read_text().splitlines()]
+
+    def states(self, cs_id):
+        return [r["state"] for r in self.log() if r.get("change_set_id") == cs_id
+                and r["event"] == "status"]
+
+
+def task(tid, patch=None, tool="workspace.apply_patch", type_="mcp_call", **params):
+    if patch is not None:
+        params["patch"] = patch
+    return {"id": tid, "type": type_, "tool": tool, "params": params,
+            "risk_profile": {"impact_score": "low", "touched_features": [],
+                             "destructive": False}}
+
+
+def plan(tasks):
+    return {"version": "plan_v1", "tasks": tasks}
+
+
+@pytest.fixture
+def env(tmp_path):
+    return Env(tmp_path)
+
+
+# ---- canonical JSON ---------------------------------------------------------------------
+
+def test_canonical_json_vectors():
+    # Astral-plane keys: code-point (= UTF-8 byte) order puts U+FB33 before U+1F602;
+    # RFC 8785 sorts UTF-16 code units, where U+1F602 is D83D DE02 < FB33. This is the one
+    # place the seed's order and RFC 8785 differ.
+    obj = {"\U0001F602": 1, "\uFB33": 2, "\u20ac": 3, "a": 4, "": 5, "\x7f": 6}
+    out = B.canonical_json(obj).decode("utf-8")
+    assert out == '{"":5,"a":4,"\x7f":6,"\u20ac":3,"\uFB33":2,"\U0001F602":1}'
+    rfc_order = sorted(obj, key=lambda k: k.encode("utf-16-be"))
+    assert rfc_order.index("\U0001F602") < rfc_order.index("\uFB33")
+    assert list(json.loads(out)) == sorted(obj)  # code-point order
+    # escapes: only " \ and controls; / DEL U+2028 and combining marks stay literal
+    assert B.canonical_json(["a\"b\\c\n\t\x01/\u2028A\u030a"]) == \
+        '["a\\"b\\\\c\\n\\t\\u0001/\u2028A\u030a"]'.encode("utf-8")
+    assert B.canonical_json({"b": [3, {"d": None, "c": True}], "a": -0}) == \
+        b'{"a":0,"b":[3,{"c":true,"d":null}]}'
+    assert B.canonical_json(2 ** 53 - 1) == b"9007199254740991"
+    assert not B.canonical_json({"x": "y"}).endswith(b"\n")
+
+
+@pytest.mark.parametrize("value,words", [
+    (1.0, "floats are not allowed"), (float("nan"), "not an integer"),
+    (2 ** 53, "outside"), (-(2 ** 53), "outside"), ({"k": "\ud800"}, "lone surrogate"),
+    ({"\udfff": 1}, "lone surrogate"), ({1: 2}, "not a string"),
+])
+def test_canonical_json_rejects(value, words):
+    with pytest.raises(B.CanonicalJSONError) as err:
+        B.canonical_json(value)
+    assert words in err.value.message
+
+
+@pytest.mark.parametrize("text,words", [
+    ('{"a":1,"a":2}', 'duplicate key "a"'), ('{"a":1.5}', "number 1.5"),
+    ('{"a":1e5}', "number 1e5"), ('[NaN]', "NaN"), ('[Infinity]', "Infinity"),
+    ('["\\ud83d"]', "lone surrogate"), ('[9007199254740992]', "outside"),
+    ('{"a": }', "line 1 column 7"), ('[' + '9' * 5000 + ']', "plan.json"),
+])
+def test_canonical_loads_rejects(text, words):
+    with pytest.raises(B.CanonicalJSONError) as err:
+        B.canonical_loads(text.encode(), "plan.json")
+    assert words in err.value.message and "plan.json" in err.value.message
+
+
+# ---- slug and repo key --------------------------------------------------------------------
+
+@pytest.mark.parametrize("subject,slug", [
+    ("Refactor Login Flow!", "refactor-login-flow"), ("Crème brûlée", "creme-brulee"),
+    ("Straße — Ærø", "strasse-aero"), ("日本語", "change"), ("", "change"),
+    ("a  --  b", "a-b"), ("İstanbul", "istanbul"), ("--x--", "x"),
+    ("a" * 47 + " bcd", "a" * 47), ("x" * 60, "x" * 48),
+])
+def test_slug_table(subject, slug):
+    assert B.changeset_slug(subject) == slug
+
+
+REPO_KEYS = [
+    ("https://github.com/owner/repo.git", "github.com/owner/repo"),
+    ("git@github.com:owner/repo.git", "github.com/owner/repo"),
+    ("ssh://git@host:2222/owner/repo", "host/owner/repo"),
+    ("https://x-access-token:TOKEN@github.com/owner/repo.git", "github.com/owner/repo"),
+    ("https://user@GitHub.com:443/Owner/Repo.git/", "github.com/Owner/Repo"),
+    ("git+https://github.com/Org/Repo.git", "github.com/Org/Repo"),
+    ("git://github.com/Org/Repo.git", "github.com/Org/Repo"),
+    ("git@github.com:/owner/repo.git", "github.com/owner/repo"),
+    ("ssh://git@[::1]:22/owner/repo.git", "::1/owner/repo"),
+    ("git@host.org:9999/Org/Repo.git", "host.org/9999/Org/Repo"),
+    ("https://gitlab.com/group/sub/repo.git", "gitlab.com/group/sub/repo"),
+    ("https://dev.azure.com/org/proj/_git/repo", "dev.azure.com/org/proj/_git/repo"),
+    ("file:///srv/git/repo.git", None), ("/srv/git/repo.git", None), ("C:\\src\\repo", None),
+]
+
+
+@pytest.mark.parametrize("url,key", REPO_KEYS)
+def test_repo_key_table(url, key):
+    assert B.normalize_repo_key(url) == key
+
+
+def test_repo_key_from_origin_never_leaks_token(env):
+    git(env.repo, "remote", "add", "origin",
+        "https://x-access-token:ghp_SuperSecret123@GitHub.com:443/Owner/Repo.git")
+    cs_id = env.new("Add world", [task("t1", NOTES_PATCH)])
+    meta = json.loads((env.dir(cs_id) / "00-meta.json").read_bytes())
+    assert meta["repo_key"] == "github.com/Owner/Repo"
+    assert env.run().returncode == 0
+    for dirpath, _, files in os.walk(env.repo / "changes"):
+        for name in files:
+            data = open(os.path.join(dirpath, name), "rb").read()
+            assert b"SuperSecret" not in data and b"x-access-token" not in data
+    # the id depends on the normalised key only
+    ident = B.changeset_identity("Add world", "github.com/Owner/Repo", meta["base_state"])
+    assert B.changeset_id(ident) == cs_id
+
+
+def test_repo_key_falls_back_to_path_and_id_is_deterministic(env):
+    a = env.cli("id", "--subject", "Fix it", "--snapshot", "snap-1")
+    b = env.cli("id", "--subject", "  fix   IT ", "--snapshot", "snap-1")
+    assert a.returncode == 0 and a.stdout == b.stdout
+    ident = B.changeset_identity("Fix it", os.path.abspath(str(env.repo)),
+                                 {"kind": "snapshot", "id": "snap-1"})
+    assert ident == {"base_state": {"id": "snap-1", "kind": "snapshot"},
+                     "protocol": "changeset_id_v1", "repo_key": os.path.abspath(str(env.repo)),
+                     "subject": "fix-it"}
+    assert a.stdout.strip() == "fix-it--" + B.canonical_sha256(ident)[:12]
+    c = env.cli("id", "--subject", "Fix it", "--snapshot", "snap-2")
+    assert c.stdout != a.stdout
+
+
+def test_id_needs_a_server_or_a_snapshot(tmp_path):
+    repo = make_git_repo(tmp_path / "r")
+    res = run_bridge("changes", "id", "--subject", "x", "--root", repo)
+    assert res.returncode == 2 and "changes.mcp.command" in res.stderr
+
+
+# ---- the executor: decisions and states -------------------------------------------------
+
+def test_tier1_change_runs_automatically(env):
+    cs_id = env.new("Add world", [task("t1", NOTES_PATCH)], "--architecture",
+                    str(env.repo / "spec" / "auth.md"))
+    d = env.dir(cs_id)
+    assert sorted(os.listdir(d)) == ["00-meta.json", "01-architecture.md",
+                                     "02-implementation-plan.json", "03-task-list.md"]
+    meta_raw = (d / "00-meta.json").read_bytes()
+    meta = json.loads(meta_raw)
+    assert meta_raw == B.canonical_json(meta)
+    assert meta["plan_sha256"] == B.canonical_sha256(
+        json.loads((d / "02-implementation-plan.json").read_bytes()))
+    assert meta["base_state"]["kind"] == "worktree"
+    assert "`t1` workspace.apply_patch" in (d / "03-task-list.md").read_text()
+    st = env.cli("status")
+    assert "ready" in st.stdout and cs_id in st.stdout
+    res = env.run()
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "%s completed" % cs_id
+    assert (env.repo / "notes.txt").read_text() == "hello\nworld\n"
+    status = env.status(cs_id)
+    assert status["state"] == "completed" and status["decision"] == "auto"
+    assert status["execution"]["completed_task_ids"] == ["t1"]
+    assert status["validated_against"]["plan_sha256"] == meta["plan_sha256"]
+    assert status["validation"]["safety_tier"] == "tier1"
+    assert status["validation"]["impact_source"] == "features.overview"  # -32601 fallback
+    assert env.states(cs_id) == ["validating", "executing", "executing", "completed"]
+    # a second pass leaves terminal change sets alone
+    again = env.run()
+    assert again.returncode == 0 and again.stdout == ""
+    # the worktree moved on, so the same request is now a different change set
+    assert env.new("Add world", [task("t1", NOTES_PATCH)]) != cs_id
+
+
+def test_processed_change_sets_are_immutable(env):
+    cs_id = env.new("Add world", [task("t1", NOTES_PATCH)], "--snapshot", "sha256:gone")
+    assert env.new("Add world", [task("t1", NOTES_PATCH)], "--snapshot", "sha256:gone") == cs_id
+    env.run()
+    assert env.status(cs_id)["state"] == "failed"
+    res = env.new("Add world", [task("t1", NOTES_PATCH)], "--snapshot", "sha256:gone", ok=False)
+    assert res.returncode == 1 and "immutable" in res.stderr and cs_id in res.stderr
+
+
+def test_tier2_waits_for_approval_then_runs(env):
+    cs_id = env.new("Change login", [task("t1", AUTH_PATCH)])
+    pre = env.cli("approve", cs_id)
+    assert pre.returncode == 1 and "not been validated" in pre.stderr
+    res = env.run()
+    assert res.returncode == 0 and "pending_review" in res.stdout
+    status = env.status(cs_id)
+    assert status["state"] == "pending_review" and status["decision"] == "review_required"
+    assert "Tier 2" in status["reason"]
+    assert status["validation"]["touched_features"] == ["auth_core"]
+    assert "return 1" in (env.repo / "src" / "auth.py").read_text()
+    assert env.run().stdout == ""  # still waiting, nothing happens
+    ap = env.cli("approve", cs_id)
+    assert ap.returncode == 0 and "approved" in ap.stdout
+    status = env.status(cs_id)
+    assert status["decision"] == "approved" and status["approval"]["plan_sha256"]
+    assert env.cli("approve", cs_id).stdout.strip().endswith("already approved")
+    res = env.run()
+    assert res.returncode == 0 and "completed" in res.stdout
+    assert "return 2" in (env.repo / "src" / "auth.py").read_text()
+    status = env.status(cs_id)
+    assert status["state"] == "completed" and status["decision"] == "approved"
+    again = env.cli("approve", cs_id)
+    assert again.returncode == 1 and "not waiting for review" in again.stderr
+
+
+@pytest.mark.parametrize("line", [False, True])
+def test_critical_feature_asks_for_review(tmp_path, line):
+    env = Env(tmp_path, server_args=["--line"] if line else [],
+              framing="line" if line else "content-length", critical_features=["docs"])
+    cs_id = env.new("Improve guide", [task("t1", GUIDE_PATCH)])
+    res = env.run()
+    assert res.returncode == 0, res.stderr
+    status = env.status(cs_id)
+    assert status["state"] == "pending_review" and "critical feature(s) docs" in status["reason"]
+    assert status["validation"]["safety_tier"] == "tier1"
+    assert status["validation"]["impact_source"] == (
+        "features.impact" if line else "features.overview")
+
+
+def test_line_json_server_runs_a_change(tmp_path):
+    env = Env(tmp_path, server_args=["--line"], framing="line")
+    cs_id = env.new("Add world", [task("t1", NOTES_PATCH)])
+    res = env.run()
+    assert res.returncode == 0, res.stderr
+    assert env.status(cs_id)["state"] == "completed"
+    assert (env.repo / "notes.txt").read_text() == "hello\nworld\n"
+
+
+def test_tier3_is_rejected_and_never_approvable(env):
+    cs_id = env.new("Edit generated", [task("t1", GEN_PATCH)])
+    res = env.run()
+    assert res.returncode == 1 and "failed" in res.stdout
+    status = env.status(cs_id)
+    assert status["state"] == "failed" and status["decision"] == "rejected"
+    assert status["reason"].startswith("tier3:") and "EDIT_GENERATED_FILE" in status["reason"]
+    ap = env.cli("approve", cs_id)
+    assert ap.returncode == 1 and "Tier 3 changes can never be approved" in ap.stderr
+    assert (env.repo / "src" / "gen.py").read_text() == "X = 1\n"
+
+
+def test_gov_drift_rejects(env):
+    os.remove(env.repo / "spec" / "docs.md")
+    git(env.repo, "commit", "-qam", "drop docs spec")
+    cs_id = env.new("Add world", [task("t1", NOTES_PATCH)])
+    assert env.run().returncode == 1
+    status = env.status(cs_id)
+    assert status["decision"] == "rejected"
+    assert status["reason"].startswith("gov_drift:") and "SPEC_PATH_MISMATCH" in status["reason"]
+    assert (env.repo / "notes.txt").read_text() == "hello\n"
+
+
+def test_patch_rejects_are_a_failure(env):
+    cs_id = env.new("Bad patch", [task("t1", NOTES_PATCH), task("t2", BAD_PATCH)])
+    res = env.run()
+    assert res.returncode == 1
+    status = env.status(cs_id)
+    assert status["state"] == "failed" and status["decision"] == "auto"
+    assert status["reason"].startswith("patch_rejected:") and "context_mismatch" in \
+        status["reason"]
+    assert status["execution"]["completed_task_ids"] == ["t1"]
+    assert status["execution"]["started_task_id"] == "t2"
+    assert status["execution"]["last_error"].startswith("patch_rejected")
+
+
+def test_stale_base_is_refused(env):
+    cs_id = env.new("Add world", [task("t1", NOTES_PATCH)])
+    (env.repo / "other.txt").write_text("someone else was here\n")
+    res = env.run()
+    assert res.returncode == 1
+    status = env.status(cs_id)
+    assert status["state"] == "failed" and status["reason"].startswith("stale_base:")
+    assert (env.repo / "notes.txt").read_text() == "hello\n"
+
+
+def test_stale_lease_mid_execution(tmp_path):
+    env = Env(tmp_path, server_args=["--slow", "workspace.apply_patch=2"])
+    cs_id = env.new("Add world", [task("t1", NOTES_PATCH)])
+    proc = subprocess.Popen([PYTHON, str(BRIDGE), "changes", "run", "--once", "--root",
+                             str(env.repo), "--config", str(env.cfg_path)], env=clean_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    deadline = time.time() + 20
+    while time.time() < deadline:
+        path = env.dir(cs_id) / "05-status.json"
+        if path.exists() and b"running task t1" in path.read_bytes():
+            break
+        time.sleep(0.05)
+    (env.repo / "other.txt").write_text("changed under the lease\n")
+    out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 1, err
+    status = env.status(cs_id)
+    assert status["state"] == "failed" and status["reason"].startswith("stale_lease:")
+    assert "STALE_LEASE" in status["reason"]
+
+
+def test_snapshot_mode_via_fallback(tmp_path):
+    env = Env(tmp_path, server_args=["--no-snapshot-info"])
+    cs_id = env.new("Add world", [task("t1", NOTES_PATCH)])
+    meta = json.loads((env.dir(cs_id) / "00-meta.json").read_bytes())
+    assert meta["base_state"]["kind"] == "snapshot"
+    res = env.run()
+    assert res.returncode == 0, res.stderr
+    status = env.status(cs_id)
+    assert status["state"] == "completed"
+    assert status["result_snapshot_id"] != meta["base_state"]["id"]
+    assert (env.repo / "notes.txt").read_text() == "hello\n"  # snapshots, not the worktree
+    # an unknown snapshot is a stale base
+    other = env.new("Other", [task("t1", NOTES_PATCH)], "--snapshot", "sha256:nope")
+    assert env.run().returncode == 1
+    assert env.status(other)["reason"].startswith("stale_base:")
+
+
+# ---- integrity and schema -----------------------------------------------------------------
+
+def test_tampered_plan_is_refused(env):
+    cs_id = env.new("Add world", [task("t1", NOTES_PATCH)])
+    path = env.dir(cs_id) / "02-implementation-plan.json"
+    doc = json.loads(path.read_bytes())
+    doc["tasks"][0]["params"]["patch"] = AUTH_PATCH
+    path.write_bytes(B.canonical_json(doc))
+    val = env.cli("validate", cs_id)
+    assert val.returncode == 1 and "plan_tampered" in val.stdout
+    assert env.run().returncode == 1
+    status = env.status(cs_id)
+    assert status["decision"] == "rejected" and status["reason"].startswith("plan_tampered:")
+    assert "return 1" in (env.repo / "src" / "auth.py").read_text()
+
+
+def test_renamed_folder_is_refused(env):
+    cs_id = env.new("Add world", [task("t1", NOTES_PATCH)])
+    os.rename(env.dir(cs_id), env.dir("add-world--000000000000"))
+    assert env.run().returncode == 1
+    status = env.status("add-world--000000000000")
+    assert status["reason"].startswith("integrity_mismatch:") and cs_id in status["reason"]
+    assert (env.repo / "notes.txt").read_text() == "hello\n"
+
+
+def test_duplicate_keys_and_floats_are_refused(env):
+    plan_file = env.tmp / "dup.json"
+    plan_file.write_text('{"version": "plan_v1", "version": "plan_v1", "tasks": []}')
+    res = env.cli("new", "--subject", "x", "--plan", plan_file)
+    assert res.returncode == 2 and 'duplicate key "version"' in res.stderr
+    plan_file.write_text(json.dumps(plan([task("t1", NOTES_PATCH)])).replace(
+        '"low"', '"low", "weight": 0.5'))
+    res = env.cli("new", "--subject", "x", "--plan", plan_file)
+    assert res.returncode == 2 and "floats are not allowed" in res.stderr
+    assert not (env.repo / "changes").exists() or not [
+        n for n in os.listdir(env.repo / "changes") if not n.startswith(".")]
+    # tampering inside an existing change set: duplicate keys in the meta
+    cs_id = env.new("Add world", [task("t1", NOTES_PATCH)])
+    meta_path = env.dir(cs_id) / "00-meta.json"
+    meta_path.write_bytes(meta_path.read_bytes()[:-1] + b',"subject":"other"}')
+    assert env.run().returncode == 1
+    status = env.status(cs_id)
+    assert status["reason"].startswith("invalid_meta:") and "duplicate key" in status["reason"]
+
+
+def test_forbidden_tasks_are_refused(env):
+    res = env.new("Shell", [task("t1", tool="run.execute", command="rm -rf /")], ok=False)
+    assert res.returncode == 2 and "forbidden_tool" in res.stderr
+    res = env.new("Shell", [task("t1", tool="shell", type_="shell_command")], ok=False)
+    assert res.returncode == 2 and "forbidden_task" in res.stderr
+    # a hand-made change set with correct hashes is still refused by the executor
+    base = {"kind": "snapshot", "id": "s1"}
+    ident = B.changeset_identity("Shell", os.path.abspath(str(env.repo)), base)
+    cs_id = B.changeset_id(ident)
+    doc = plan([task("t1", NOTES_PATCH, mode="snapshot"),
+                task("t2", tool="shell", type_="shell_command")])
+    os.makedirs(env.dir(cs_id))
+    (env.dir(cs_id) / "02-implementation-plan.json").write_bytes(B.canonical_json(doc))
+    (env.dir(cs_id) / "00-meta.json").write_bytes(B.canonical_json(
+        dict(ident, plan_sha256=B.canonical_sha256(doc))))
+    val = env.cli("validate", cs_id)
+    assert val.returncode == 1 and "forbidden_task" in val.stdout
+    assert env.run().returncode == 1
+    assert env.status(cs_id)["reason"].startswith("forbidden_task:")
+
+
+def test_validate_prints_every_problem_and_passes_good_sets(env):
+    cs_id = env.new("Add world", [task("t1", NOTES_PATCH)])
+    val = env.cli("validate", cs_id)
+    assert val.returncode == 0 and "would decide auto" in val.stdout
+    assert not (env.dir(cs_id) / "05-status.json").exists()  # validate never writes status
+    path = env.dir(cs_id) / "02-implementation-plan.json"
+    doc = json.loads(path.read_bytes())
+    doc["version"] = "plan_v0"
+    doc["tasks"].append(task("t1", tool="run.execute"))
+    path.write_bytes(B.canonical_json(doc))
+    val = env.cli("validate", cs_id)
+    lines = val.stdout.splitlines()
+    assert val.returncode == 1
+    for word in ("plan_tampered", "version must be", "used twice", "forbidden_tool"):
+        assert any(word in line for line in lines), (word, lines)
+
+
+def test_draft_is_left_alone(env):
+    d = env.repo / "changes" / "half-written--0123456789ab"
+    d.mkdir(parents=True)
+    (d / "00-meta.json").write_text("{}")
+    assert env.run().returncode == 0
+    assert not (d / "05-status.json").exists()
+    assert "draft" in env.cli("status").stdout
+
+
+def test_edited_plan_gets_a_new_id_and_supersedes(env):
+    first = env.new("Add world", [task("t1", NOTES_PATCH)])
+    second = env.new("Add world", [task("t1", AUTH_PATCH)])
+    assert second.startswith("add-world--") and len(second) == len(first) + 4
+    assert second[:len(first)] == first
+    meta = json.loads((env.dir(second) / "00-meta.json").read_bytes())
+    assert meta["supersedes"] == [first]
+    assert env.new("Add world", [task("t1", AUTH_PATCH)]) == second  # idempotent
+    third = env.new("Add world", [task("t1", GEN_PATCH)], ok=False)
+    assert third.returncode == 1 and "both taken" in third.stderr
+    env.run()
+    assert env.status(first)["state"] == "superseded"
+    assert env.status(first)["reason"] == "superseded by %s" % second
+    assert env.status(second)["state"] == "pending_review"
+
+
+# ---- the MCP server failing ---------------------------------------------------------------
+
+def test_server_crash_mid_call_is_recorded(tmp_path):
+    env = Env(tmp_path, server_args=["--crash-on", "workspace.apply_patch"])
+    cs_id = env.new("Add world", [task("t1", NOTES_PATCH)])
+    res = env.run(env=clean_env(DEPLOY_TOKEN="tok-0123456789abcdef"))
+    assert res.returncode == 1
+    status = env.status(cs_id)
+    assert status["state"] == "failed" and status["reason"].startswith("mcp_server_gone:")
+    assert "exit code 3" in status["reason"] and "crashing on purpose" in status["reason"]
+    # the server's stderr is redacted before it reaches the status, the log or the terminal
+    assert "DEPLOY_TOKEN=[REDACTED]" in status["reason"]
+    for path in (env.dir(cs_id) / "05-status.json", env.repo / "changes" / ".log" /
+                 "executor.jsonl"):
+        assert b"0123456789abcdef" not in path.read_bytes()
+    assert "0123456789abcdef" not in res.stderr
+
+
+def test_slow_server_times_out(tmp_path):
+    env = Env(tmp_path)
+    cs_id = env.new("Add world", [task("t1", NOTES_PATCH)])
+    tag = "--tag=%s" % tmp_path.name  # ignored by the server; lets us find its process
+    env.configure(["--slow", "gov.drift=10", tag], mcp={"timeout_sec": 1})
+    t0 = time.time()
+    res = env.run()
+    assert res.returncode == 1 and time.time() - t0 < 9
+    status = env.status(cs_id)
+    assert "did not answer gov.drift within 1 s" in status["reason"]
+    # the stalled server was killed, not left behind
+    for pid in os.listdir("/proc"):
+        if pid.isdigit() and process_running(int(pid)):
+            try:
+                with open("/proc/%s/cmdline" % pid, "rb") as f:
+                    assert tag.encode() not in f.read(), "server %s outlived its run" % pid
+            except OSError:
+                pass
+
+
+def test_server_that_cannot_start(tmp_path):
+    env = Env(tmp_path)
+    cs_id = env.new("Add world", [task("t1", NOTES_PATCH)])
+    env.configure(mcp={"command": ["/nonexistent/axiomregent"]})
+    assert env.run().returncode == 1
+    assert "cannot start MCP server" in env.status(cs_id)["reason"]
+
+
+# ---- the executor lock --------------------------------------------------------------------
+
+def test_two_executors_one_works(tmp_path):
+    env = Env(tmp_path)
+    cs_id = env.new("Add world", [task("t1", NOTES_PATCH)])
+    env.configure(["--slow", "gov.preflight=2"])
+    first = subprocess.Popen([PYTHON, str(BRIDGE), "changes", "run", "--once", "--root",
+                              str(env.repo), "--config", str(env.cfg_path)], env=clean_env(),
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    lock = env.repo / "changes" / ".locks" / "worktree.lock"
+    deadline = time.time() + 20
+    while time.time() < deadline and not (lock.exists() and lock.read_text().strip()):
+        time.sleep(0.05)
+    second = env.run()
+    assert second.returncode == 3
+    assert "another executor holds" in second.stderr and "pid %d" % first.pid in second.stderr
+    st = env.cli("status", "--json")
+    assert json.loads(st.stdout)["executor"]["lock"] == "held"
+    out, err = first.communicate(timeout=30)
+    assert first.returncode == 0, err
+    assert env.status(cs_id)["state"] == "completed"
+
+
+def test_killed_executor_is_recovered(tmp_path):
+    env = Env(tmp_path, server_args=["--slow", "workspace.apply_patch=30"])
+    cs_id = env.new("Add world", [task("t1", NOTES_PATCH)])
+    proc = subprocess.Popen([PYTHON, str(BRIDGE), "changes", "run", "--once", "--root",
+                             str(env.repo), "--config", str(env.cfg_path)], env=clean_env(),
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    deadline = time.time() + 20
+    while time.time() < deadline:
+        path = env.dir(cs_id) / "05-status.json"
+        if path.exists() and b"running task t1" in path.read_bytes():
+            break
+        time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    env.configure()
+    res = env.run()
+    assert res.returncode == 1
+    status = env.status(cs_id)
+    assert status["state"] == "failed" and status["reason"].startswith("interrupted:")
+    assert "t1" in status["reason"]
+    assert any(r["event"] == "lock_recovered" for r in env.log())
+
+
+def test_run_without_a_server_is_a_usage_error(tmp_path):
+    repo = make_git_repo(tmp_path / "r")
+    res = run_bridge("changes", "run", "--once", "--root", repo)
+    assert res.returncode == 2 and "changes.mcp.command" in res.stderr
+    res = run_bridge("changes", "--root", repo)
+    assert res.returncode == 2
+
+
+def test_status_json_lists_everything(env):
+    cs_id = env.new("Add world", [task("t1", NOTES_PATCH)])
+    env.run()
+    data = json.loads(env.cli("status", "--json").stdout)
+    assert data["change_sets"] == [{"change_set_id": cs_id, "state": "completed",
+                                    "decision": "auto", "reason": "applied 1 task(s)"}]
+    one = json.loads(env.cli("status", cs_id, "--json").stdout)
+    assert one["state"] == "completed" and one["execution"]["completed_task_ids"] == ["t1"]
+    assert env.cli("status", "nope").returncode == 2
+
+
+def test_patch_paths_come_from_headers_only():
+    patch = ("--- a/x.sql\n+++ b/x.sql\n@@ -1,2 +1,2 @@\n--- comment\n+++ plus\n keep\n"
+             "--- /dev/null\n+++ b/new.txt\n@@ -0,0 +1 @@\n+hi\n\\ No newline at end of file\n")
+    assert B.changeset_patch_paths(patch) == ["new.txt", "x.sql"]
+    assert B.changeset_patch_paths(patch, strip=0) == ["a/x.sql", "b/new.txt", "b/x.sql"]
+
+
+def test_preflight_warnings_ask_for_review_and_odd_values_are_kept(tmp_path):
+    env = Env(tmp_path, server_args=["--warn"])
+    cs_id = env.new("Add world", [task("t1", NOTES_PATCH)])
+    assert env.run().returncode == 0
+    status = env.status(cs_id)  # still canonical although the server sent a float
+    assert status["state"] == "pending_review"
+    assert "gov.preflight warnings: INVALID_HEADER_FORMAT notes.txt" in status["reason"]
+    assert status["validation"]["preflight_violations"][0]["confidence"] == "0.5"
+
+
+def test_loop_mode_picks_up_new_change_sets_and_stops_cleanly(env):
+    proc = subprocess.Popen([PYTHON, str(BRIDGE), "changes", "run", "--poll", "0.2", "--root",
+                             str(env.repo), "--config", str(env.cfg_path)], env=clean_env(),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        lock = env.repo / "changes" / ".locks" / "worktree.lock"
+        deadline = time.time() + 20
+        while time.time() < deadline and not (lock.exists() and lock.read_text().strip()):
+            time.sleep(0.05)
+        # the running executor excluded changes/ already, so this base stays valid
+        cs_id = env.new("Add world", [task("t1", NOTES_PATCH)])
+        status = env.dir(cs_id) / "05-status.json"
+        while time.time() < deadline and not (status.exists()
+                                               and b'"completed"' in status.read_bytes()):
+            time.sleep(0.1)
+        assert env.status(cs_id)["state"] == "completed"
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=20)
+    assert proc.returncode == 0, err
+    assert "%s completed" % cs_id in out
+    assert json.loads(env.cli("status", "--json").stdout)["executor"]["lock"] == "free"
+
+
+def test_validate_offline_and_against_the_server(env):
+    cs_id = env.new("Add world", [task("t1", NOTES_PATCH)])
+    offline = env.tmp / "offline.json"
+    offline.write_text("{}")
+    res = run_bridge("changes", "validate", cs_id, "--root", env.repo, "--config", offline)
+    assert res.returncode == 0 and "offline checks passed" in res.stdout
+    (env.repo / "notes.txt").write_text("moved on\n")
+    res = env.cli("validate", cs_id)
+    assert res.returncode == 1 and "stale_base" in res.stdout
+    # every problem the server finds is printed, not just the first
+    os.remove(env.repo / "spec" / "docs.md")
+    res = env.cli("validate", cs_id)
+    assert res.returncode == 1
+    assert [line.split(": ")[1] for line in res.stdout.splitlines()] == [
+        "stale_base", "gov_drift"], res.stdout
+    assert env.run().returncode == 1
+    status = env.status(cs_id)
+    assert status["reason"].startswith("stale_base:") and status["reason"].endswith(
+        "(+ gov_drift)")
+    assert len(status["validation"]["problems"]) == 2
+    assert env.cli("validate", "no-such--000000000000").returncode == 2
+
+
+def test_unreadable_status_is_reported_not_overwritten(env):
+    cs_id = env.new("Add world", [task("t1", NOTES_PATCH)])
+    (env.dir(cs_id) / "05-status.json").write_text('{"state": "completed"')
+    res = env.run()
+    assert res.returncode == 0 and "skipped" in res.stderr
+    assert (env.dir(cs_id) / "05-status.json").read_text() == '{"state": "completed"'
+    assert "unknown" in env.cli("status").stdout
+    assert (env.repo / "notes.txt").read_text() == "hello\n"
+
+
+def test_interrupted_validation_is_validated_again(env):
+    cs_id = env.new("Add world", [task("t1", NOTES_PATCH)])
+    (env.dir(cs_id) / "05-status.json").write_bytes(B.canonical_json({
+        "schema_version": "changeset_status_v1", "change_set_id": cs_id,
+        "state": "validating", "decision": "auto", "reason": "validating"}))
+    assert env.run().returncode == 0
+    assert env.status(cs_id)["state"] == "completed"
+    text = env.cli("status", cs_id)
+    assert "state:         completed" in text.stdout and "completed:     t1" in text.stdout
+
+
+def test_patches_may_not_touch_changes_git_or_outside(env):
+    evil = "--- a/changes/x/05-status.json\n+++ b/changes/x/05-status.json\n@@ -1 +1 @@\n-a\n+b\n"
+    res = env.new("Evil", [task("t1", evil)], ok=False)
+    assert res.returncode == 2 and "forbidden_path" in res.stderr and "changes/" in res.stderr
+    for path in ("../outside.txt", ".git/config"):
+        patch = "--- a/%s\n+++ b/%s\n@@ -1 +1 @@\n-a\n+b\n" % (path, path)
+        res = env.new("Evil", [task("t1", patch)], ok=False)
+        assert res.returncode == 2 and "forbidden_path" in res.stderr
+
+
+def test_id_command_matches_new(env):
+    res = env.cli("id", "--subject", "Add world")
+    assert res.returncode == 0
+    assert env.new("Add world", [task("t1", NOTES_PATCH)]) == res.stdout.strip()
+    assert env.cli("id", "--subject", "Add world", "--worktree").stdout == res.stdout
+
+
+@pytest.mark.parametrize("line", [False, True])
+def test_requests_from_the_server_are_not_taken_for_replies(tmp_path, line):
+    env = Env(tmp_path, server_args=["--server-request"] + (["--line"] if line else []),
+              framing="line" if line else "content-length")
+    cs_id = env.new("Add world", [task("t1", NOTES_PATCH)])
+    res = env.run()
+    assert res.returncode == 0, res.stderr
+    assert env.status(cs_id)["state"] == "completed"

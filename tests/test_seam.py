@@ -1,0 +1,962 @@
+"""The _bridge/ seam (seed 001, issue 6), driven through the CLI on real files.
+
+Re-creates the conformance behaviours of the Go implementation's tests
+(reference/seam.md section 8) with fixture payloads of Claude Code, Codex and
+Pi, plus the issue-6 decisions: torn lines, terminal-only delivery, root
+resolution, id rules, concurrent appenders and hostile input.
+"""
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import BRIDGE, FIXTURES, PYTHON, clean_env, make_git_repo, run_bridge
+
+SEAM = FIXTURES / "seam"
+SEAM_INDEX = ".seam-index.json"
+EVENT_KEYS = ["timestamp", "ts", "host", "event", "session_id", "agent_id", "agent_type",
+              "actor_id", "detail"]
+
+
+# ---- helpers ------------------------------------------------------------------
+
+def payload(name, cwd, **changes):
+    text = (SEAM / name).read_text().replace("{cwd}", str(cwd))
+    data = json.loads(text)
+    data.update(changes)
+    return json.dumps(data)
+
+
+def emit(host, data, cwd=None, env=None, *extra):
+    result = run_bridge("egress", "emit", "--host", host, *extra, cwd=cwd, input=data, env=env)
+    assert result.returncode == 0 and result.stdout == "" and result.stderr == "", result
+    return result
+
+
+def seam(*args, cwd=None, input=None, env=None):
+    """Run a seam verb; return (exit code, parsed JSON answer, stderr)."""
+    result = run_bridge(*args, cwd=cwd, input=input, env=env)
+    assert "Traceback" not in result.stderr, result.stderr
+    lines = result.stdout.splitlines()
+    assert len(lines) <= 1, result.stdout
+    return result.returncode, (json.loads(lines[0]) if lines else None), result.stderr
+
+
+def records(path):
+    return [json.loads(line) for line in Path(path).read_text().splitlines()]
+
+
+def write_inbox(root, *recs, torn=None):
+    bdir = Path(root) / "_bridge"
+    bdir.mkdir(exist_ok=True)
+    text = "".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in recs)
+    if torn:
+        text += torn
+    (bdir / "inbox.jsonl").write_text(text)
+    return bdir
+
+
+def heartbeat(root, slug, session_id, host="claude"):
+    bdir = Path(root) / "_bridge"
+    bdir.mkdir(exist_ok=True)
+    (bdir / ("fo.%s.json" % slug)).write_text(json.dumps(
+        {"session_id": session_id, "host": host, "ts": "2026-07-03T12:00:00Z", "state": "idle"}) + "\n")
+
+
+def files_under(path):
+    return sorted(str(p.relative_to(path)) for p in Path(path).rglob("*"))
+
+
+@pytest.fixture
+def repo(git_repo):
+    return git_repo
+
+
+INBOX3 = [
+    {"id": "i1", "ts": "2026-07-03T11:00:00Z", "kind": "tell", "text": "do the thing",
+     "target_set": ["alpha"]},
+    {"id": "i2", "ts": "2026-07-03T11:01:00Z", "kind": "tell", "text": "not yours", "target": "beta"},
+    {"id": "i3", "ts": "2026-07-03T11:02:00Z", "kind": "decision", "entity": "e1",
+     "field": "status", "value": "approved", "target": "alpha"},
+]
+
+
+# ---- egress emit ---------------------------------------------------------------
+
+def test_emit_claude_event_schema_and_marker(repo):
+    emit("claude", payload("claude_post_tool_use_read_ensign.json", repo,
+                           timestamp="2026-07-01T01:02:03Z"), cwd=repo)
+    (line,) = (repo / "_bridge" / "events.jsonl").read_text().splitlines()
+    assert line == ('{"timestamp":"2026-07-01T01:02:03Z","ts":"2026-07-01T01:02:03Z",'
+                    '"host":"claude","event":"PostToolUse","session_id":"ses-ensign","agent_id":"",'
+                    '"agent_type":"spacedock:ensign","actor_id":"ses-ensign",'
+                    '"detail":{"tool":"Read","source":""}}')
+    assert "SECRET PROMPT" not in line
+    marker = (repo / "_bridge" / "sessions" / "ses-ensign.json").read_text()
+    assert marker == ('{"host":"claude","session_id":"ses-ensign","agent_id":"",'
+                      '"actor_id":"ses-ensign","entity":"drc-3467","workflow":"linear-drc-review"}\n')
+
+
+def test_emit_session_start_contract_keys_and_now_time(repo):
+    emit("Claude", payload("claude_session_start.json", repo), cwd=repo)
+    (rec,) = records(repo / "_bridge" / "events.jsonl")
+    assert list(rec) == EVENT_KEYS
+    assert rec["host"] == "claude" and rec["event"] == "SessionStart"
+    assert rec["actor_id"] == "ses-1" and rec["detail"] == {"tool": "", "source": "startup"}
+    assert rec["ts"] == rec["timestamp"] and rec["ts"].endswith("Z") and len(rec["ts"]) == 20
+    assert not (repo / "_bridge" / "sessions").exists()
+
+
+def test_emit_prompt_text_never_recorded(repo):
+    emit("claude", payload("claude_user_prompt.json", repo), cwd=repo)
+    text = (repo / "_bridge" / "events.jsonl").read_text()
+    assert "deploy" not in text and "sk-" not in text
+
+
+def test_emit_edit_never_creates_marker(repo):
+    emit("claude", payload("claude_post_tool_use_edit_ensign.json", repo), cwd=repo)
+    assert (repo / "_bridge" / "events.jsonl").exists()
+    assert not (repo / "_bridge" / "sessions").exists()
+
+
+def test_emit_marker_first_write_wins(repo):
+    first = payload("claude_post_tool_use_read_ensign.json", repo)
+    second = payload("claude_post_tool_use_read_ensign.json", repo, tool_input={
+        "file_path": str(repo / "docs/spacedock/other-flow/other-ent/index.md")})
+    emit("claude", first, cwd=repo)
+    emit("claude", second, cwd=repo)
+    marker = json.loads((repo / "_bridge/sessions/ses-ensign.json").read_text())
+    assert (marker["workflow"], marker["entity"]) == ("linear-drc-review", "drc-3467")
+    assert len(records(repo / "_bridge/events.jsonl")) == 2
+
+
+def test_emit_archive_paths_and_outside_paths_make_no_marker(repo, tmp_path):
+    for path in (repo / "docs/spacedock/wf/_archive/old/index.md", tmp_path / "elsewhere/x.md",
+                 "../escape/docs/spacedock/wf/e/index.md"):
+        emit("claude", payload("claude_post_tool_use_read_ensign.json", repo,
+                               tool_input={"file_path": str(path)}), cwd=repo)
+    assert not (repo / "_bridge" / "sessions").exists()
+
+
+def test_emit_marker_from_readme_state_root(repo):
+    wf = repo / "docs" / "dev"
+    (wf / ".spacedock-state" / "wire-egress").mkdir(parents=True)
+    (wf / "README.md").write_text("---\nstate: .spacedock-state\n---\n# dev\n")
+    emit("claude", payload("claude_post_tool_use_read_ensign.json", repo, tool_input={
+        "file_path": "docs/dev/.spacedock-state/wire-egress/index.md"}), cwd=repo)
+    marker = json.loads((repo / "_bridge/sessions/ses-ensign.json").read_text())
+    assert (marker["workflow"], marker["entity"]) == ("dev", "wire-egress")
+
+
+def test_emit_codex_explicit_entity_path_combines_session_and_agent(repo):
+    emit("codex", payload("codex_subagent_entity.json", repo), cwd=repo)
+    (rec,) = records(repo / "_bridge/events.jsonl")
+    assert rec["actor_id"] == "parent.agent-7" and rec["host"] == "codex"
+    marker = json.loads((repo / "_bridge/sessions/parent.agent-7.json").read_text())
+    assert marker == {"host": "codex", "session_id": "parent", "agent_id": "agent-7",
+                      "actor_id": "parent.agent-7", "entity": "flat-task", "workflow": "dev"}
+
+
+def test_emit_codex_session_start(repo):
+    emit("codex", payload("codex_session_start.json", repo), cwd=repo)
+    (rec,) = records(repo / "_bridge/events.jsonl")
+    assert (rec["host"], rec["event"], rec["actor_id"]) == ("codex", "SessionStart", "019a-codex-thread")
+    assert "gpt-5" not in json.dumps(rec)
+
+
+@pytest.mark.parametrize("pi_name,canonical", [
+    ("session_start", "SessionStart"), ("session_shutdown", "Stop"), ("turn_end", "Stop"),
+    ("agent_start", "SubagentStart"), ("agent_end", "SubagentStop"),
+    ("turn_start", "UserPromptSubmit"), ("tool_execution_start", "PostToolUse"),
+    ("tool_execution_end", "PostToolUse"), ("TOOL_CALL", "PostToolUse"),
+    ("tool_result", "PostToolUse"), ("something_new", "something_new")])
+def test_emit_pi_lifecycle_names_normalized(repo, pi_name, canonical):
+    emit("pi", payload("pi_tool_execution_start.json", repo, event=pi_name), cwd=repo)
+    (rec,) = records(repo / "_bridge/events.jsonl")
+    assert rec["event"] == canonical and rec["host"] == "pi"
+
+
+def test_emit_pi_payload_host_and_detail(repo):
+    result = run_bridge("egress", "emit", cwd=repo, input=payload("pi_turn_end.json", repo))
+    assert result.returncode == 0 and result.stdout == ""
+    (rec,) = records(repo / "_bridge/events.jsonl")
+    assert (rec["host"], rec["event"], rec["detail"]) == ("pi", "Stop", {"tool": "", "source": "pi"})
+    emit("pi", payload("pi_tool_execution_start.json", repo), cwd=repo)
+    assert records(repo / "_bridge/events.jsonl")[1]["detail"] == {"tool": "bash", "source": "pi"}
+
+
+def test_emit_anchors_at_git_root_from_nested_cwd(repo):
+    nested = repo / "a" / "b"
+    nested.mkdir(parents=True)
+    emit("claude", payload("claude_session_start.json", nested), cwd=nested)
+    assert (repo / "_bridge/events.jsonl").exists()
+    assert not (nested / "_bridge").exists()
+
+
+def test_emit_anchors_at_worktree_not_main_checkout(repo, tmp_path):
+    wt = tmp_path / "wt"
+    subprocess.run(["git", "-C", str(repo), "worktree", "add", "-q", str(wt), "-b", "x"], check=True)
+    emit("claude", payload("claude_session_start.json", wt), cwd=wt)
+    assert (wt / "_bridge/events.jsonl").exists()
+    assert not (repo / "_bridge").exists()
+
+
+def test_emit_falls_back_to_cwd_without_git(tmp_path):
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    emit("codex", payload("codex_session_start.json", plain), cwd=plain)
+    assert (plain / "_bridge/events.jsonl").exists()
+
+
+def test_emit_repo_root_flag_wins(repo, tmp_path):
+    other = tmp_path / "other"
+    other.mkdir()
+    emit("claude", payload("claude_session_start.json", repo), repo, None, "--repo-root", str(other))
+    assert (other / "_bridge/events.jsonl").exists() and not (repo / "_bridge").exists()
+
+
+@pytest.mark.parametrize("data", [
+    "{", "", "[1,2]", "null", "\"text\"", json.dumps({"cwd": "/"}),
+    json.dumps({"hook_event_name": "Stop"}), "\xff\xfe not json",
+])
+def test_emit_malformed_or_incomplete_payload_is_silent_noop(repo, data):
+    emit("claude" if "Stop" not in data else "", data, cwd=repo)
+    assert not (repo / "_bridge").exists()
+
+
+def test_emit_debug_says_why_on_stderr(repo):
+    result = run_bridge("egress", "emit", "--host", "claude", cwd=repo, input="{",
+                        env=clean_env(BRIDGE_DEBUG="1"))
+    assert result.returncode == 0 and result.stdout == ""
+    assert "payload is not JSON" in result.stderr
+
+
+def test_emit_wrong_types_and_unsafe_ids(repo):
+    data = payload("claude_post_tool_use_read_ensign.json", repo, session_id="bad/id",
+                   tool_name=["Read"], detail="not an object", agent_type=7)
+    emit("claude", data, cwd=repo)
+    (rec,) = records(repo / "_bridge/events.jsonl")
+    assert rec["actor_id"] == "" and rec["session_id"] == "bad/id" and rec["agent_type"] == ""
+    assert rec["detail"] == {"tool": "", "source": ""}
+    assert not (repo / "_bridge/sessions").exists()
+    emit("codex", payload("codex_subagent_entity.json", repo, session_id="..", agent_id="-x"), cwd=repo)
+    assert records(repo / "_bridge/events.jsonl")[1]["actor_id"] == "-x"
+    emit("codex", payload("codex_subagent_entity.json", repo, actor_id="../../etc"), cwd=repo)
+    assert records(repo / "_bridge/events.jsonl")[2]["actor_id"] == ""
+    assert files_under(repo / "_bridge/sessions") == ["-x.json"]
+
+
+def test_emit_go_escaping_and_utf8(repo):
+    emit("claude", payload("claude_session_start.json", repo, source="a<b>&c \u00e9\u2028"), cwd=repo)
+    raw = (repo / "_bridge/events.jsonl").read_bytes()
+    assert b'"source":"a\\u003cb\\u003e\\u0026c \xc3\xa9\\u2028"' in raw
+
+
+def test_emit_huge_payload(repo):
+    emit("claude", payload("claude_session_start.json", repo, tool_response="x" * (3 << 20)), cwd=repo)
+    assert len((repo / "_bridge/events.jsonl").read_bytes()) < 400
+
+
+def test_emit_trims_events_to_last_1000(repo):
+    bdir = repo / "_bridge"
+    bdir.mkdir()
+    (bdir / "events.jsonl").write_text("".join('{"n":%d}\n' % i for i in range(2000)))
+    emit("claude", payload("claude_session_start.json", repo, ts="LAST"), cwd=repo)
+    lines = (bdir / "events.jsonl").read_text().splitlines()
+    assert len(lines) == 2001 - 1001 and lines[0] == '{"n":1001}' and json.loads(lines[-1])["ts"] == "LAST"
+    assert [p.name for p in bdir.iterdir()] == ["events.jsonl"]  # no temp file left
+
+
+def test_emit_refuses_symlinked_events_file(repo, tmp_path):
+    outside = tmp_path / "outside.txt"
+    outside.write_text("precious\n")
+    bdir = repo / "_bridge"
+    bdir.mkdir()
+    (bdir / "events.jsonl").symlink_to(outside)
+    emit("claude", payload("claude_session_start.json", repo), cwd=repo)
+    assert outside.read_text() == "precious\n"
+
+
+def test_emit_refuses_symlinked_sessions_dir(repo, tmp_path):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (repo / "_bridge").mkdir()
+    (repo / "_bridge" / "sessions").symlink_to(outside)
+    emit("claude", payload("claude_post_tool_use_read_ensign.json", repo), cwd=repo)
+    assert list(outside.iterdir()) == []
+
+
+def test_emit_bridge_dir_is_a_file(repo):
+    (repo / "_bridge").write_text("not a dir")
+    emit("claude", payload("claude_session_start.json", repo), cwd=repo)
+    assert (repo / "_bridge").read_text() == "not a dir"
+
+
+def test_concurrent_emitters_lose_nothing(repo):
+    """Many hook processes at once, across a trim: every line intact, none lost but by policy."""
+    bdir = repo / "_bridge"
+    bdir.mkdir()
+    (bdir / "events.jsonl").write_text("".join('{"pre":%d}\n' % i for i in range(1990)))
+    procs = []
+    for n in range(40):
+        data = payload("codex_session_start.json", repo, session_id="s%d" % n)
+        procs.append(subprocess.Popen(
+            [PYTHON, str(BRIDGE), "egress", "emit", "--host", "codex"], cwd=repo, env=clean_env(),
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE))
+        procs[-1].stdin.write(data.encode())
+        procs[-1].stdin.close()
+    for proc in procs:
+        assert proc.wait(timeout=60) == 0
+        assert proc.stdout.read() == b"" and proc.stderr.read() == b""
+    recs = records(bdir / "events.jsonl")  # every line parses: none interleaved
+    sessions = sorted(r["session_id"] for r in recs if "session_id" in r)
+    assert sessions == sorted("s%d" % n for n in range(40))
+    assert 1000 <= len(recs) <= 2000
+
+
+# ---- inbox drain / ack / commit ---------------------------------------------------
+
+def test_drain_returns_addressed_records_and_stamps_heartbeat(repo):
+    bdir = write_inbox(repo, *INBOX3)
+    code, out, _ = seam("inbox", "drain", "--host", "claude", "--slug", "alpha",
+                        "--session-id", "sess-1", cwd=repo)
+    assert code == 0
+    assert list(out) == ["status", "slug", "host", "cursor", "high_water", "count", "heartbeat", "records"]
+    assert (out["status"], out["cursor"], out["high_water"], out["count"]) == ("ok", 0, 3, 2)
+    assert out["records"][0] == {"line": 1, "id": "i1", "ts": "2026-07-03T11:00:00Z", "kind": "tell",
+                                 "text": "do the thing", "target_set": ["alpha"]}
+    assert out["records"][1] == {"line": 3, "id": "i3", "ts": "2026-07-03T11:02:00Z",
+                                 "kind": "decision", "target": "alpha", "entity": "e1",
+                                 "field": "status", "value": "approved"}
+    beat = json.loads((bdir / "fo.alpha.json").read_text())
+    assert list(beat) == ["session_id", "host", "ts", "state"]
+    assert (beat["session_id"], beat["host"], beat["state"]) == ("sess-1", "claude", "idle")
+    assert not (bdir / ".inbox-cursor.alpha").exists()
+
+
+def test_drain_emits_one_acting_ack_per_record_once(repo):
+    bdir = write_inbox(repo, *INBOX3)
+    for _ in range(2):
+        seam("inbox", "drain", "--slug", "alpha", "--host", "codex", "--session-id", "th-1", cwd=repo)
+    acks = records(bdir / "fo-replies.jsonl")
+    assert [(a["in_reply_to_line"], a["status"], a["kind"]) for a in acks] == [
+        (1, "acting", "reply"), (3, "acting", "decision-ack")]
+    assert list(acks[0]) == ["schema", "ts", "kind", "target", "in_reply_to_id", "in_reply_to_line",
+                             "in_reply_to_ts", "intent_kind", "status", "session_id", "host"]
+    assert acks[0]["in_reply_to_ts"] == "2026-07-03T11:00:00Z"
+
+
+def test_drain_preserves_raw_timestamp(repo):
+    write_inbox(repo, {"id": "i1", "ts": "2026-07-03T19:00:00.500+08:00", "kind": "tell",
+                       "text": "x", "target": "alpha"})
+    _, out, _ = seam("inbox", "drain", "--slug", "alpha", cwd=repo)
+    assert out["records"][0]["ts"] == "2026-07-03T19:00:00.500+08:00"
+
+
+def test_acting_is_not_delivery_but_terminal_ack_is(repo):
+    write_inbox(repo, *INBOX3)
+    seam("inbox", "drain", "--slug", "alpha", cwd=repo)
+    _, again, _ = seam("inbox", "drain", "--slug", "alpha", cwd=repo)
+    assert again["count"] == 2  # crashed between drain and ack: delivered again
+    code, ack, _ = seam("inbox", "ack", "--slug", "alpha", "--line", "3", "--id", "i3", "--kind",
+                        "decision", "--status", "applied", cwd=repo)
+    assert code == 0 and ack == {"appended": True, "kind": "decision-ack", "target": "alpha", "line": 3}
+    _, after, _ = seam("inbox", "drain", "--slug", "alpha", cwd=repo)
+    assert [r["line"] for r in after["records"]] == [1]
+
+
+def test_drain_respects_cursor(repo):
+    bdir = write_inbox(repo, *INBOX3)
+    (bdir / ".inbox-cursor.alpha").write_text("1\n")
+    _, out, _ = seam("inbox", "drain", "--slug", "alpha", cwd=repo)
+    assert out["cursor"] == 1 and [r["line"] for r in out["records"]] == [3]
+
+
+def test_drain_adopts_legacy_cursor(repo):
+    bdir = write_inbox(repo, *INBOX3)
+    (bdir / ".inbox-cursor").write_text("2\n")
+    _, out, _ = seam("inbox", "drain", "--slug", "alpha", cwd=repo)
+    assert out["cursor"] == 2 and (bdir / ".inbox-cursor.alpha").read_text() == "2\n"
+
+
+def test_drain_no_inbox_still_heartbeats(repo):
+    code, out, _ = seam("inbox", "drain", "--slug", "alpha", cwd=repo)
+    assert code == 0 and out["status"] == "no-inbox" and out["records"] == [] and out["heartbeat"]
+    assert (repo / "_bridge/fo.alpha.json").exists()
+
+
+@pytest.mark.parametrize("slug", ["../escape", "", "..", "a/b", "."])
+def test_drain_invalid_slug_rejected(repo, slug):
+    code, out, _ = seam("inbox", "drain", "--slug", slug, cwd=repo)
+    assert code == 1 and out["status"] == "failed" and out["records"] is None
+    assert out["error"] == "invalid or missing --slug"
+    assert not (repo / "_bridge").exists() and not (repo.parent / "escape").exists()
+
+
+def test_torn_last_line_not_counted_or_delivered(repo):
+    bdir = write_inbox(repo, INBOX3[0], torn='{"id":"i9","ts":"2026-07-03T11:09:00Z","kind":"tell","tar')
+    _, out, _ = seam("inbox", "drain", "--slug", "alpha", cwd=repo)
+    assert out["high_water"] == 1 and [r["line"] for r in out["records"]] == [1]
+    code, out, _ = seam("inbox", "commit", "--slug", "alpha", "--cursor", "2", cwd=repo)
+    assert code == 1 and "past the inbox" in out["error"]
+    with open(bdir / "inbox.jsonl", "a") as handle:
+        handle.write('get":"alpha"}\n')
+    _, out, _ = seam("inbox", "drain", "--slug", "alpha", cwd=repo)
+    assert out["high_water"] == 2 and [r["id"] for r in out["records"]] == ["i1", "i9"]
+
+
+def test_malformed_lines_consume_numbers_and_are_skipped(repo):
+    write_inbox(repo, "not json", "", {"id": "x", "ts": "yesterday", "kind": "tell", "target": "alpha"},
+                {"id": "y", "ts": "2026-07-03T11:00:00Z", "kind": "tell", "granted": "yes", "target": "alpha"},
+                {"id": "z", "ts": "2026-07-03T11:00:00Z", "kind": "tell", "target_set": "alpha"},
+                {"id": "ok", "ts": "2026-07-03T11:00:00Z", "kind": "tell", "target": "alpha",
+                 "text": "x" * (2 << 20)})
+    _, out, _ = seam("inbox", "drain", "--slug", "alpha", cwd=repo)
+    assert out["high_water"] == 6 and [(r["line"], r["id"]) for r in out["records"]] == [(6, "ok")]
+
+
+ROUTES = [
+    # (record routing fields, members flag, slugs that receive it)
+    ({"target_set": ["alpha"], "target": "all"}, None, {"alpha"}),
+    ({"target_set": ["beta", "alpha", "alpha"]}, None, {"alpha", "beta"}),
+    ({"target_set": [], "target": "beta"}, None, {"beta"}),
+    ({"target_set": ["../x", "a b"]}, None, set()),
+    ({"target": "all"}, None, {"alpha", "beta", "gamma"}),
+    ({}, None, {"alpha", "beta", "gamma"}),
+    ({"target": " "}, "alpha,gamma", {"alpha", "gamma"}),
+    ({"target": " beta "}, None, {"beta"}),
+    ({"target": "delta"}, None, set()),
+]
+
+
+@pytest.mark.parametrize("fields,members,expected", ROUTES)
+def test_routing_truth_table(repo, fields, members, expected):
+    rec = {"id": "r1", "ts": "2026-07-03T11:00:00Z", "kind": "tell", "text": "hi"}
+    rec.update(fields)
+    write_inbox(repo, rec)
+    got = set()
+    for slug in ("alpha", "beta", "gamma"):
+        args = ["inbox", "drain", "--slug", slug] + (["--members", members] if members else [])
+        _, out, _ = seam(*args, cwd=repo)
+        if out["count"]:
+            got.add(slug)
+    # (a legacy broadcast reaches each draining slug: --members defaults to the slug itself)
+    assert got == expected
+
+
+def test_ack_is_compact_single_line_and_maps_kind(repo):
+    write_inbox(repo,
+                {"id": "t", "ts": "2026-07-02T11:58:00Z", "kind": "tell", "target": "a"},
+                {"id": "c", "ts": "2026-07-02T11:58:00Z", "kind": "conn", "granted": True, "target": "a"},
+                {"id": "d", "ts": "2026-07-02T11:58:00Z", "kind": "decision", "target": "a"},
+                {"id": "p", "ts": "2026-07-02T11:58:00Z", "kind": "permission-decision", "target": "a"})
+    kinds = []
+    for line, (rid, kind) in enumerate([("t", "tell"), ("c", "conn"), ("d", "decision"),
+                                        ("p", "permission-decision")], 1):
+        extra = ["--granted"] if kind == "conn" else []
+        code, out, _ = seam("inbox", "ack", "--slug", "a", "--line", str(line), "--id", rid, "--ts",
+                            "2026-07-02T11:58:00Z", "--kind", kind, "--status", "accepted",
+                            "--text", "line one\nline\ttwo\r", *extra, cwd=repo,
+                            env=clean_env(CLAUDE_CODE_SESSION_ID="cc-1"))
+        assert code == 0, out
+        kinds.append(out["kind"])
+    assert kinds == ["reply", "conn-ack", "decision-ack", "permission-ack"]
+    raw = (repo / "_bridge/fo-replies.jsonl").read_text().splitlines()
+    assert len(raw) == 4 and all(": " not in line for line in raw)
+    first = json.loads(raw[0])
+    assert list(first) == ["schema", "ts", "kind", "target", "in_reply_to_id", "in_reply_to_line",
+                           "in_reply_to_ts", "intent_kind", "status", "text"]
+    assert first["text"] == "line one line\ttwo" and "granted" not in first
+    assert json.loads(raw[1])["granted"] is True
+
+
+def test_ack_session_env_and_host(repo):
+    write_inbox(repo, INBOX3[0])
+    seam("inbox", "ack", "--slug", "alpha", "--line", "1", "--id", "i1", "--kind", "tell",
+         "--status", "answered", "--host", " Codex ", cwd=repo,
+         env=clean_env(CODEX_THREAD_ID="thread-9", CLAUDE_CODE_SESSION_ID="nope"))
+    (rec,) = records(repo / "_bridge/fo-replies.jsonl")
+    assert (rec["session_id"], rec["host"]) == ("thread-9", "codex")
+
+
+@pytest.mark.parametrize("args,error", [
+    ([], "invalid or missing --slug"),
+    (["--slug", "alpha", "--line", "0"], "--line must be a positive integer"),
+    (["--slug", "alpha", "--line", "1", "--kind", "poke"], "unknown --kind"),
+    (["--slug", "alpha", "--line", "1", "--kind", "tell"], "--status is required"),
+    (["--slug", "alpha", "--line", "1", "--kind", "tell", "--status", "answered"],
+     "ack has no correlator"),
+    (["--slug", "alpha", "--line", "1", "--kind", "tell", "--status", "answered", "--id", "zz"],
+     "does not match inbox line 1"),
+    (["--slug", "alpha", "--line", "1", "--kind", "decision", "--status", "applied", "--id", "i1"],
+     "--kind decision does not match"),
+    (["--slug", "alpha", "--line", "7", "--kind", "tell", "--status", "answered", "--id", "i1"],
+     "does not exist"),
+    (["--slug", "alpha", "--line", "1", "--kind", "tell", "--status", "x", "--ts", "noon"],
+     "not an RFC 3339 time"),
+    (["--slug", "alpha", "--line", "1", "--kind", "tell", "--status", "x", "--id", "i1",
+      "--session-id", "-rf"], "invalid session id"),
+    (["--slug", "alpha", "--bogus", "1"], "unknown flag: --bogus"),
+])
+def test_ack_guards_write_nothing(repo, args, error):
+    write_inbox(repo, *INBOX3)
+    code, out, _ = seam("inbox", "ack", *args, cwd=repo)
+    assert code in (1, 2) and out["appended"] is False and error in out["error"], out
+    assert not (repo / "_bridge/fo-replies.jsonl").exists()
+
+
+def test_ack_id_only_is_correlatable(repo):
+    write_inbox(repo, *INBOX3)
+    code, _, _ = seam("inbox", "ack", "--slug", "alpha", "--line", "1", "--id", "i1", "--kind", "tell",
+                      "--status", "answered", cwd=repo)
+    (rec,) = records(repo / "_bridge/fo-replies.jsonl")
+    assert code == 0 and "in_reply_to_ts" not in rec and rec["in_reply_to_id"] == "i1"
+
+
+def test_ack_ts_only_dedups_id_less_record(repo):
+    write_inbox(repo, {"ts": "2026-07-03T19:00:00.10+08:00", "kind": "tell", "target": "alpha"})
+    code, _, _ = seam("inbox", "ack", "--slug", "alpha", "--line", "1", "--ts",
+                      "2026-07-03T19:00:00.1+08:00", "--kind", "tell", "--status", "answered", cwd=repo)
+    assert code == 0
+    _, out, _ = seam("inbox", "drain", "--slug", "alpha", cwd=repo)
+    assert out["count"] == 0
+
+
+def test_go_flag_grammar_first_wins_and_equals(repo):
+    write_inbox(repo, *INBOX3)
+    code, out, _ = seam("inbox", "ack", "--slug=alpha", "--slug", "beta", "--line=1", "--id", "i1",
+                        "--kind", "tell", "--status", "answered", "--granted=FALSE", cwd=repo)
+    assert code == 0 and out["target"] == "alpha"
+    assert records(repo / "_bridge/fo-replies.jsonl")[0]["granted"] is False
+
+
+def test_commit_advances_monotonically(repo):
+    bdir = write_inbox(repo, *(INBOX3 + INBOX3))
+    assert seam("inbox", "commit", "--slug", "alpha", "--cursor", "5", cwd=repo)[1] == {"cursor": 5}
+    assert seam("inbox", "commit", "--slug", "alpha", "--cursor", "2", cwd=repo)[1] == {"cursor": 5}
+    assert (bdir / ".inbox-cursor.alpha").read_text() == "5\n"
+    code, out, _ = seam("inbox", "commit", "--slug", "alpha", "--cursor", "x", cwd=repo)
+    assert code == 1 and out == {"cursor": 5, "error": "--cursor must be a line count, got 'x'"}
+    code, out, _ = seam("inbox", "commit", "--slug", "alpha", cwd=repo)
+    assert code == 1 and out == {"cursor": 5, "error": "negative --cursor"}  # Go's words
+    code, out, _ = seam("inbox", "commit", "--slug", "alpha", "--cursor", cwd=repo)
+    assert code == 2 and out["error"] == "missing value for --cursor"
+
+
+def test_commit_concurrent_committers_keep_the_maximum(repo):
+    bdir = write_inbox(repo, *([INBOX3[0]] * 30))
+    procs = [subprocess.Popen([PYTHON, str(BRIDGE), "inbox", "commit", "--slug", "alpha",
+                               "--cursor", str(n)], cwd=repo, env=clean_env(),
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+             for n in range(1, 31)]
+    for proc in procs:
+        assert proc.wait(timeout=60) == 0
+    assert (bdir / ".inbox-cursor.alpha").read_text() == "30\n"
+
+
+def test_full_first_officer_loop(repo):
+    """drain -> act -> ack -> commit, then nothing is pending and check lets Claude stop."""
+    write_inbox(repo, *INBOX3)
+    heartbeat(repo, "alpha", "sess-1")
+    _, out, _ = seam("inbox", "drain", "--slug", "alpha", "--host", "claude", "--session-id", "sess-1",
+                     cwd=repo)
+    for rec in out["records"]:
+        code, _, _ = seam("inbox", "ack", "--slug", "alpha", "--line", str(rec["line"]), "--id",
+                          rec["id"], "--ts", rec["ts"], "--kind", rec["kind"], "--status",
+                          "answered" if rec["kind"] == "tell" else "applied", cwd=repo)
+        assert code == 0
+    assert seam("inbox", "commit", "--slug", "alpha", "--cursor", str(out["high_water"]),
+                cwd=repo)[1] == {"cursor": 3}
+    assert seam("inbox", "drain", "--slug", "alpha", cwd=repo)[1]["count"] == 0
+    stop = payload("claude_stop.json", repo)
+    assert seam("inbox", "check", "--host", "claude", cwd=repo, input=stop)[1] == {}
+
+
+# ---- inbox check (the Claude Stop hook) ---------------------------------------------
+
+def test_check_blocks_when_intent_queued_for_session(repo, tmp_path):
+    write_inbox(repo, *INBOX3)
+    heartbeat(repo, "alpha", "sess-1")
+    heartbeat(repo, "beta", "someone-else")
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    code, out, err = seam("inbox", "check", "--host", "claude", cwd=elsewhere,
+                          input=payload("claude_stop.json", repo))
+    assert code == 0 and err == "" and out["decision"] == "block"
+    assert out["reason"].startswith("Bridge has 2 queued captain-intent records in "
+                                    "_bridge/inbox.jsonl for workflow(s): alpha.")
+    assert "inbox drain --host claude --slug alpha" in out["reason"]
+
+
+def test_check_singular_and_marker_session(repo):
+    write_inbox(repo, INBOX3[1])
+    (repo / "_bridge/sessions").mkdir()
+    (repo / "_bridge/sessions/x.json").write_text(json.dumps(
+        {"host": "claude", "session_id": "sess-1", "agent_id": "", "actor_id": "x",
+         "entity": "e", "workflow": "beta"}))
+    _, out, _ = seam("inbox", "check", cwd=repo, input=payload("claude_stop.json", repo))
+    assert "1 queued captain-intent record in" in out["reason"] and "workflow(s): beta." in out["reason"]
+
+
+@pytest.mark.parametrize("case", ["stop_hook_active", "unknown_session", "no_session_in_heartbeat",
+                                  "nothing_pending", "no_inbox", "garbage", "unsafe_session"])
+def test_check_lets_claude_stop(repo, case):
+    write_inbox(repo, *INBOX3)
+    heartbeat(repo, "alpha", "" if case == "no_session_in_heartbeat" else "sess-1")
+    data = payload("claude_stop.json", repo)
+    if case == "stop_hook_active":
+        data = payload("claude_stop.json", repo, stop_hook_active=True)
+    elif case == "unknown_session":
+        data = payload("claude_stop.json", repo, session_id="other")
+    elif case == "nothing_pending":
+        (repo / "_bridge/.inbox-cursor.alpha").write_text("3\n")
+    elif case == "no_inbox":
+        (repo / "_bridge/inbox.jsonl").unlink()
+    elif case == "garbage":
+        data = "\x00{{{ not json"
+    elif case == "unsafe_session":
+        heartbeat(repo, "alpha", "../x")
+        data = payload("claude_stop.json", repo, session_id="../x")
+    code, out, err = seam("inbox", "check", "--host", "claude", cwd=repo, input=data)
+    assert (code, out, err) == (0, {}, "")
+
+
+def test_check_explicit_slug_and_session_flags(repo):
+    write_inbox(repo, *INBOX3)
+    _, out, _ = seam("inbox", "check", "--slug", "beta", "--repo-root", str(repo), input="{}")
+    assert out["decision"] == "block" and "workflow(s): beta." in out["reason"]
+    _, out, _ = seam("inbox", "check", "--slug", "../beta", "--repo-root", str(repo), input="{}")
+    assert out == {}
+
+
+# ---- initiate / alert / feed ------------------------------------------------------
+
+def test_initiate_writes_gate_record(repo):
+    code, out, err = seam("initiate", "--kind", "gate-review", "--id", "gate-ship-a-ideation",
+                          "--headline", "ship-a ideation\nready\tfor a call", "--workflow", "prq",
+                          "--entity", "ship-a", "--ship-id", "prq/ship-a", "--host", "Claude",
+                          "--session-id", "s1", "--body", "chosen: <reuse> & go", cwd=repo)
+    assert (code, err) == (0, "")
+    assert out == {"id": "gate-ship-a-ideation", "request_id": "gate-ship-a-ideation", "queued": True}
+    raw = (repo / "_bridge/fo-initiate.jsonl").read_text()
+    rec = json.loads(raw)
+    assert list(rec) == ["schema", "id", "ts", "kind", "workflow", "entity", "ship_id", "host",
+                         "session_id", "headline", "body", "request_id", "status"]
+    assert rec["headline"] == "ship-a ideation ready for a call" and rec["status"] == "open"
+    assert rec["host"] == "claude" and "\\u003creuse\\u003e \\u0026 go" in raw
+
+
+def test_initiate_request_id_only_defaults_for_gates(repo):
+    _, out, _ = seam("initiate", "--kind", "status", "--id", "st-1", "--headline", "h", cwd=repo)
+    assert out == {"id": "st-1", "request_id": "", "queued": True}
+    assert "request_id" not in records(repo / "_bridge/fo-initiate.jsonl")[0]
+
+
+@pytest.mark.parametrize("args,error", [
+    (["--kind", "status", "--headline", "h"], "initiation: id is required"),
+    (["--kind", "poke", "--id", "x", "--headline", "h"], "initiation: kind must be one of"),
+    (["--kind", "status", "--id", "x", "--headline", " \n\t"], "initiation: headline is required"),
+    (["--kind", "status", "--id", "../x", "--headline", "h"], "must match"),
+    (["--kind", "--id", "x"], "missing value for --kind"),
+    (["--kind", "status", "--nope", "x"], "unknown flag: --nope"),
+    (["stray"], "unexpected positional argument: stray"),
+])
+def test_initiate_errors_are_non_blocking(repo, args, error):
+    code, out, err = seam("initiate", *args, cwd=repo)
+    assert (code, err) == (0, "") and out["queued"] is False and error in out["error"]
+    assert not (repo / "_bridge/fo-initiate.jsonl").exists()
+
+
+def test_initiate_body_bounded(repo):
+    seam("initiate", "--kind", "reco", "--id", "r", "--headline", "h" * 500, "--body",
+         "\u00e9" * 3000, cwd=repo)
+    rec = records(repo / "_bridge/fo-initiate.jsonl")[0]
+    assert len(rec["headline"].encode()) == 240 and 2000 <= len(rec["body"].encode()) <= 2003
+
+
+def test_initiate_trim_keeps_open_undecided_gates(repo):
+    bdir = repo / "_bridge"
+    bdir.mkdir()
+    lines = [{"schema": 1, "id": "gate-open", "ts": "2026-07-01T00:00:00Z", "kind": "gate-review",
+              "headline": "h", "request_id": "gate-open", "status": "open"},
+             {"schema": 1, "id": "gate-decided", "ts": "2026-07-01T00:00:00Z", "kind": "gate-review",
+              "headline": "h", "request_id": "req-d", "status": "open"},
+             {"schema": 1, "id": "gate-closed", "ts": "2026-07-01T00:00:00Z", "kind": "gate-review",
+              "headline": "h", "status": "resolved"}]
+    lines += [{"schema": 1, "id": "s%d" % i, "ts": "2026-07-01T00:00:00Z", "kind": "status",
+               "headline": "h", "status": "open"} for i in range(1997)]
+    (bdir / "fo-initiate.jsonl").write_text("".join(json.dumps(l) + "\n" for l in lines))
+    write_inbox(repo, {"id": "d1", "ts": "2026-07-02T00:00:00Z", "kind": "decision",
+                       "request_id": "req-d", "verdict": "approve", "target": "a"})
+    seam("initiate", "--kind", "status", "--id", "last", "--headline", "h", cwd=repo)
+    ids = [r["id"] for r in records(bdir / "fo-initiate.jsonl")]
+    assert ids[0] == "gate-open" and len(ids) == 1001 and ids[-1] == "last"
+    assert "gate-decided" not in ids and "gate-closed" not in ids
+
+
+def test_alert_permission_writes_alert(repo):
+    code, out, err = seam("alert", "permission", "--id", "perm-1", "--workflow", "prq", "--entity",
+                          "ship-1", "--host", "codex", "--session-id", "s1", "--reason",
+                          "sandbox blocked state gitdir", "--command", "git status",
+                          "--prefix-rule", "git, -C,,", cwd=repo)
+    assert (code, err) == (0, "") and out == {"id": "perm-1", "request_id": "perm-1", "queued": True}
+    raw = (repo / "_bridge/fo-alerts.jsonl").read_text()
+    assert raw.endswith('"reason":"sandbox blocked state gitdir","command":"git status",'
+                        '"prefix_rule":["git","-C"],"status":"open"}\n')
+    assert raw.startswith('{"schema":1,"id":"perm-1","ts":"')
+    assert '"kind":"permission-request","severity":"blocked","workflow":"prq"' in raw
+
+
+def test_alert_default_id_and_redaction(repo):
+    _, out, _ = seam("alert", "permission", "--reason", "needs creds", "--command",
+                     "TOKEN=sk-abcdefghijklmnop1234 deploy", cwd=repo)
+    assert out["id"].startswith("perm_") and len(out["id"]) == 37
+    assert "abcdefghijklmnop1234" not in (repo / "_bridge/fo-alerts.jsonl").read_text()
+
+
+def test_alert_missing_reason_and_unwritable_are_non_blocking(repo):
+    code, out, err = seam("alert", "permission", "--reason", cwd=repo)
+    assert (code, err, out["queued"]) == (0, "", False) and "missing value" in out["error"]
+    (repo / "_bridge").write_text("a file")
+    code, out, err = seam("alert", "permission", "--reason", "r", cwd=repo)
+    assert (code, err, out["queued"]) == (0, "", False) and "not a directory" in out["error"]
+
+
+def test_feed_appends_narration(repo):
+    code, out, _ = seam("feed", "--verb", "dispatch", "--entity", "ship-a", "--workflow", "alpha",
+                        "--stage", "ideation", "--text", 'sent "ensign" to ideation', cwd=repo)
+    assert code == 0 and out == {"appended": True, "verb": "dispatch"}
+    (rec,) = records(repo / "_bridge/fo-feed.jsonl")
+    assert list(rec) == ["ts", "verb", "entity", "workflow", "stage", "text"]
+    code, out, _ = seam("feed", "--verb", "gossip", "--text", "x", cwd=repo)
+    assert out["appended"] is False and "--verb" in out["error"]
+
+
+# ---- wake --host codex ------------------------------------------------------------
+
+def wake_env(tmp_path, mode="ok"):
+    log = tmp_path / "codex.log"
+    return clean_env(FAKE_CODEX_MODE=mode, FAKE_CODEX_LOG=log), log
+
+
+def test_wake_resumes_heartbeat_session_without_moving_cursor(repo, tmp_path):
+    bdir = write_inbox(repo, {"id": "w1", "ts": "2026-07-02T11:00:00Z", "kind": "tell", "target": "all"},
+                       {"id": "w2", "ts": "2026-07-02T11:01:00Z", "kind": "tell", "target_set": ["b"]})
+    heartbeat(repo, "a", "session-a", "codex")
+    heartbeat(repo, "b", "session-a", "codex")
+    env, log = wake_env(tmp_path)
+    code, out, _ = seam("wake", "--host", "codex", "--codex-bin", str(SEAM / "codex"), cwd=repo, env=env)
+    assert code == 0 and out == {"status": "woke", "lines": [1, 2], "sessions": 1, "targets": ["a", "b"],
+                                 "message": "resumed Codex FO session"}
+    text = log.read_text()
+    assert text.count("argv: exec resume session-a -") == 1
+    assert "Pending physical inbox lines for this session: 1,2" in text
+    assert "Addressed workflow slugs: a,b" in text and str(bdir / "inbox.jsonl") in text
+    assert not list(bdir.glob(".inbox-cursor*")) and not (bdir / ".wake-cursor.codex").exists()
+    event = records(bdir / "wake-events.jsonl")[-1]
+    assert list(event)[:8] == ["timestamp", "ts", "host", "event", "status", "lines", "targets", "session_id"]
+    assert (event["status"], event["targets"], event["session_id"]) == ("woke", ["a", "b"], "session-a")
+
+
+def test_wake_noop_when_delivered_by_cursor_or_terminal_ack(repo, tmp_path):
+    bdir = write_inbox(repo, *INBOX3)
+    heartbeat(repo, "alpha", "th-1", "codex")
+    heartbeat(repo, "beta", "th-2", "codex")
+    (bdir / ".inbox-cursor.beta").write_text("3\n")
+    env, log = wake_env(tmp_path)
+    seam("inbox", "drain", "--slug", "alpha", "--session-id", "th-1", cwd=repo)  # acting acks only
+    code, out, _ = seam("wake", "--codex-bin", str(SEAM / "codex"), cwd=repo, env=env)
+    assert out["status"] == "woke" and out["targets"] == ["alpha"] and out["lines"] == [1, 3]
+    for line, rid, kind in ((1, "i1", "tell"), (3, "i3", "decision")):
+        seam("inbox", "ack", "--slug", "alpha", "--line", str(line), "--id", rid, "--kind", kind,
+             "--status", "blocked", cwd=repo)
+    code, out, _ = seam("wake", "--codex-bin", str(SEAM / "codex"), cwd=repo, env=env)
+    assert (code, out) == (0, {"status": "noop", "message": "no pending inbox records"})
+    assert log.read_text().count("argv:") == 1
+
+
+def test_wake_marker_and_event_fallbacks_and_no_session(repo, tmp_path):
+    bdir = write_inbox(repo, {"id": "w1", "ts": "2026-07-02T11:00:00Z", "kind": "tell",
+                              "target_set": ["a"]})
+    env, log = wake_env(tmp_path)
+    code, out, _ = seam("wake", "--members", "a", "--codex-bin", str(SEAM / "codex"), cwd=repo, env=env)
+    assert code == 0 and out["status"] == "skipped-no-session" and out["targets"] == ["a"]
+    assert records(bdir / "wake-events.jsonl")[-1]["status"] == "skipped-no-session"
+    emit("codex", payload("codex_session_start.json", repo, session_id="-evil", ts="2026-07-09T00:00:00Z"),
+         cwd=repo)
+    emit("codex", payload("codex_session_start.json", repo, session_id="from-event",
+                          ts="2026-07-01T00:00:00Z"), cwd=repo)
+    code, out, _ = seam("wake", "--members", "a", "--codex-bin", str(SEAM / "codex"), cwd=repo, env=env)
+    assert out["status"] == "woke" and "resume from-event -" in log.read_text()
+    (bdir / "sessions").mkdir(exist_ok=True)
+    (bdir / "sessions/m.json").write_text(json.dumps({"session_id": "from-marker", "workflow": "a"}))
+    seam("wake", "--members", "a", "--codex-bin", str(SEAM / "codex"), cwd=repo, env=env)
+    assert "resume from-marker -" in log.read_text() and "-evil" not in log.read_text()
+
+
+def test_wake_failure_and_hang_are_recorded(repo, tmp_path):
+    bdir = write_inbox(repo, {"id": "w1", "ts": "2026-07-02T11:00:00Z", "kind": "tell", "target": "a"})
+    heartbeat(repo, "a", "session-a", "codex")
+    env, _ = wake_env(tmp_path, "fail")
+    code, out, _ = seam("wake", "--codex-bin", str(SEAM / "codex"), cwd=repo, env=env)
+    assert code == 1 and out["status"] == "failed" and "no rollout found" in out["error"]
+    (repo / "bridge.config.json").write_text(json.dumps({"seam": {"wake_timeout_sec": 1}}))
+    env, _ = wake_env(tmp_path, "hang")
+    started = time.monotonic()
+    code, out, _ = seam("wake", "--codex-bin", str(SEAM / "codex"), cwd=repo, env=env)
+    assert code == 1 and "timed out" in out["error"] and time.monotonic() - started < 30
+    assert [e["status"] for e in records(bdir / "wake-events.jsonl")] == ["failed", "failed"]
+
+
+def test_wake_lock_is_exclusive_and_reclaims_after_crash(repo, tmp_path):
+    write_inbox(repo, {"id": "w1", "ts": "2026-07-02T11:00:00Z", "kind": "tell", "target": "a"})
+    heartbeat(repo, "a", "session-a", "codex")
+    (repo / "bridge.config.json").write_text(json.dumps({"seam": {"wake_timeout_sec": 20}}))
+    env, log = wake_env(tmp_path, "hang")
+    first = subprocess.Popen([PYTHON, str(BRIDGE), "wake", "--codex-bin", str(SEAM / "codex")],
+                             cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    for _ in range(200):
+        if log.exists():
+            break
+        time.sleep(0.05)
+    code, out, _ = seam("wake", "--codex-bin", str(SEAM / "codex"), cwd=repo, env=env)
+    assert code == 3 and out["status"] == "locked"
+    first.kill()  # a crashed holder: its flock dies with it
+    first.wait()
+    fake_pid = int(log.read_text().split("pid: ")[1].split()[0])
+    os.killpg(fake_pid, 9)  # the orphaned stand-in (its own process group)
+    env, _ = wake_env(tmp_path, "ok")
+    code, out, _ = seam("wake", "--codex-bin", str(SEAM / "codex"), cwd=repo, env=env)
+    assert code == 0 and out["status"] == "woke"
+
+
+def test_wake_rejects_other_hosts(repo):
+    code, out, _ = seam("wake", "--host", "claude", cwd=repo)
+    assert code == 2 and out["error"] == "bridge ingress wake currently supports host codex only"
+
+
+# ---- CLI surface -------------------------------------------------------------------
+
+def test_cli_usage_and_unknown_subcommands(repo):
+    result = run_bridge("inbox", "frobnicate", cwd=repo)
+    assert result.returncode == 2 and json.loads(result.stdout) == {
+        "error": "unknown inbox subcommand: frobnicate"}
+    result = run_bridge("inbox", "drain", "--help", cwd=repo)
+    assert result.returncode == 0 and "--slug SLUG" in result.stdout
+    result = run_bridge("alert", cwd=repo)
+    assert result.returncode == 2 and "alert permission" in result.stderr
+    assert "Traceback" not in result.stderr
+    result = run_bridge("--help")
+    assert "egress" in result.stdout and "wake" in result.stdout
+
+
+def test_fast_hook_entry_point_matches_cli(repo):
+    """The README's hook form (cached bytecode, no argparse) writes what the CLI writes."""
+    scripts = repo / "scripts"
+    scripts.mkdir()
+    (scripts / "bridge.py").write_bytes(BRIDGE.read_bytes())
+    code = 'import sys;sys.path[:0]=["scripts"];import bridge;sys.exit(bridge.seam_main())'
+    result = subprocess.run([sys.executable, "-I", "-S", "-c", code, "egress", "emit", "--host", "claude"],
+                            cwd=repo, input=payload("claude_session_start.json", repo, ts="T"),
+                            capture_output=True, text=True, env=clean_env())
+    assert (result.returncode, result.stdout, result.stderr) == (0, "", "")
+    assert records(repo / "_bridge/events.jsonl")[0]["ts"] == "T"
+    assert (scripts / "__pycache__").is_dir()  # -I keeps bytecode caching on
+
+
+def test_history_index_is_only_a_cache(repo):
+    """.seam-index.json speeds up long histories; a stale, foreign or garbage one changes nothing."""
+    bdir = write_inbox(repo, *(INBOX3 * 40))
+    (bdir / ".inbox-cursor.alpha").write_text("117\n")
+    _, first, _ = seam("inbox", "drain", "--slug", "alpha", cwd=repo)
+    assert [r["line"] for r in first["records"]] == [118, 120] and (bdir / SEAM_INDEX).exists()
+    seam("inbox", "ack", "--slug", "alpha", "--line", "120", "--id", "i3", "--kind", "decision",
+         "--status", "applied", cwd=repo)
+    _, second, _ = seam("inbox", "drain", "--slug", "alpha", cwd=repo)
+    assert [r["line"] for r in second["records"]] == [118]
+    # the inbox is rewritten in place with other records: the index no longer matches it
+    write_inbox(repo, *([{"id": "n%d" % n, "ts": "2026-07-04T00:00:00Z", "kind": "tell",
+                          "target": "alpha"} for n in range(125)]))
+    _, third, _ = seam("inbox", "drain", "--slug", "alpha", cwd=repo)
+    assert [r["id"] for r in third["records"]] == ["n117", "n118", "n119", "n120", "n121", "n122",
+                                                  "n123", "n124"]
+    (bdir / SEAM_INDEX).write_text('{"inbox":[[5,[1,2,"zz"]],"x"],"replies":{"floor":-1,"keys":7}}')
+    _, fourth, _ = seam("inbox", "drain", "--slug", "alpha", cwd=repo)
+    assert fourth["records"] == third["records"]
+    (bdir / SEAM_INDEX).write_text("\x00garbage")
+    assert seam("inbox", "drain", "--slug", "alpha", cwd=repo)[1]["records"] == third["records"]
+
+
+def test_readme_hook_commands_work_as_documented(repo):
+    """The copy-paste hook configuration in the README runs as written, through a shell."""
+    import re
+    readme = (BRIDGE.parent / "README.md").read_text()
+    section = readme[readme.index("<!-- section:seam -->"):readme.index("<!-- end section:seam -->")]
+    claude, codex = [json.loads(block) for block in re.findall(r"```json\n(.*?)```", section, re.S)]
+    (repo / "scripts").mkdir()
+    (repo / "scripts" / "bridge.py").write_bytes(BRIDGE.read_bytes())
+    (repo / "sub" / "deep").mkdir(parents=True)
+    write_inbox(repo, *INBOX3)
+    heartbeat(repo, "alpha", "sess-1")
+    env = clean_env(CLAUDE_PROJECT_DIR=repo)
+    for event, entries in claude["hooks"].items():
+        for hook in entries[0]["hooks"]:
+            data = payload("claude_stop.json", repo / "sub", hook_event_name=event)
+            result = subprocess.run(["sh", "-c", hook["command"]], input=data, text=True,
+                                    capture_output=True, env=env, cwd=repo / "sub")
+            assert result.returncode == 0 and result.stderr == "", (event, result)
+            if "inbox check" in hook["command"]:
+                assert json.loads(result.stdout)["decision"] == "block"
+            else:
+                assert result.stdout == ""
+    for event, entries in codex["hooks"].items():
+        data = payload("codex_session_start.json", repo / "sub" / "deep", hook_event_name=event)
+        result = subprocess.run(["sh", "-c", entries[0]["hooks"][0]["command"]], input=data,
+                                text=True, capture_output=True, env=clean_env(),
+                                cwd=repo / "sub" / "deep")
+        assert (result.returncode, result.stdout, result.stderr) == (0, "", ""), (event, result)
+    events = records(repo / "_bridge" / "events.jsonl")
+    assert [e["host"] for e in events] == ["claude"] * 6 + ["codex"] * 4
+
+
+def test_emit_never_waits_on_a_wedged_lock_holder(repo):
+    """A process that holds events.jsonl exclusively (a stopped trim) delays a hook <= 2 s."""
+    bdir = repo / "_bridge"
+    bdir.mkdir()
+    (bdir / "events.jsonl").write_text("")
+    holder = subprocess.Popen([PYTHON, "-c", "import fcntl,os,sys,time;fd=os.open(sys.argv[1],os.O_RDWR);"
+                               "fcntl.flock(fd,fcntl.LOCK_EX);time.sleep(30)", str(bdir / "events.jsonl")])
+    try:
+        time.sleep(0.3)
+        started = time.monotonic()
+        emit("claude", payload("claude_session_start.json", repo), cwd=repo)
+        assert time.monotonic() - started < 10
+        assert (bdir / "events.jsonl").read_text() == ""  # observe-only: dropped, host not blocked
+    finally:
+        holder.kill()
+        holder.wait()
+    emit("claude", payload("claude_session_start.json", repo), cwd=repo)
+    assert len(records(bdir / "events.jsonl")) == 1
+
+
+def test_symlinked_state_files_are_replaced_or_refused_never_followed(repo, tmp_path):
+    bdir = write_inbox(repo, *INBOX3)
+    targets = {}
+    for name in ("fo.alpha.json", ".inbox-cursor.alpha", "fo-replies.jsonl", SEAM_INDEX):
+        target = tmp_path / ("outside-" + name.strip("."))
+        target.write_text("precious\n")
+        (bdir / name).symlink_to(target)
+        targets[name] = target
+    code, out, _ = seam("inbox", "drain", "--slug", "alpha", cwd=repo)
+    assert code == 0 and out["heartbeat"] is True and "acting acks not written" in out["error"]
+    assert not (bdir / "fo.alpha.json").is_symlink()
+    code, out, _ = seam("inbox", "ack", "--slug", "alpha", "--line", "1", "--id", "i1", "--kind",
+                        "tell", "--status", "answered", cwd=repo)
+    assert code == 1 and "cannot append to fo-replies.jsonl" in out["error"]
+    assert seam("inbox", "commit", "--slug", "alpha", "--cursor", "2", cwd=repo)[1] == {"cursor": 2}
+    assert (bdir / ".inbox-cursor.alpha").read_text() == "2\n"
+    assert all(t.read_text() == "precious\n" for t in targets.values())
