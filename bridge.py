@@ -659,7 +659,17 @@ CONFIG_DEFAULTS = {
     # ---- end seam ----
 
     # ---- relay (seed 002) ----
-    "relay": {},
+    "relay": {
+        "queue_file": "captain_to_vice_captain.yaml",   # or captain_queue.yaml (newer repos)
+        "nudge": True,                 # wake the vice captain after `down`
+        "nudge_command": None,         # argv list or string, e.g. "bash scripts/inbox_write.sh";
+                                       # gets TARGET CONTENT cmd_new CAPTAIN_ID; None = native
+        "nudge_target": "vice_captain",  # "@cluster_captain": captain: of clusters/<s>/config.yaml
+        "nudge_timeout_sec": 30.0,
+        "lock_timeout_sec": 5.0,       # flock -w 5
+        "lock_attempts": 3,
+        "lock_retry_sleep_sec": 1.0,
+    },
     # ---- end relay ----
 
     # ---- proxy (seed 003): the seed's doctor / observability / lifecycle ----
@@ -4349,7 +4359,781 @@ def _wake_event(bdir, status, lines, targets, session, message="", error=""):
 # =============================================================================
 # 4. RELAY - Agent Teams <-> YAML queue relay (seed 002)
 # =============================================================================
-# (built on the `relay` branch)
+#
+# A captain hands commands down to the tmux work layer through a YAML queue
+# (`queue/captain_to_vice_captain.yaml`) that PyYAML readers, `grep`-based
+# hooks (`source: agent_teams`, `id: cmd_[0-9]+`, `read: false`) and LLM
+# agents editing by hand all share. bridge.py has no YAML library and never
+# rebuilds that file from a model: it reads the few facts it needs from the
+# text (the layout of the command list, the highest id, one entry's fields)
+# and splices a new block-style entry in after the last one, in the layout
+# the file already uses. Everything else - comments, key order, quoting
+# styles, other keys - stays byte for byte. A file whose top level it cannot
+# follow is refused with the line named, and left untouched.
+
+RELAY_DEFAULT_CRITERIA = "No acceptance criteria provided"
+RELAY_PRIORITIES = ("high", "medium", "low")
+RELAY_NO_RELAY_STATUSES = ("pending", "in_progress", "reassigned")
+RELAY_NUDGE_TEXT = "新規指令 {cmd_id} を受信。処理されたし。"
+
+# YAML 1.1 words PyYAML resolves to bool or null when they are plain.
+_YAML_SPECIAL_WORDS = frozenset(
+    "y Y yes Yes YES n N no No NO true True TRUE false False FALSE "
+    "on On ON off Off OFF null Null NULL ~".split())
+# A conservative plain scalar: no indicator first, none of the characters
+# that end or change a plain scalar, no first character that any PyYAML
+# implicit resolver (int, float, timestamp, merge, value, null) keys on.
+_YAML_PLAIN_OK = None        # compiled lazily (see _yaml_plain_re)
+
+
+def _yaml_plain_re():
+    global _YAML_PLAIN_OK
+    if _YAML_PLAIN_OK is None:
+        # Non-ASCII is allowed except what PyYAML treats as a line break or
+        # space (U+0085, U+2028, U+2029), the BOM, and non-printables.
+        other = "\u00a0-\u2027\u202a-\ud7ff\ue000-\ufefe\uff00-\ufffd\U00010000-\U0010ffff"
+        first = "A-Za-z_/(" + other
+        rest = "\\-A-Za-z0-9_./()+=$^~<>;!?%@*&'\"" + other
+        _YAML_PLAIN_OK = re.compile(
+            "[%s](?:[%s ]*[%s])?\\Z" % (first, rest, rest))
+    return _YAML_PLAIN_OK
+
+
+def yaml_quote_double(text):
+    """Return `text` as a one-line double-quoted YAML scalar.
+
+    Uses only escapes that YAML 1.1 (PyYAML) and 1.2 both read; characters
+    PyYAML's reader rejects or folds (C0/C1 controls, DEL, U+2028/9, BOM,
+    U+FFFE/F) are escaped; everything else, astral characters included, is
+    written raw so a reader never sees surrogate pairs.
+    """
+    out = ['"']
+    for ch in text:
+        o = ord(ch)
+        if ch == '"':
+            out.append('\\"')
+        elif ch == "\\":
+            out.append("\\\\")
+        elif ch == "\n":
+            out.append("\\n")
+        elif ch == "\t":
+            out.append("\\t")
+        elif ch == "\r":
+            out.append("\\r")
+        elif o < 0x20 or 0x7f <= o <= 0x9f:
+            out.append("\\x%02x" % o)
+        elif o in (0x2028, 0x2029, 0xfeff, 0xfffe, 0xffff):
+            out.append("\\u%04x" % o)
+        elif 0xd800 <= o <= 0xdfff:
+            raise BridgeError("text contains a lone surrogate (U+%04X); "
+                              "it is not valid UTF-8" % o, EXIT_USAGE)
+        else:
+            out.append(ch)
+    out.append('"')
+    return "".join(out)
+
+
+def _yaml_is_printable(text):
+    """True when every character may appear raw in a PyYAML-read file and
+    none of them is a line break other than \\n (tabs are allowed)."""
+    for ch in text:
+        o = ord(ch)
+        if o < 0x20 and ch not in "\n\t":
+            return False
+        if 0x7f <= o <= 0x9f or o in (0x2028, 0x2029, 0xfeff, 0xfffe, 0xffff) \
+                or 0xd800 <= o <= 0xdfff:
+            return False
+    return True
+
+
+def yaml_scalar_lines(text, indent):
+    """Render string `text` as the value of a block-map key.
+
+    Returns (head, extra_lines): `head` goes after `key: ` on the key's line,
+    `extra_lines` (for literal blocks) are the following lines, already
+    indented by `indent` spaces. The choice, most readable first:
+    plain when the text cannot be mistaken for anything else, a literal
+    block `|` for multi-line text, single quotes when printable, else
+    double quotes with escapes. PyYAML safe_load returns `text` exactly.
+    """
+    if not isinstance(text, str):
+        raise TypeError("yaml_scalar_lines wants str")
+    if "\n" not in text:
+        if text not in _YAML_SPECIAL_WORDS and _yaml_plain_re().match(text) \
+                and ": " not in text and " #" not in text:
+            return text, []
+        if _yaml_is_printable(text) and "\t" not in text:
+            return "'" + text.replace("'", "''") + "'", []
+        return yaml_quote_double(text), []
+    lines = text.split("\n")
+    literal_ok = _yaml_is_printable(text) and all(
+        not ln or ln.strip(" ") for ln in lines[:-1])
+    if literal_ok:
+        # Chomping: strip (no final newline), clip (one), keep (more).
+        if not text.endswith("\n"):
+            chomp, body = "-", lines
+        elif text.endswith("\n\n"):
+            chomp, body = "+", lines[:-1]
+        else:
+            chomp, body = "", lines[:-1]
+        if not any(ln.strip(" \t") for ln in body):
+            literal_ok = False
+    if not literal_ok:
+        return yaml_quote_double(text), []
+    # An explicit indentation indicator when the first non-empty line starts
+    # with a space (or tab: PyYAML would take it as the indentation's end).
+    first = next(ln for ln in body if ln)
+    # The indicator counts from the parent node's column, which is
+    # indent - 2 for a key (or a dash) at indent - 2.
+    indicator = "2" if first[:1] in (" ", "\t") else ""
+    pad = " " * indent
+    extra = [(pad + ln) if ln else "" for ln in body]
+    return "|" + indicator + chomp, extra
+
+
+def yaml_entry_lines(fields, key_col, first_prefix, list_indent):
+    """Render an ordered list of (key, value) as block-map lines.
+
+    `first_prefix` replaces the first line's indentation (e.g. "- " for a list
+    item; then key_col counts the dash). Values are str or list of str.
+    `list_indent` is the extra indentation of a nested list's dashes
+    (0 = PyYAML's indentless style, 2 = indented).
+    """
+    out = []
+    pad = " " * key_col
+    for i, (key, value) in enumerate(fields):
+        lead = first_prefix if i == 0 else pad
+        if isinstance(value, YamlPlain):
+            out.append("%s%s: %s" % (lead, key, value))
+        elif isinstance(value, list):
+            out.append("%s%s:" % (lead, key))
+            dash = " " * (key_col + list_indent) + "- "
+            for item in value:
+                head, extra = yaml_scalar_lines(item, key_col + list_indent + 2)
+                out.append(dash + head)
+                out.extend(extra)
+        else:
+            head, extra = yaml_scalar_lines(value, key_col + 2)
+            out.append("%s%s: %s" % (lead, key, head))
+            out.extend(extra)
+    return out
+
+
+class YamlPlain(str):
+    """A value written as-is (for `read: false`, which must stay a boolean)."""
+
+
+# ---- reading the queue text ---------------------------------------------------
+
+class QueueLayout:
+    """Where and how `down` splices a new entry into a queue file's text.
+
+    kind: "list" (block list under `key:`), "map" (block mapping keyed by id
+    under `key:`), "toplist" (the whole document is a list, as in the seed's
+    section 1.3 example) or "new" (no `key:` yet: one is added at the end).
+    Columns are those of the first existing entry, so a new entry looks like
+    its neighbours: indentless (PyYAML) or indented lists, 2 or 4 spaces.
+    """
+
+    def __init__(self, text, key):
+        self.text = text
+        self.key = key               # "commands", "queue" or "messages"
+        self.kind = "new"
+        self.key_line = None         # 1-based line of `key:`
+        self.rewrite = None          # (start, end) of a flow-empty value to drop
+        self.dash_col = 0            # column of list dashes / id keys
+        self.key_col = 2             # column of an entry's keys
+        self.nested_indent = 0       # extra indent of a nested list's dashes
+        self.region = (len(text), len(text))
+        self.insert_at = len(text)
+        # The text behind one "\n", so regexes can start with a literal "\n"
+        # (which the re module searches for fast) instead of a slow ^ anchor;
+        # offset p in `text` is the "\n" before that line in `scan`.
+        self.scan = None             # "\n" + text, set by relay_layout
+
+
+def _line_no(text, offset):
+    return text.count("\n", 0, offset) + 1
+
+
+def _line_at(text, offset):
+    end = text.find("\n", offset)
+    return text[offset:len(text) if end < 0 else end]
+
+
+def _refuse(path, text, offset, why):
+    raise BridgeError("%s line %d: %s; the file was not changed" % (
+        path, _line_no(text, offset), why), EXIT_FAILED)
+
+
+def relay_decode(path, raw):
+    """Bytes of a queue file -> (bom, text), refusing what a splice cannot keep intact."""
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BridgeError("%s line %d: not valid UTF-8 (byte offset %d); the file was not "
+                          "changed" % (path, raw.count(b"\n", 0, exc.start) + 1, exc.start),
+                          EXIT_FAILED)
+    bom = ""
+    if text.startswith("\ufeff"):
+        bom, text = "\ufeff", text[1:]
+    cr = text.find("\r")
+    if cr >= 0:
+        _refuse(path, text, cr, "carriage return (CRLF line endings are not supported; "
+                                "convert the file to LF)")
+    return bom, text
+
+
+def _strip_comment(value):
+    """A one-line value without its trailing comment (only ` #` starts one)."""
+    if value.startswith("#"):
+        return ""
+    cut = value.find(" #")
+    return (value[:cut] if cut >= 0 else value).strip()
+
+
+# A simple block-mapping key followed by `:` and a space or the line's end.
+_YAML_KEY = (r"(?:[^\s\-?:,\[\]{}#&*!|>'\"%@`][^\n]*?|-[^\s][^\n]*?"
+             r"|\"(?:[^\"\\\n]|\\.)*\"|'(?:[^'\n]|'')*')[ \t]*:(?=[ \t]|$)")
+
+
+def _key_name(line):
+    """The key of a `key: ...` line (quotes removed)."""
+    name = re.match(r"[ ]*(?:-[ ]+)?(" + _YAML_KEY + ")", line).group(1)
+    name = name[:name.rfind(":")].rstrip(" \t")
+    if name[:1] == "'":
+        return name[1:-1].replace("''", "'")
+    if name[:1] == '"':
+        return name[1:-1]
+    return name
+
+
+def relay_layout(path, text, keys):
+    """Find the list (or id-keyed mapping) under the first of `keys` present.
+
+    Looks only at the lines that start in column 0 and are not list items (a
+    handful in any real queue) and at the first entry, so the cost does not
+    grow with the number of entries. Raises BridgeError (exit 1) naming the
+    line when the top level is not a block mapping or list it can follow.
+    """
+    key_re = re.compile(_YAML_KEY + r"[ \t]*(.*)\Z")
+    found = {}                     # key -> (line offset, value offset)
+    tops = []                      # offsets of the top-level non-item lines
+    scan = "\n" + text
+    for match in re.finditer(r"\n((?:[^ \n#\-]|-[^ \n])[^\n]*)", scan):
+        line, offset = match.group(1), match.start()
+        if line.rstrip() == "---" or line.startswith("--- "):
+            if re.search(r"^[^#\s]", text[:offset], re.M):
+                _refuse(path, text, offset, "a second YAML document (---) is not supported")
+            continue
+        km = key_re.match(line)
+        if km is None:
+            _refuse(path, text, offset, "not a `key:` line or list item at the top level "
+                                        "(flow style, tab indentation, a bare scalar or a "
+                                        "directive are not supported)")
+        tops.append(offset)
+        name = _key_name(line)
+        if name in keys:
+            if name in found:
+                _refuse(path, text, offset, "`%s:` appears twice" % name)
+            found[name] = (offset, offset + km.start(1))
+    key = next((k for k in keys if k in found), None)
+    layout = QueueLayout(text, key or keys[0])
+    layout.scan = scan
+    if key is None:
+        first_item = re.search(r"^-(?:[ \n]|\Z)", text, re.M)
+        if first_item is not None:
+            if tops:
+                _refuse(path, text, max(tops[0], first_item.start()),
+                        "a top-level list mixed with mapping keys")
+            layout.kind = "toplist"
+            layout.region = (first_item.start(), len(text))
+            _relay_list_columns(path, text, layout, first_item.start())
+            _relay_insert_point(layout)
+        return layout
+    line_at, value_at = found[key]
+    layout.key_line = _line_no(text, line_at)
+    eol = text.find("\n", line_at)
+    eol = len(text) if eol < 0 else eol
+    value = _strip_comment(text[value_at:eol])
+    later = [t for t in tops if t > line_at]
+    layout.region = (min(eol + 1, len(text)), later[0] if later else len(text))
+    body = re.compile(r"^(?![ \t]*(?:#|$))", re.M).search(text, *layout.region)
+    body_at = None if body is None else body.start()
+    if value in ("[]", "{}", "null", "Null", "NULL", "~"):
+        if body_at is not None:
+            _refuse(path, text, body_at, "`%s: %s` followed by more content" % (key, value))
+        layout.rewrite = (value_at, value_at + len(text[value_at:eol]) -
+                          len(text[value_at:eol].lstrip(" \t")) + len(value))
+        layout.kind = "map" if value == "{}" else "list"
+    elif value:
+        _refuse(path, text, line_at, "`%s:` holds %r; only a block list or a block mapping "
+                                     "can be appended to (flow style, anchors, tags and "
+                                     "scalars are not supported)" % (key, value[:40]))
+    elif body_at is None:
+        layout.kind = "list"
+    else:
+        line = _line_at(text, body_at)
+        stripped = line.lstrip(" ")
+        if line[:1] == "\t" or stripped[:1] == "\t":
+            _refuse(path, text, body_at, "tab indentation")
+        if stripped[:1] == "-" and stripped[1:2] in (" ", ""):
+            layout.kind = "list"
+            _relay_list_columns(path, text, layout, body_at)
+        elif stripped is not line and len(stripped) < len(line) and re.match(_YAML_KEY, stripped):
+            layout.kind = "map"
+            layout.dash_col = len(line) - len(stripped)
+            inner = re.compile(r"^( *)\S", re.M).search(text, body_at + len(line) + 1,
+                                                         layout.region[1])
+            col = len(inner.group(1)) if inner else 0
+            layout.key_col = col if col > layout.dash_col else layout.dash_col + 2
+        else:
+            _refuse(path, text, body_at, "the value of `%s:` is neither a block list nor a "
+                                         "block mapping" % key)
+    if body_at is None and layout.kind == "map":
+        layout.dash_col, layout.key_col = 2, 4
+    _relay_insert_point(layout)
+    return layout
+
+
+def _relay_list_columns(path, text, layout, item_at):
+    """Columns of a block list from its first item (`- key: value` or `-` alone)."""
+    line = _line_at(text, item_at)
+    m = re.match(r"( *)-(?:( +)(\S.*))?[ \t]*\Z", line)
+    layout.dash_col = len(m.group(1))
+    if m.group(3):
+        if not re.match(_YAML_KEY, m.group(3)):
+            _refuse(path, text, item_at, "list entries are not mappings (`- key: value`)")
+        layout.key_col = layout.dash_col + 1 + len(m.group(2))
+    else:
+        nxt = re.compile(r"^( *)\S", re.M).search(text, item_at + len(line) + 1)
+        col = len(nxt.group(1)) if nxt else 0
+        layout.key_col = col if col > layout.dash_col else layout.dash_col + 2
+    # How the first entry indents a nested list (PyYAML: not at all).
+    sample = text[item_at:item_at + 4000]
+    nested = re.search(r"^( +)[^\s#:][^:\n]*:[ \t]*\n( *)- ", sample, re.M)
+    if nested is not None and len(nested.group(2)) >= len(nested.group(1)):
+        layout.nested_indent = len(nested.group(2)) - len(nested.group(1))
+    else:
+        layout.nested_indent = 0 if layout.dash_col == layout.key_col - 2 and \
+            layout.key_col == 2 else 2
+
+
+def _relay_insert_point(layout):
+    """After the region's last content line, before trailing column-0 comments.
+
+    Blank lines right after the last entry stay with it (they may be the kept
+    newlines of a `|+` block); comments that follow them stay after the new
+    entry, so a footer comment remains the footer.
+    """
+    text = layout.text
+    start, end = layout.region
+    pos = end
+    while pos > start:
+        prev = text.rfind("\n", start, pos - 1) + 1
+        prev = max(prev, start)
+        line = text[prev:pos].rstrip("\n")
+        if line.strip(" ") == "" or line.startswith("#"):
+            pos = prev
+            continue
+        break
+    # keep blank lines that directly follow the content
+    while pos < end:
+        nl = text.find("\n", pos, end)
+        line = text[pos:end if nl < 0 else nl]
+        if line.strip(" ") != "" or nl < 0:
+            break
+        pos = nl + 1
+    layout.insert_at = pos
+
+
+def relay_max_id(layout):
+    """The highest numeric `cmd_N` id of the entries, by one regex over the region.
+
+    Only ids at an entry's own key column count (a `cmd_999` inside a message's
+    text block is indented further and is ignored); ids such as `cmd_T10_x`
+    are not numeric and are skipped, as the original script skips them.
+    """
+    d, k = layout.dash_col, layout.key_col
+    tail = r"[ \t]*(?:[ \t]#[^\n]*)?(?=\n|\Z)"
+    value = r"id:[ \t]*(['\"]?)cmd_(\d+)\1" + tail
+    if layout.kind == "map":
+        pattern = (r"\n(?: {%d}(['\"]?)cmd_(\d+)\1[ \t]*:(?=[ \t\n]|\Z)|"
+                   r" {%d}id:[ \t]*(['\"]?)cmd_(\d+)\3%s)" % (d, k, tail))
+    else:
+        pattern = r"\n(?: {%d}-[ ]+| {%d,%d})" % (d, d + 1, k) + value
+    best = 0
+    start, end = layout.region
+    for m in re.compile(pattern).finditer(layout.scan, start, end):
+        digits = m.group(2) if layout.kind != "map" else (m.group(2) or m.group(4))
+        best = max(best, int(digits))
+    return best
+
+
+def relay_splice(layout, entry_lines):
+    """The new file text: the entry appended at the layout's insertion point."""
+    text = layout.text
+    block = "\n".join(entry_lines) + "\n"
+    at = layout.insert_at
+    if layout.kind == "new":
+        head = "" if not text or text.endswith("\n") else "\n"
+        return text + head + layout.key + ":\n" + block
+    if at > 0 and text[at - 1] != "\n":
+        block = "\n" + block
+    if layout.rewrite is not None:
+        a, b = layout.rewrite
+        rest = text[b:at].lstrip(" \t") if text[b:at].lstrip(" \t").startswith("#") else text[b:at]
+        sep = " " if rest.startswith("#") else ""
+        return text[:a].rstrip(" \t") + sep + rest + block + text[at:]
+    return text[:at] + block + text[at:]
+
+
+def relay_splice_bytes(layout, raw, bom, entry_lines):
+    """relay_splice as bytes: the original bytes around the entry are copied,
+    not re-encoded, so a large queue costs one copy (the tail after the
+    insertion point, usually empty, is the only text encoded)."""
+    text, at = layout.text, layout.insert_at
+    if raw is None or layout.kind == "new" or layout.rewrite is not None:
+        return (bom + relay_splice(layout, entry_lines)).encode("utf-8")
+    block = "\n".join(entry_lines) + "\n"
+    if at > 0 and text[at - 1] != "\n":
+        block = "\n" + block
+    cut = len(raw) - len(text[at:].encode("utf-8"))
+    return raw[:cut] + block.encode("utf-8") + raw[cut:]
+
+
+def relay_entry_text(layout, cmd_id, fields):
+    """Block lines for one entry in the layout's style (`fields`: ordered pairs)."""
+    d, k = layout.dash_col, layout.key_col
+    if layout.kind == "map":
+        return [" " * d + cmd_id + ":"] + yaml_entry_lines(
+            fields, k, " " * k, layout.nested_indent)
+    if layout.kind == "new":
+        d, k = 0, 2
+    prefix = " " * d + "-" + " " * (k - d - 1)
+    return yaml_entry_lines(fields, k, prefix, layout.nested_indent)
+
+
+# ---- reading one entry (for `up`) ---------------------------------------------
+
+def _yaml_unquote(value):
+    """A one-line scalar's text: plain (comment dropped), 'single' or "double"."""
+    value = value.strip()
+    if value[:1] == "'" and value.endswith("'") and len(value) > 1:
+        return value[1:-1].replace("''", "'")
+    if value[:1] == '"' and value.endswith('"') and len(value) > 1:
+        try:
+            return json.loads(value)
+        except ValueError:
+            return value[1:-1]
+    return _strip_comment(value)
+
+
+def relay_find_entry(layout, cmd_id):
+    """The top-level fields {key: text} of the (last) entry whose id is cmd_id, or None.
+
+    Values are read for one-line scalars; a block or multi-line value is
+    recorded as "" (present, content not needed for the relay decision).
+    """
+    text = layout.text
+    start, end = layout.region
+    d, k = layout.dash_col, layout.key_col
+    idq = r"(['\"]?)%s\1" % re.escape(cmd_id)
+    if layout.kind == "map":
+        head = re.compile(r"^ {%d}%s[ \t]*:[ \t]*(?:#[^\n]*)?$" % (d, idq), re.M)
+    else:
+        head = re.compile(r"^(?: {%d}-[ ]+| {%d,%d})id:[ \t]*%s[ \t]*(?:#[^\n]*)?$"
+                          % (d, d + 1, k, idq), re.M)
+    hits = list(head.finditer(text, start, end))
+    if not hits:
+        return None
+    at = hits[-1].start()
+    if layout.kind == "map":
+        entry_start = min(end, text.find("\n", at) + 1 or end)
+    else:
+        # back to the line with this entry's dash (the id need not be first)
+        entry_start = start
+        for m in re.compile(r"^ {%d}-(?: |$)" % d, re.M).finditer(text, start, at + d + 2):
+            entry_start = m.start()
+    # the entry ends at the next line indented no further than its dash / key
+    body_from = min(end, text.find("\n", entry_start) + 1 or end)
+    stop = re.compile(r"^ {0,%d}\S" % d, re.M).search(text, body_from, end)
+    chunk = text[entry_start:stop.start() if stop else end]
+    fields = {}
+    field = re.compile(r"^(?: {%d}-[ ]+| {%d})(%s)[ \t]*(.*)$" % (d, k, _YAML_KEY), re.M)
+    for m in field.finditer(chunk):
+        name = _key_name(m.group(1))
+        raw = m.group(2)
+        fields.setdefault(name, "" if raw[:1] in ("|", ">") else _yaml_unquote(raw))
+    return fields
+
+
+# ---- logging, locking, paths ----------------------------------------------------
+
+class RelayLog:
+    """The seed's log: `[YYYY-MM-DDTHH:MM:SS] [bridge_relay/DIR] MESSAGE`.
+
+    Each line goes to logs/bridge/<captain_id>_<YYYYMMDD>.log (one append) and
+    to stderr, like the script's `tee -a`. Lines are redacted first.
+    """
+
+    def __init__(self, root, captain_id, direction, config=None):
+        self.path = os.path.join(root, "logs", "bridge", "%s_%s.log" % (
+            captain_id, time.strftime("%Y%m%d")))
+        self.direction = direction
+        self.redactor = get_redactor(config)
+
+    def __call__(self, message):
+        line = "[%s] [bridge_relay/%s] %s\n" % (
+            time.strftime("%Y-%m-%dT%H:%M:%S"), self.direction,
+            self.redactor.redact(message))
+        try:
+            sys.stderr.write(line)
+            sys.stderr.flush()
+        except (OSError, ValueError):
+            pass
+        try:
+            append_text(self.path, line)
+        except OSError as exc:
+            warn("cannot write relay log %s: %s" % (self.path, exc.strerror or exc))
+
+
+def relay_lock(lock_path, config, log, what="queue"):
+    """flock on `lock_path` like `flock -w 5`: 3 attempts 1 s apart -> fd.
+
+    Logs the seed's `Lock timeout (attempt N/3), retrying...` lines and, when
+    every attempt failed, `ERROR: Failed to acquire lock after 3 attempts`
+    and raises (exit 1, the script's code).
+    """
+    timeout = float(config_get(config, "relay.lock_timeout_sec", 5.0))
+    attempts = max(1, int(config_get(config, "relay.lock_attempts", 3)))
+    pause = float(config_get(config, "relay.lock_retry_sleep_sec", 1.0))
+    for attempt in range(1, attempts + 1):
+        fd = acquire_flock(lock_path, timeout=timeout)
+        if fd is not None:
+            return fd
+        if attempt < attempts:
+            log("Lock timeout (attempt %d/%d), retrying..." % (attempt, attempts))
+            time.sleep(pause)
+    log("ERROR: Failed to acquire lock after %d attempts" % attempts)
+    raise BridgeError("could not lock %s (%s) after %d attempts of %gs; another process "
+                      "holds it" % (lock_path, what, attempts, timeout), EXIT_FAILED)
+
+
+def relay_queue_path(root, session, config):
+    """clusters/<session>/queue/<file> when that directory exists, else queue/<file>."""
+    name = config_get(config, "relay.queue_file", "captain_to_vice_captain.yaml")
+    clustered = os.path.join(root, "clusters", session, "queue")
+    if os.path.isdir(clustered):
+        return os.path.join(clustered, name), True
+    plain = os.path.join(root, "queue")
+    if not os.path.isdir(plain):
+        raise BridgeError("no queue directory: neither %s nor %s exists (run from the "
+                          "repository root or pass --root)" % (clustered, plain))
+    return os.path.join(plain, name), False
+
+
+def _relay_read(path):
+    """(raw bytes, bom, text) of a queue file; a missing file reads as `commands: []`."""
+    try:
+        with open(path, "rb") as handle:
+            raw = handle.read()
+    except FileNotFoundError:
+        return None, "", ""
+    except OSError as exc:
+        raise BridgeError("cannot read %s: %s" % (path, exc.strerror or exc), EXIT_FAILED)
+    bom, text = relay_decode(path, raw)
+    return raw, bom, text
+
+
+# ---- down ---------------------------------------------------------------------
+
+def relay_purpose(message):
+    """The first sentence or line of the message (。！？ end a sentence, and
+    . ! ? when followed by a space), as the spec's field mapping says."""
+    for line in message.split("\n"):
+        line = line.strip()
+        if line:
+            m = re.search(r"[。！？]|[.!?](?=\s)", line)
+            return line[:m.end()] if m else line
+    return message.strip()
+
+
+def relay_criteria(text):
+    """Acceptance criteria split on newlines, blank lines dropped."""
+    items = [line.strip() for line in (text or "").split("\n")]
+    items = [item for item in items if item]
+    return items or [RELAY_DEFAULT_CRITERIA]
+
+
+def _require_text(value, what):
+    for ch in value:
+        if 0xd800 <= ord(ch) <= 0xdfff:
+            raise BridgeError("%s is not valid UTF-8 text (undecodable byte)" % what)
+    return value
+
+
+def relay_down(root, config, captain_id, session, message, project, priority="",
+               criteria=""):
+    """Append a new cmd to the queue; returns its id. The seed's `down`."""
+    log = RelayLog(root, captain_id, "down", config)
+    if not message.strip() or not project.strip():
+        log("ERROR: down mode requires message_content and project")
+        raise BridgeError("down requires a non-empty message and project")
+    for value, what in ((message, "message"), (project, "project"), (criteria, "acceptance_criteria")):
+        _require_text(value, what)
+    priority = priority or "medium"
+    if priority not in RELAY_PRIORITIES:
+        raise BridgeError("priority must be one of %s, got %r" % (", ".join(RELAY_PRIORITIES), priority))
+    queue, clustered = relay_queue_path(root, session, config)
+    # Lock the path the shell scripts lock; write where a symlinked queue points.
+    fd = relay_lock(queue + ".lock", config, log)
+    queue = os.path.realpath(queue)
+    try:
+        raw, bom, text = _relay_read(queue)
+        try:
+            layout = relay_layout(queue, text, ("commands", "queue"))
+        except BridgeError as exc:
+            log("ERROR: " + exc.message)
+            raise
+        cmd_id = "cmd_%03d" % (relay_max_id(layout) + 1)
+        fields = [
+            ("id", cmd_id),
+            ("timestamp", time.strftime("%Y-%m-%dT%H:%M:%S")),
+            ("purpose", relay_purpose(message)),
+            ("acceptance_criteria", relay_criteria(criteria)),
+            ("command", message),
+            ("project", project),
+            ("priority", priority),
+            ("status", "pending"),
+            ("source", "agent_teams"),
+        ]
+        new = relay_splice_bytes(layout, raw, bom, relay_entry_text(layout, cmd_id, fields))
+        try:
+            atomic_write(queue, new)
+        except OSError as exc:
+            log("ERROR: cannot write %s: %s" % (queue, exc.strerror or exc))
+            raise BridgeError("cannot write %s: %s" % (queue, exc.strerror or exc), EXIT_FAILED)
+    finally:
+        release_flock(fd)
+    relay_nudge(root, config, log, captain_id, session if clustered else "", cmd_id, session)
+    log("DOWN SUCCESS: %s created (project=%s, priority=%s)" % (cmd_id, project, priority))
+    return cmd_id
+
+
+# ---- the nudge ------------------------------------------------------------------
+
+def relay_nudge_target(root, config, log, captain_id, session):
+    """relay.nudge_target, or with "@cluster_captain" (the newer script) the
+    `captain:` of clusters/<session>/config.yaml, falling back to captain_id."""
+    target = config_get(config, "relay.nudge_target", "vice_captain")
+    if target != "@cluster_captain":
+        return target
+    cfg = os.path.join(root, "clusters", session, "config.yaml")
+    try:
+        with open(cfg, encoding="utf-8") as handle:
+            m = re.search(r"^captain:[ \t]*(['\"]?)([A-Za-z0-9._-]+)\1[ \t]*(?:#.*)?$",
+                          handle.read(), re.M)
+    except (OSError, UnicodeDecodeError):
+        m = None
+    if m is None:
+        log("WARNING: captain not found in %s — falling back to '%s'" % (cfg, captain_id))
+        return captain_id
+    return m.group(2)
+
+
+def relay_nudge(root, config, log, captain_id, cluster_id, cmd_id, session=""):
+    """Wake the vice captain; a failure is a WARN line, never an error (seed 3.2)."""
+    if not config_get(config, "relay.nudge", True):
+        return
+    target = relay_nudge_target(root, config, log, captain_id, session)
+    content = RELAY_NUDGE_TEXT.format(cmd_id=cmd_id)
+    command = config_get(config, "relay.nudge_command")
+    try:
+        if command:
+            import shlex
+            argv = shlex.split(command) if isinstance(command, str) else [str(a) for a in command]
+            env = dict(os.environ)
+            if cluster_id:
+                env["CLUSTER_ID"] = cluster_id
+            result = run_command(argv + [target, content, "cmd_new", captain_id], cwd=root,
+                                 env=env, timeout=float(config_get(
+                                     config, "relay.nudge_timeout_sec", 30)))
+            if not result.ok:
+                tail = (result.stderr or result.stdout or "").strip().splitlines()[-1:]
+                log("WARN: inbox nudge failed (%s)%s; %s is queued, the vice captain's "
+                    "self-watch will pick it up" % (
+                        result.describe(), ": " + tail[0] if tail else "", cmd_id))
+            return
+        safe_name(target, "relay.nudge_target")
+        inbox_write(root, config, log, target, content, "cmd_new", captain_id)
+    except (BridgeError, OSError) as exc:
+        log("WARN: inbox nudge failed: %s; %s is queued, the vice captain's self-watch "
+            "will pick it up" % (getattr(exc, "message", None) or exc, cmd_id))
+
+
+def inbox_write(root, config, log, target, content, msg_type, sender):
+    """Append a message to queue/inbox/<target>.yaml as inbox_write.sh does.
+
+    Same file, same `<inbox>.lock` flock discipline, same message shape with
+    keys in PyYAML's sorted order (content, from, id, read, timestamp, type);
+    existing messages are kept byte for byte (bridge.py never trims an inbox).
+    """
+    inbox_dir = os.path.join(root, "queue", "inbox")
+    os.makedirs(inbox_dir, exist_ok=True)
+    path = os.path.join(inbox_dir, target + ".yaml")
+    fd = relay_lock(path + ".lock", config, log, "inbox")
+    path = os.path.realpath(path)
+    try:
+        raw, bom, text = _relay_read(path)
+        layout = relay_layout(path, text, ("messages",))
+        msg_id = "msg_%s_%s" % (time.strftime("%Y%m%d_%H%M%S"), random_hex(4))
+        fields = [("content", content), ("from", sender), ("id", msg_id),
+                  ("read", YamlPlain("false")),
+                  ("timestamp", time.strftime("%Y-%m-%dT%H:%M:%S")), ("type", msg_type)]
+        atomic_write(path, relay_splice_bytes(layout, raw, bom,
+                                              relay_entry_text(layout, msg_id, fields)))
+    finally:
+        release_flock(fd)
+    log("NUDGE: %s → %s (type=%s) %s" % (sender, target, msg_type, msg_id))
+
+
+# ---- up -------------------------------------------------------------------------
+
+def relay_up(root, config, captain_id, session, cmd_id, status, summary, force=False):
+    """The report line for Agent Teams, or None when the seed says not to relay."""
+    log = RelayLog(root, captain_id, "up", config)
+    if not cmd_id.strip() or not status.strip() or not summary.strip():
+        log("ERROR: up mode requires cmd_id, status, and summary")
+        raise BridgeError("up requires a non-empty cmd_id, status and summary")
+    for value, what in ((cmd_id, "cmd_id"), (status, "status"), (summary, "summary")):
+        _require_text(value, what)
+    queue, _clustered = relay_queue_path(root, session, config)
+    raw, _bom, text = _relay_read(queue)
+    if raw is None:
+        raise BridgeError("%s does not exist, so %s is unknown" % (queue, cmd_id), EXIT_FAILED)
+    layout = relay_layout(queue, text, ("commands", "queue"))
+    entry = relay_find_entry(layout, cmd_id)
+    if entry is None:
+        log("ERROR: %s not found in %s" % (cmd_id, queue))
+        raise BridgeError("%s: no entry with id %s" % (queue, cmd_id), EXIT_FAILED)
+    reasons = []
+    if entry.get("source") != "agent_teams":
+        reasons.append("no source: agent_teams (Lord-originated, internal only)")
+    for where, value in (("queue", entry.get("status", "")), ("argument", status)):
+        if value in RELAY_NO_RELAY_STATUSES:
+            reasons.append("status %s in the %s (%s)" % (
+                value, where, "delegated" if value == "reassigned" else "not finished"))
+    if entry.get("redo_of", "") not in ("", "null", "~", "Null", "NULL"):
+        reasons.append("redo_of %s (reported when the original completes)" % entry["redo_of"])
+    report = "%s隊報告: %s [%s] — %s" % (captain_id, cmd_id, status, summary)
+    if reasons and not force:
+        log("NO RELAY: %s — %s" % (cmd_id, "; ".join(reasons)))
+        return None
+    if reasons:
+        log("FORCED RELAY: %s despite %s" % (cmd_id, "; ".join(reasons)))
+    log("UP SUCCESS: %s [%s] — %s" % (cmd_id, status, summary))
+    return report
 
 
 # =============================================================================
@@ -7533,6 +8317,63 @@ def add_seam_parsers(subparsers):
 # ---- relay commands ----
 def add_relay_parsers(subparsers):
     """relay down|up."""
+    relay = subparsers.add_parser(
+        "relay", help="the Agent Teams <-> YAML queue relay (down|up)",
+        description="Hand commands down to the YAML work queue and report results up.")
+    verbs = relay.add_subparsers(dest="relay_verb", metavar="VERB")
+    down = add_command(
+        verbs, "down", cmd_relay_down,
+        help="append a command to the queue as cmd_NNN and nudge the vice captain",
+        example="python3 scripts/bridge.py relay down miho main-cluster \\\n"
+                "    \"GuP-v2 の inbox_watcher.sh を改修せよ。\" gup-v2-self-watch high \\\n"
+                "    \"self-watch が実装されること\ntestで確認されること\"\n"
+                "# a message starting with '-': put -- before the arguments")
+    down.add_argument("captain_id")
+    down.add_argument("cluster_session")
+    down.add_argument("message")
+    down.add_argument("project")
+    down.add_argument("priority", nargs="?", default="", help="high, medium (default) or low")
+    down.add_argument("acceptance_criteria", nargs="?", default="",
+                      help="one criterion per line")
+    up = add_command(
+        verbs, "up", cmd_relay_up,
+        help="print the report line for Agent Teams (unless the entry must not be relayed)",
+        example="python3 scripts/bridge.py relay up miho main-cluster cmd_049 done \\\n"
+                "    \"self-watch 機能実装完了。\"")
+    up.add_argument("captain_id")
+    up.add_argument("cluster_session")
+    up.add_argument("cmd_id")
+    up.add_argument("status")
+    up.add_argument("summary")
+    up.add_argument("--force", action="store_true",
+                    help="relay even when a no-relay condition holds")
+    relay.set_defaults(func=lambda args: (relay.print_help(sys.stderr), EXIT_USAGE)[1])
+
+
+def _relay_ids(args):
+    for value, what in ((args.captain_id, "captain_id"), (args.cluster_session, "cluster_session")):
+        if not value:
+            raise BridgeError("%s must not be empty" % what)
+        safe_name(value, what)
+
+
+def cmd_relay_down(args):
+    _relay_ids(args)
+    root, config = load_args_config(args)
+    cmd_id = relay_down(root, config, args.captain_id, args.cluster_session, args.message,
+                        args.project, args.priority, args.acceptance_criteria)
+    print(cmd_id)
+    return EXIT_OK
+
+
+def cmd_relay_up(args):
+    _relay_ids(args)
+    root, config = load_args_config(args)
+    report = relay_up(root, config, args.captain_id, args.cluster_session, args.cmd_id,
+                      args.status, args.summary, force=args.force)
+    if report is not None:
+        print(report)
+    return EXIT_OK
 # ---- end relay commands ----
 
 

@@ -1,0 +1,735 @@
+"""relay down|up through the CLI, against queue files in every real shape.
+
+The queue files are checked twice: by a small strict reader of the YAML subset
+bridge.py emits (below; PyYAML is not a dependency) and, when PyYAML happens
+to be importable, by yaml.safe_load as the real consumers read them.
+"""
+import datetime
+import importlib.util
+import json
+import os
+import random
+import re
+import shutil
+import subprocess
+import sys
+import time
+
+import pytest
+
+from conftest import BRIDGE, FIXTURES, PYTHON, clean_env, run_bridge
+
+RELAY_FIX = FIXTURES / "relay"
+QUEUE = "captain_to_vice_captain.yaml"
+
+try:
+    import yaml  # only a cross-check; never required
+except ImportError:  # pragma: no cover - depends on the machine
+    yaml = None
+
+
+# ---- a strict reader of the emitted subset ------------------------------------
+
+def _unquote(raw):
+    if raw.startswith("'"):
+        assert raw.endswith("'") and len(raw) >= 2, raw
+        inner = raw[1:-1]
+        assert "'" not in inner.replace("''", ""), raw
+        return inner.replace("''", "'")
+    if raw.startswith('"'):
+        assert raw.endswith('"') and len(raw) >= 2, raw
+        out, i, inner = [], 0, raw[1:-1]
+        simple = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\", '"': '"', "0": "\0"}
+        while i < len(inner):
+            ch = inner[i]
+            if ch == '"':
+                raise AssertionError("unescaped quote in " + raw)
+            if ch != "\\":
+                out.append(ch)
+                i += 1
+                continue
+            esc = inner[i + 1]
+            if esc in simple:
+                out.append(simple[esc])
+                i += 2
+            elif esc in "xu":
+                width = 2 if esc == "x" else 4
+                out.append(chr(int(inner[i + 2:i + 2 + width], 16)))
+                i += 2 + width
+            else:
+                raise AssertionError("unknown escape in " + raw)
+        return "".join(out)
+    # plain: must be a conservative token
+    assert raw and raw == raw.strip(" \t") and ": " not in raw and " #" not in raw, raw
+    assert raw[0] not in "-?:,[]{}#&*!|>'\"%@`0123456789+.~<=", raw
+    assert raw not in ("yes", "no", "on", "off", "true", "false", "null", "y", "n"), raw
+    return raw
+
+
+def _literal(header, lines, i, parent_col):
+    m = re.fullmatch(r"\|([1-9]?)([-+]?)", header)
+    assert m, header
+    body = []
+    indent = parent_col + int(m.group(1)) if m.group(1) else None
+    while i < len(lines):
+        line = lines[i]
+        if line.strip(" ") == "" and (indent is None or len(line) <= indent):
+            body.append("")
+            i += 1
+            continue
+        col = len(line) - len(line.lstrip(" "))
+        if indent is None:
+            indent = col
+            assert indent > parent_col
+        if col < indent:
+            break
+        body.append(line[indent:])
+        i += 1
+    # trailing empty lines that are not the block's (a separator) are kept only by '+'
+    text = "\n".join(body)
+    stripped = text.rstrip("\n")
+    if m.group(2) == "-":
+        value = stripped
+    elif m.group(2) == "+":
+        value = text + "\n"
+    else:
+        value = stripped + "\n"
+    return value, i
+
+
+def read_entry(lines, start, first_prefix_re, key_col):
+    """Parse one emitted entry starting at lines[start]; return (dict, next index)."""
+    entry, i = {}, start
+    while i < len(lines):
+        line = lines[i]
+        if i == start:
+            m = re.match(first_prefix_re + r"([A-Za-z_]+): ?(.*)\Z", line)
+        else:
+            m = re.match(" {%d}([A-Za-z_]+): ?(.*)\\Z" % key_col, line)
+        if not m:
+            break
+        key, raw = m.group(1), m.group(2)
+        assert key not in entry, key
+        i += 1
+        if raw == "":
+            items = []
+            while i < len(lines):
+                im = re.match(r"( *)- (.*)\Z", lines[i])
+                if not im or len(im.group(1)) < key_col:
+                    break
+                if im.group(2).startswith("|"):
+                    value, i = _literal(im.group(2), lines, i + 1, len(im.group(1)))
+                else:
+                    value, i = _unquote(im.group(2)), i + 1
+                items.append(value)
+            entry[key] = items
+        elif raw.startswith("|"):
+            entry[key], i = _literal(raw, lines, i, key_col)
+        else:
+            entry[key] = _unquote(raw)
+    return entry, i
+
+
+def find_entry(text, cmd_id):
+    """Locate the emitted entry `cmd_id` in a queue text; (entry, start, end) lines."""
+    lines = text.split("\n")
+    for n, line in enumerate(lines):
+        m = re.match(r"( *)(- +)?id: %s\Z" % cmd_id, line)
+        if m and m.group(2):
+            key_col = len(m.group(1)) + len(m.group(2))
+            entry, end = read_entry(lines, n, re.escape(m.group(1) + m.group(2)), key_col)
+            return entry, n, end
+        m = re.match(r"( +)%s:\Z" % cmd_id, line)
+        if m:
+            key_col = len(lines[n + 1]) - len(lines[n + 1].lstrip(" "))
+            entry, end = read_entry(lines, n + 1, " {%d}" % key_col, key_col)
+            return entry, n, end
+    raise AssertionError("%s not found" % cmd_id)
+
+
+def yaml_entries(text):
+    """All entries as PyYAML reads them (None when PyYAML is not installed)."""
+    if yaml is None:
+        return None
+    data = yaml.safe_load(text)
+    if isinstance(data, dict):
+        data = data.get("commands", data.get("queue"))
+    return list(data.values()) if isinstance(data, dict) else data
+
+
+# ---- helpers ------------------------------------------------------------------
+
+def make_root(tmp_path, fixture=None, text=None, cluster=None, config=None):
+    root = tmp_path / "repo"
+    qdir = root / ("clusters/%s/queue" % cluster if cluster else "queue")
+    qdir.mkdir(parents=True)
+    if fixture:
+        shutil.copy(RELAY_FIX / fixture, qdir / QUEUE)
+    elif text is not None:
+        (qdir / QUEUE).write_bytes(text.encode("utf-8") if isinstance(text, str) else text)
+    if config is not None:
+        (root / "bridge.config.json").write_text(json.dumps(config))
+    return root, qdir / QUEUE
+
+
+def down(root, *args, env=None):
+    return run_bridge("relay", "down", "--root", root, *args, env=env)
+
+
+def log_lines(root, captain="miho"):
+    path = root / "logs" / "bridge" / ("%s_%s.log" % (captain, time.strftime("%Y%m%d")))
+    return path.read_text(encoding="utf-8").splitlines() if path.exists() else []
+
+
+LOG_LINE = re.compile(r"\[\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\] \[bridge_relay/(down|up)\] (.*)\Z")
+
+SHAPES = [
+    # fixture, expected new id
+    ("pyyaml_indentless.yaml", "cmd_049"),
+    ("hand_indented.yaml", "cmd_004"),
+    ("dict_keyed.yaml", "cmd_1078"),
+    ("legacy_queue.yaml", "cmd_006"),
+    ("legacy_queue_empty.yaml", "cmd_001"),
+    ("empty_flow.yaml", "cmd_001"),
+    ("empty_map.yaml", "cmd_001"),
+    ("null_value.yaml", "cmd_001"),
+    ("naginata_mixed.yaml", "cmd_1185"),
+    ("toplevel_list.yaml", "cmd_049"),
+    ("keep_block_last.yaml", "cmd_011"),
+]
+
+
+# ---- down: every queue shape ------------------------------------------------------
+
+@pytest.mark.parametrize("fixture,expected", SHAPES)
+def test_down_appends_in_the_files_own_layout(tmp_path, fixture, expected):
+    root, queue = make_root(tmp_path, fixture)
+    before = queue.read_text(encoding="utf-8")
+    message = "GuP-v2 の inbox_watcher.sh を改修せよ。詳細は後述。\n二行目: yes"
+    result = down(root, "miho", "main-cluster", message, "gup-v2", "high", "一つ目\n\nsecond: x\n")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == expected + "\n"
+    after = queue.read_text(encoding="utf-8")
+    entry, start, end = find_entry(after, expected)
+    assert list(entry) == ["id", "timestamp", "purpose", "acceptance_criteria", "command",
+                           "project", "priority", "status", "source"]
+    assert entry["id"] == expected
+    datetime.datetime.strptime(entry["timestamp"], "%Y-%m-%dT%H:%M:%S")
+    assert entry["purpose"] == "GuP-v2 の inbox_watcher.sh を改修せよ。"
+    assert entry["acceptance_criteria"] == ["一つ目", "second: x"]
+    assert entry["command"] == message
+    assert (entry["project"], entry["priority"], entry["status"], entry["source"]) == (
+        "gup-v2", "high", "pending", "agent_teams")
+    # grep consumers: the three markers are plain text on their own lines
+    lines = after.split("\n")
+    assert re.search(r"^ *(- +)?id: %s$" % expected, after, re.M)
+    assert any(re.fullmatch(r" *status: pending", ln) for ln in lines[start:end])
+    assert any(re.fullmatch(r" *source: agent_teams", ln) for ln in lines[start:end])
+    # everything that was there is still there, byte for byte (a flow-empty
+    # value is the one line rewritten, to open the block)
+    def norm(ln):
+        return re.sub(r"^(commands|queue):[ ]*(\[\]|\{\})?[ ]*", r"\1: ", ln)
+    rest = [norm(ln) for ln in lines[:start] + lines[end:]]
+    old = [norm(ln) for ln in before.split("\n")]
+    assert rest == old
+    if yaml is not None:
+        items = yaml_entries(after)
+        mine = [it for it in items if it.get("id") == expected]
+        assert len(mine) == 1
+        assert mine[0] == dict(entry)
+        assert len(items) == len(yaml_entries(before) or []) + 1
+
+
+def test_down_new_file_and_second_entry(tmp_path):
+    root, queue = make_root(tmp_path)
+    assert not queue.exists()
+    first = down(root, "miho", "main", "first task", "p")
+    second = down(root, "miho", "main", "second task", "p", "", "")
+    assert (first.returncode, second.returncode) == (0, 0), first.stderr + second.stderr
+    assert (first.stdout, second.stdout) == ("cmd_001\n", "cmd_002\n")
+    text = queue.read_text()
+    assert text.startswith("commands:\n- id: cmd_001\n")
+    entry, _, _ = find_entry(text, "cmd_002")
+    assert entry["priority"] == "medium"
+    assert entry["acceptance_criteria"] == ["No acceptance criteria provided"]
+    if yaml is not None:
+        assert [c["id"] for c in yaml.safe_load(text)["commands"]] == ["cmd_001", "cmd_002"]
+
+
+def test_down_uses_cluster_queue_and_configured_file_name(tmp_path):
+    root, _ = make_root(tmp_path, cluster="alpha",
+                        config={"relay": {"queue_file": "captain_queue.yaml", "nudge": False}})
+    result = down(root, "miho", "alpha", "clustered", "p")
+    assert result.returncode == 0, result.stderr
+    assert (root / "clusters/alpha/queue/captain_queue.yaml").exists()
+    assert not (root / "queue").exists()
+
+
+@pytest.mark.parametrize("text,expected,shape", [
+    ("---\n# header\ncommands:\n  # a comment first\n\n  - id: cmd_007\n    x: 1\nother: 2\n",
+     "cmd_008", "  - id: cmd_008\n    timestamp: "),
+    ("commands:\n-\n    id: cmd_003\n    acceptance_criteria:\n        - a\n",
+     "cmd_004", "-   id: cmd_004\n    timestamp: "),
+    ("commands:\n- id: cmd_001\n  status: done", "cmd_002", "done\n- id: cmd_002\n"),
+    ("settings:\n  a: 1\n", "cmd_001", "settings:\n  a: 1\ncommands:\n- id: cmd_001\n"),
+    ("commands:\n  \"cmd_001\":\n    status: done\n", "cmd_002", "\n  cmd_002:\n    id: cmd_002\n"),
+])
+def test_down_other_layouts(tmp_path, text, expected, shape):
+    root, queue = make_root(tmp_path, text=text, config={"relay": {"nudge": False}})
+    result = down(root, "miho", "main", "m", "p", "", "a\nb")
+    assert result.stdout == expected + "\n", result.stderr
+    after = queue.read_text()
+    assert shape in after
+    assert find_entry(after, expected)[0]["acceptance_criteria"] == ["a", "b"]
+    if yaml is not None:
+        assert yaml_entries(after)[-1]["id"] == expected
+
+
+def test_symlinked_queue_is_written_through_and_locked_where_the_script_locks(tmp_path):
+    root, queue = make_root(tmp_path, config={"relay": {"nudge": False}})
+    real = tmp_path / "shared" / "q.yaml"
+    real.parent.mkdir()
+    shutil.copy(RELAY_FIX / "legacy_queue.yaml", real)
+    queue.symlink_to(real)
+    assert down(root, "miho", "main", "m", "p").stdout == "cmd_006\n"
+    assert queue.is_symlink() and "cmd_006" in real.read_text()
+    assert (queue.parent / (QUEUE + ".lock")).exists()
+    assert not (real.parent / "q.yaml.lock").exists()
+
+
+def test_down_ids_grow_past_999_and_ignore_text_inside_blocks(tmp_path):
+    text = ("commands:\n- id: cmd_999\n  command: |\n    id: cmd_5000\n    - id: cmd_6000\n"
+            "- id: cmd_T10_7_x\n")
+    root, queue = make_root(tmp_path, text=text)
+    result = down(root, "miho", "main", "m", "p")
+    assert result.stdout == "cmd_1000\n", result.stderr
+
+
+@pytest.mark.parametrize("fixture,line", [
+    ("flow_list.yaml", 1), ("tab_indent.yaml", 3), ("scalar.yaml", 1), ("anchor.yaml", 1),
+    ("two_documents.yaml", 3), ("latin1.yaml", 3), ("block_scalar.yaml", 1),
+    ("duplicate_key.yaml", 3), ("scalar_items.yaml", 2), ("crlf.yaml", 1),
+])
+def test_down_refuses_files_it_cannot_follow(tmp_path, fixture, line):
+    root, queue = make_root(tmp_path)
+    shutil.copy(RELAY_FIX / "bad" / fixture, queue)
+    before = queue.read_bytes()
+    result = down(root, "miho", "main", "m", "p")
+    assert result.returncode == 1
+    assert result.stdout == ""
+    assert "line %d:" % line in result.stderr
+    assert "not changed" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert queue.read_bytes() == before
+    assert sorted(os.listdir(queue.parent)) == sorted([QUEUE, QUEUE + ".lock"])
+
+
+@pytest.mark.parametrize("text,line", [
+    ("commands: []\n- id: cmd_001\n", 2),
+    ("- id: cmd_001\nkey: value\n", 2),
+    ("commands:\n  ? complex key\n  : value\n", 2),
+    ("commands:\n  {flow: map}\n", 2),
+    ("commands:\n \t- id: cmd_001\n", 2),
+])
+def test_down_refuses_more_shapes(tmp_path, text, line):
+    root, queue = make_root(tmp_path, text=text)
+    result = down(root, "miho", "main", "m", "p")
+    if result.returncode == 0:   # only allowed when PyYAML agrees the result is sound
+        assert yaml is not None and yaml_entries(queue.read_text())
+        return
+    assert result.returncode == 1 and "line %d:" % line in result.stderr, result.stderr
+    assert queue.read_text() == text
+
+
+def test_down_keeps_a_bom_and_a_missing_final_newline(tmp_path):
+    root, queue = make_root(tmp_path, text="\ufeffcommands:\n- id: cmd_004\n  status: done",
+                            config={"relay": {"nudge": False}})
+    assert down(root, "miho", "main", "m", "p").stdout == "cmd_005\n"
+    raw = queue.read_bytes()
+    assert raw.startswith(b"\xef\xbb\xbfcommands:\n- id: cmd_004\n  status: done\n- id: cmd_005\n")
+    if yaml is not None:
+        assert [c["id"] for c in yaml.safe_load(raw.decode("utf-8"))["commands"]] == [
+            "cmd_004", "cmd_005"]
+
+
+def test_undecodable_argument_is_a_usage_error(tmp_path):
+    root, queue = make_root(tmp_path, "legacy_queue.yaml")
+    before = queue.read_bytes()
+    result = subprocess.run([PYTHON, str(BRIDGE), "relay", "down", "--root", str(root), "miho",
+                             "main", b"bad \xff byte", "p"], capture_output=True,
+                            env=clean_env(), stdin=subprocess.DEVNULL)
+    assert result.returncode == 2
+    assert b"UTF-8" in result.stderr and b"Traceback" not in result.stderr
+    assert queue.read_bytes() == before
+
+
+@pytest.mark.parametrize("args", [
+    ("miho", "main", "", "p"), ("miho", "main", "msg", ""), ("miho", "main", "   ", "p"),
+    ("", "main", "m", "p"), ("miho", "", "m", "p"), ("../x", "main", "m", "p"),
+    ("miho", "main", "m", "p", "urgent"), ("miho", "main"),
+])
+def test_down_usage_errors_exit_2_and_write_nothing(tmp_path, args):
+    root, queue = make_root(tmp_path, "legacy_queue.yaml")
+    before = queue.read_bytes()
+    result = down(root, *args)
+    assert result.returncode == 2, result.stderr
+    assert "Traceback" not in result.stderr
+    assert queue.read_bytes() == before
+
+
+def test_down_missing_queue_directory_is_a_usage_error(tmp_path):
+    result = run_bridge("relay", "down", "--root", tmp_path, "miho", "main", "m", "p")
+    assert result.returncode == 2
+    assert "no queue directory" in result.stderr
+    assert not (tmp_path / "queue").exists()
+
+
+def test_down_logs_in_the_seeds_format(tmp_path):
+    root, _ = make_root(tmp_path, config={"relay": {"nudge": False}})
+    missing = down(root, "miho", "main", "", "p")
+    result = down(root, "miho", "main", "m", "gup", "low")
+    assert result.returncode == 0
+    stderr = [LOG_LINE.match(ln) for ln in result.stderr.splitlines()]
+    assert [m.group(2) for m in stderr if m] == [
+        "DOWN SUCCESS: cmd_001 created (project=gup, priority=low)"]
+    logged = [LOG_LINE.match(ln) for ln in log_lines(root)]
+    assert all(logged)
+    assert [m.group(2) for m in logged] == [
+        "ERROR: down mode requires message_content and project",
+        "DOWN SUCCESS: cmd_001 created (project=gup, priority=low)"]
+    assert missing.returncode == 2
+
+
+@pytest.mark.parametrize("message,purpose", [
+    ("一文目。二文目。", "一文目。"),
+    ("First sentence. Second one.", "First sentence."),
+    ("\n\n  first line\nsecond line", "first line"),
+    ("inbox_watcher.sh を改修せよ", "inbox_watcher.sh を改修せよ"),
+    ("Really? Yes", "Really?"),
+])
+def test_purpose_is_first_sentence_or_line(tmp_path, message, purpose):
+    root, queue = make_root(tmp_path, config={"relay": {"nudge": False}})
+    assert down(root, "miho", "main", message, "p").returncode == 0
+    entry, _, _ = find_entry(queue.read_text(), "cmd_001")
+    assert entry["purpose"] == purpose
+    assert entry["command"] == message
+
+
+HOSTILE = [
+    "it's \"quoted\" and back\\slash\\",
+    "'''\nprint('injected')\n'''",
+    "key: value\n- id: cmd_999\n  status: done\nsource: agent_teams",
+    "# not a comment\n  : colon first",
+    "tab\there\tand trailing space ",
+    "emoji 😀🎌 and 日本語 and \u00e9",
+    "$(touch pwned) `touch pwned2` ; touch pwned3 && rm -rf / | cat",
+    "yes",
+    "2026-02-16T01:23:45",
+    "012",
+    "~",
+    "- leading dash",
+    "multi\n\n\nline with blank lines\n\n",
+    "  leading spaces\nnext",
+    "ends with backslash \\",
+    "control \x01\x1b[31m red \x7f del \u0085 nel \u2028 ls",
+    "{flow: [map]} & *alias !tag %directive @at `tick",
+    "line\r\nwith crlf",
+    "\n",
+]
+
+
+def test_hostile_messages_are_stored_verbatim_and_nothing_runs(tmp_path):
+    root, queue = make_root(tmp_path, "pyyaml_indentless.yaml",
+                            config={"relay": {"nudge": False}})
+    ids = []
+    for message in HOSTILE:
+        result = down(root, "miho", "main", message, message, "high", message)
+        if not message.strip():
+            assert result.returncode == 2
+            continue
+        assert result.returncode == 0, (message, result.stderr)
+        ids.append((result.stdout.strip(), message))
+    text = queue.read_text(encoding="utf-8")
+    for cmd_id, message in ids:
+        entry, _, _ = find_entry(text, cmd_id)
+        assert entry["command"] == message
+        assert entry["project"] == message
+        criteria = [ln.strip() for ln in message.split("\n") if ln.strip()]
+        assert entry["acceptance_criteria"] == criteria
+    for name in ("pwned", "pwned2", "pwned3"):
+        assert not (root / name).exists() and not (tmp_path / name).exists()
+    if yaml is not None:
+        items = {it["id"]: it for it in yaml_entries(text)}
+        for cmd_id, message in ids:
+            assert items[cmd_id]["command"] == message
+            assert items[cmd_id]["source"] == "agent_teams"
+    assert "\ud83d" not in text and "\\ud8" not in text.lower()
+
+
+def test_message_starting_with_dash_after_double_dash(tmp_path):
+    root, queue = make_root(tmp_path, config={"relay": {"nudge": False}})
+    result = run_bridge("relay", "down", "--root", root, "--", "miho", "main", "-x --y", "p")
+    assert result.returncode == 0, result.stderr
+    assert find_entry(queue.read_text(), "cmd_001")[0]["command"] == "-x --y"
+
+
+def test_emitter_round_trips_random_text():
+    """In-process property check of the scalar emitter against the strict reader
+    (and PyYAML when present), indentless and indented layouts."""
+    spec = importlib.util.spec_from_file_location("bridge_mod", str(BRIDGE))
+    bridge = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bridge)
+    alphabet = list("ab yes: #-'\"\\\t\n|>{}[],&*!%@`?~=<0123.+") + [
+        "日", "。", "😀", "\x85", "\u2028", "\x7f", "\x00", "\ufeff", "\u3000", " ", "\n"]
+    rng = random.Random(4)
+    for _ in range(3000):
+        text = "".join(rng.choice(alphabet) for _ in range(rng.randint(0, 10)))
+        for dash, key, nested in ((0, 2, 0), (2, 4, 2)):
+            fields = [("id", "cmd_001"), ("command", text), ("acceptance_criteria", [text, "x"]),
+                      ("status", "pending")]
+            prefix = " " * dash + "- "
+            lines = bridge.yaml_entry_lines(fields, key, prefix, nested)
+            entry, end = read_entry(lines, 0, re.escape(prefix), key)
+            assert end == len(lines), (text, lines)
+            assert entry == dict(fields), (text, lines)
+            if yaml is not None:
+                doc = "commands:\n" + "\n".join(lines) + "\n"
+                assert yaml.safe_load(doc)["commands"][0] == dict(fields), (text, doc)
+
+
+# ---- concurrency and locks ------------------------------------------------------
+
+def test_twenty_concurrent_downs_get_distinct_consecutive_ids(tmp_path):
+    root, queue = make_root(tmp_path, "pyyaml_indentless.yaml")
+    procs = [subprocess.Popen([PYTHON, str(BRIDGE), "relay", "down", "--root", str(root),
+                               "miho", "main", "writer %d: 並行" % n, "p%d" % n],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=clean_env(), stdin=subprocess.DEVNULL)
+             for n in range(20)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0] * 20, [o[1] for o in outs]
+    ids = sorted(int(o[0].strip()[4:]) for o in outs)
+    assert ids == list(range(49, 69))
+    text = queue.read_text(encoding="utf-8")
+    for n, (out, _) in enumerate(outs):
+        entry, _, _ = find_entry(text, out.strip())
+        assert entry["command"] == "writer %d: 並行" % n and entry["project"] == "p%d" % n
+    if yaml is not None:
+        assert len(yaml_entries(text)) == 22
+    inbox = (root / "queue/inbox/vice_captain.yaml").read_text(encoding="utf-8")
+    assert inbox.count("read: false") == 20
+    if yaml is not None:
+        assert len(yaml.safe_load(inbox)["messages"]) == 20
+
+
+class _Holder:
+    """flock(1) holding a lock in its own process group (its `sleep` child
+    inherits the lock, so release means killing the whole group)."""
+
+    def __init__(self, path, seconds):
+        self.proc = subprocess.Popen(
+            ["flock", "-x", str(path), "-c", "echo held; exec sleep %s" % seconds],
+            stdout=subprocess.PIPE, text=True, start_new_session=True)
+        assert self.proc.stdout.readline().strip() == "held"
+
+    def kill(self):
+        try:
+            os.killpg(self.proc.pid, 9)
+        except ProcessLookupError:
+            pass
+
+    def wait(self):
+        self.proc.wait()
+        self.proc.stdout.close()
+
+
+def _hold_lock(path, seconds):
+    return _Holder(path, seconds)
+
+
+@pytest.mark.skipif(shutil.which("flock") is None, reason="flock(1) not installed")
+def test_lock_held_elsewhere_is_reported_and_file_unchanged(tmp_path):
+    root, queue = make_root(tmp_path, "pyyaml_indentless.yaml", config={"relay": {
+        "lock_timeout_sec": 0.3, "lock_retry_sleep_sec": 0.1, "nudge": False}})
+    before = queue.read_bytes()
+    holder = _hold_lock(str(queue) + ".lock", 30)
+    try:
+        result = down(root, "miho", "main", "m", "p")
+    finally:
+        holder.kill()
+        holder.wait()
+    assert result.returncode == 1
+    assert result.stdout == ""
+    assert queue.read_bytes() == before
+    messages = [LOG_LINE.match(ln).group(2) for ln in log_lines(root)]
+    assert messages == ["Lock timeout (attempt 1/3), retrying...",
+                        "Lock timeout (attempt 2/3), retrying...",
+                        "ERROR: Failed to acquire lock after 3 attempts"]
+    assert "could not lock" in result.stderr
+
+
+@pytest.mark.skipif(shutil.which("flock") is None, reason="flock(1) not installed")
+def test_lock_released_during_retries_succeeds(tmp_path):
+    root, queue = make_root(tmp_path, "legacy_queue.yaml", config={"relay": {
+        "lock_timeout_sec": 0.3, "lock_retry_sleep_sec": 0.3, "lock_attempts": 5,
+        "nudge": False}})
+    holder = _hold_lock(str(queue) + ".lock", 60)
+    proc = subprocess.Popen([PYTHON, str(BRIDGE), "relay", "down", "--root", str(root), "miho",
+                             "main", "m", "p"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=clean_env(), stdin=subprocess.DEVNULL)
+    try:
+        deadline = time.monotonic() + 60
+        while not any("attempt 1/5" in ln for ln in log_lines(root)):
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.02)
+    finally:
+        holder.kill()   # release the lock once the first attempt has timed out
+        holder.wait()
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert out == "cmd_006\n"
+    assert "Lock timeout (attempt 1/5), retrying..." in err
+    assert "ERROR" not in err
+
+
+# ---- the nudge -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("inbox", [None, "empty.yaml", "null.yaml", "existing.yaml"])
+def test_native_nudge_appends_like_inbox_write(tmp_path, inbox):
+    root, _ = make_root(tmp_path)
+    path = root / "queue/inbox/vice_captain.yaml"
+    before = ""
+    if inbox:
+        path.parent.mkdir(parents=True)
+        shutil.copy(RELAY_FIX / "inbox" / inbox, path)
+        before = path.read_text()
+    result = down(root, "miho", "main", "m", "p")
+    assert result.returncode == 0, result.stderr
+    text = path.read_text(encoding="utf-8")
+    m = re.search(r"^- content: (.*)\n  from: miho\n  id: (msg_\d{8}_\d{6}_[0-9a-f]{8})\n"
+                  r"  read: false\n  timestamp: '(.*)'\n  type: cmd_new\n\Z", text, re.M)
+    assert m, text
+    assert m.group(1) == "新規指令 cmd_001 を受信。処理されたし。"
+    if inbox == "existing.yaml":
+        assert text.startswith(before)
+    if yaml is not None:
+        messages = yaml.safe_load(text)["messages"]
+        assert messages[-1]["read"] is False and messages[-1]["type"] == "cmd_new"
+
+
+def test_nudge_command_gets_inbox_write_arguments(tmp_path):
+    record = tmp_path / "argv.txt"
+    root, _ = make_root(tmp_path, cluster="alpha", config={"relay": {
+        "nudge_command": ["sh", str(RELAY_FIX / "nudge_record.sh")]}})
+    result = down(root, "miho", "alpha", "m", "p", env=clean_env(NUDGE_RECORD=record))
+    assert result.returncode == 0, result.stderr
+    assert record.read_text(encoding="utf-8").splitlines() == [
+        "vice_captain", "新規指令 cmd_001 を受信。処理されたし。", "cmd_new", "miho",
+        "CLUSTER_ID=alpha"]
+    assert not (root / "queue/inbox").exists()
+
+
+@pytest.mark.parametrize("cluster_config,target", [
+    ("name: alpha\ncaptain: darjeeling  # the cluster's captain\n", "darjeeling"),
+    ("name: alpha\n", "miho"),
+])
+def test_nudge_target_from_cluster_config(tmp_path, cluster_config, target):
+    root, _ = make_root(tmp_path, cluster="alpha", config={"relay": {
+        "queue_file": "captain_queue.yaml", "nudge_target": "@cluster_captain"}})
+    (root / "clusters/alpha/config.yaml").write_text(cluster_config)
+    (root / "queue").mkdir()
+    result = down(root, "miho", "alpha", "m", "p")
+    assert result.returncode == 0, result.stderr
+    assert (root / ("queue/inbox/%s.yaml" % target)).exists()
+    assert ("falling back to 'miho'" in result.stderr) == (target == "miho")
+
+
+def test_failed_nudge_is_a_warning_and_down_still_succeeds(tmp_path):
+    root, queue = make_root(tmp_path, config={"relay": {
+        "nudge_command": "sh " + str(RELAY_FIX / "nudge_fail.sh")}})
+    result = down(root, "miho", "main", "m", "p")
+    assert result.returncode == 0
+    assert result.stdout == "cmd_001\n"
+    messages = [LOG_LINE.match(ln).group(2) for ln in log_lines(root)]
+    assert messages[0].startswith("WARN: inbox nudge failed (exit 1)")
+    assert messages[1] == "DOWN SUCCESS: cmd_001 created (project=p, priority=medium)"
+    assert "cmd_001" in queue.read_text()
+
+
+@pytest.mark.skipif(shutil.which("flock") is None, reason="flock(1) not installed")
+def test_native_nudge_with_inbox_locked_warns(tmp_path):
+    root, queue = make_root(tmp_path, config={"relay": {
+        "lock_timeout_sec": 0.2, "lock_retry_sleep_sec": 0.05}})
+    inbox = root / "queue/inbox"
+    inbox.mkdir(parents=True)
+    holder = _hold_lock(str(inbox / "vice_captain.yaml.lock"), 30)
+    try:
+        result = down(root, "miho", "main", "m", "p")
+    finally:
+        holder.kill()
+        holder.wait()
+    assert result.returncode == 0
+    assert result.stdout == "cmd_001\n"
+    assert "WARN: inbox nudge failed" in result.stderr
+    assert not (inbox / "vice_captain.yaml").exists()
+
+
+# ---- up ---------------------------------------------------------------------------
+
+def up(root, *args):
+    return run_bridge("relay", "up", "--root", root, *args)
+
+
+@pytest.mark.parametrize("fixture,cmd_id,relays", [
+    ("pyyaml_indentless.yaml", "cmd_047", True),        # done + agent_teams
+    ("pyyaml_indentless.yaml", "cmd_048", False),       # in_progress
+    ("hand_indented.yaml", "cmd_001", False),           # no source (Lord)
+    ("hand_indented.yaml", "cmd_002", False),           # redo_of
+    ("hand_indented.yaml", "cmd_003", True),            # key order differs
+    ("dict_keyed.yaml", "cmd_1076", True),
+    ("dict_keyed.yaml", "cmd_1077", False),             # reassigned, no source
+    ("naginata_mixed.yaml", "cmd_1183", True),          # the later duplicate counts
+    ("naginata_mixed.yaml", "cmd_1184", True),          # `-` on its own line
+    ("toplevel_list.yaml", "cmd_048", False),           # pending
+])
+def test_up_applies_the_no_relay_conditions(tmp_path, fixture, cmd_id, relays):
+    root, _ = make_root(tmp_path, fixture)
+    result = up(root, "miho", "main", cmd_id, "done", "テスト完了、確認済み")
+    assert result.returncode == 0, result.stderr
+    messages = [LOG_LINE.match(ln).group(2) for ln in log_lines(root)]
+    if relays:
+        assert result.stdout == "miho隊報告: %s [done] \u2014 テスト完了、確認済み\n" % cmd_id
+        assert messages == ["UP SUCCESS: %s [done] \u2014 テスト完了、確認済み" % cmd_id]
+    else:
+        assert result.stdout == ""
+        assert messages[0].startswith("NO RELAY: %s" % cmd_id)
+        forced = up(root, "miho", "main", cmd_id, "done", "s", "--force")
+        assert forced.returncode == 0
+        assert forced.stdout == "miho隊報告: %s [done] \u2014 s\n" % cmd_id
+
+
+def test_up_status_argument_pending_is_not_relayed(tmp_path):
+    root, _ = make_root(tmp_path, "pyyaml_indentless.yaml")
+    result = up(root, "miho", "main", "cmd_047", "in_progress", "half way")
+    assert result.returncode == 0 and result.stdout == ""
+
+
+def test_up_unknown_id_and_usage_errors(tmp_path):
+    root, _ = make_root(tmp_path, "pyyaml_indentless.yaml")
+    unknown = up(root, "miho", "main", "cmd_777", "done", "s")
+    assert unknown.returncode == 1 and "cmd_777" in unknown.stderr and unknown.stdout == ""
+    for args in (("miho", "main", "cmd_047", "done", ""), ("miho", "main", "", "done", "s"),
+                 ("miho", "main", "cmd_047", "done")):
+        result = up(root, *args)
+        assert result.returncode == 2, args
+        assert result.stdout == ""
+
+
+def test_up_after_down_round_trip(tmp_path):
+    root, queue = make_root(tmp_path, "hand_indented.yaml", config={"relay": {"nudge": False}})
+    cmd_id = down(root, "miho", "main", "work", "p").stdout.strip()
+    assert up(root, "miho", "main", cmd_id, "done", "s").stdout == ""     # still pending
+    text = queue.read_text().replace("id: %s\n    timestamp" % cmd_id, "id: %s\n    ts" % cmd_id)
+    queue.write_text(text.replace("    status: pending\n    source: agent_teams",
+                                  "    status: done\n    source: agent_teams"))
+    assert up(root, "miho", "main", cmd_id, "done", "s").stdout.startswith("miho隊報告: ")
