@@ -8317,9 +8317,14 @@ def add_seam_parsers(subparsers):
 # ---- relay commands ----
 def add_relay_parsers(subparsers):
     """relay down|up."""
+    import argparse
     relay = subparsers.add_parser(
         "relay", help="the Agent Teams <-> YAML queue relay (down|up)",
-        description="Hand commands down to the YAML work queue and report results up.")
+        description="Hand commands down to the YAML work queue and report results up.",
+        epilog="examples:\n  python3 scripts/bridge.py relay down miho main-cluster \"Fix the watcher.\" gup-v2\n"
+               "  python3 scripts/bridge.py relay up miho main-cluster cmd_049 done \"Fixed.\"\n"
+               "Run `bridge.py relay down --help` or `relay up --help` for the arguments.",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     verbs = relay.add_subparsers(dest="relay_verb", metavar="VERB")
     down = add_command(
         verbs, "down", cmd_relay_down,
