@@ -814,6 +814,25 @@ def config_get(config, dotted, default=None):
     return node
 
 
+def split_command(value, what):
+    """A configured command as an argv list: a list is used as given, a string is split the way
+    a shell would split it (no shell runs it). None or empty gives None. Anything else, or a
+    string with an unterminated quote, is a BridgeError naming `what` (the config key)."""
+    if value is None or value == "" or value == []:
+        return None
+    if isinstance(value, str):
+        import shlex
+        try:
+            return shlex.split(value) or None
+        except ValueError as exc:
+            raise BridgeError("%s: cannot split %r: %s" % (what, value, exc))
+    if isinstance(value, list) and all(isinstance(a, (str, int)) and not isinstance(a, bool)
+                                       for a in value):
+        return [str(a) for a in value]
+    raise BridgeError("%s must be a command string or a list of strings, got %s" % (
+        what, json.dumps(value)))
+
+
 # ---- redaction ----------------------------------------------------------------
 #
 # Three layers, all reporting (start, end) spans of the ORIGINAL text, which are merged
@@ -2017,13 +2036,11 @@ class Beads:
         import shutil
         self.root = root
         self.timeout = float(config_get(config, "bead.timeout_sec", 30) or 30)
-        command = config_get(config, "bead.command")
+        command = split_command(config_get(config, "bead.command"), "bead.command")
         self.required = command is not None
         self.skip_reason = None
-        if isinstance(command, str):
-            command = [command]
         if command:
-            self.argv = list(command)
+            self.argv = command
         elif shutil.which("bd") and os.path.isdir(os.path.join(root, ".beads")):
             self.argv = ["bd"]
             self.required = True
@@ -4922,7 +4939,8 @@ def relay_lock(lock_path, config, log, what="queue"):
 
 def relay_queue_path(root, session, config):
     """clusters/<session>/queue/<file> when that directory exists, else queue/<file>."""
-    name = config_get(config, "relay.queue_file", "captain_to_vice_captain.yaml")
+    name = safe_name(config_get(config, "relay.queue_file", "captain_to_vice_captain.yaml"),
+                     "relay.queue_file")
     clustered = os.path.join(root, "clusters", session, "queue")
     if os.path.isdir(clustered):
         return os.path.join(clustered, name), True
@@ -5050,9 +5068,8 @@ def relay_nudge(root, config, log, captain_id, cluster_id, cmd_id, session=""):
     content = RELAY_NUDGE_TEXT.format(cmd_id=cmd_id)
     command = config_get(config, "relay.nudge_command")
     try:
-        if command:
-            import shlex
-            argv = shlex.split(command) if isinstance(command, str) else [str(a) for a in command]
+        argv = split_command(command, "relay.nudge_command")
+        if argv:
             env = dict(os.environ)
             if cluster_id:
                 env["CLUSTER_ID"] = cluster_id
@@ -5912,13 +5929,12 @@ class Proxy:
 def proxy_command(cfg, argv=None):
     """The Doctor's argv, cwd and environment: the command after `--`, else doctor.commandLine
     (BRIDGE_DOCTOR_CMD, split like a shell would but run without one), else doctor.command + args."""
-    import shlex
     doc = cfg["doctor"]
     if not argv:
-        if doc["commandLine"]:
-            argv = shlex.split(doc["commandLine"])
-        elif doc["command"]:
-            argv = [doc["command"]] + [str(a) for a in doc["args"]]
+        argv = split_command(doc["commandLine"], "doctor.commandLine (BRIDGE_DOCTOR_CMD)")
+        command = split_command(doc["command"], "doctor.command")
+        if not argv and command:
+            argv = command + (split_command(doc["args"], "doctor.args") or [])
     if not argv:
         raise BridgeError("proxy: no server command: give it after `--`, or set doctor.command in the "
                           "config or BRIDGE_DOCTOR_CMD")
@@ -6724,12 +6740,10 @@ class McpClient:
 
     def __init__(self, command, cwd, framing="content-length", timeout=30.0, env=None,
                  log=None):
-        import shlex
-        if isinstance(command, str):
-            command = shlex.split(command)
+        command = split_command(command, "changes.mcp.command")
         if not command:
             raise BridgeError("changes.mcp.command is empty", EXIT_USAGE)
-        self.command = [str(c) for c in command]
+        self.command = command
         self.cwd = str(cwd)
         self.framing = framing
         self.timeout = float(timeout)

@@ -295,3 +295,24 @@ def test_every_command_help_has_an_example():
         out = run_bridge(command, "--help")
         assert out.returncode == 0, (command, out.stderr)
         assert "example" in out.stdout.lower(), command
+
+
+@pytest.mark.parametrize("value, message", [
+    (5, "must be a command string or a list of strings"),
+    ('"unterminated', "cannot split"),
+    ([1.5], "must be a command string or a list of strings"),
+])
+def test_split_command_names_the_key(value, message):
+    with pytest.raises(bridge.BridgeError) as err:
+        bridge.split_command(value, "doctor.command")
+    assert "doctor.command" in err.value.message and message in err.value.message
+    assert bridge.split_command("a 'b c'", "k") == ["a", "b c"]
+    assert bridge.split_command(["x", 1], "k") == ["x", "1"]
+    assert bridge.split_command(None, "k") is None
+
+
+def test_bad_doctor_command_is_a_clear_config_error(tmp_path):
+    (tmp_path / "bridge.config.json").write_text('{"doctor": {"commandLine": "\\"x"}}')
+    out = run_bridge("proxy", "--root", str(tmp_path), cwd=tmp_path)
+    assert out.returncode == 2
+    assert "doctor.commandLine" in out.stderr and "Traceback" not in out.stderr

@@ -733,3 +733,18 @@ def test_up_after_down_round_trip(tmp_path):
     queue.write_text(text.replace("    status: pending\n    source: agent_teams",
                                   "    status: done\n    source: agent_teams"))
     assert up(root, "miho", "main", cmd_id, "done", "s").stdout.startswith("miho隊報告: ")
+
+
+def test_bad_nudge_command_is_a_warning_and_the_command_stays_queued(tmp_path):
+    root, _ = make_root(tmp_path, config={"relay": {"nudge_command": 5}})
+    out = down(root, "miho", "main", "Do the thing.", "proj")
+    assert out.returncode == 0, out.stderr
+    assert "Traceback" not in out.stderr and "relay.nudge_command" in out.stderr
+    assert out.stdout.strip() == "cmd_001"
+
+
+def test_queue_file_may_not_leave_the_queue_directory(tmp_path):
+    root, _ = make_root(tmp_path, config={"relay": {"queue_file": "../../escape.yaml"}})
+    out = down(root, "miho", "main", "Do the thing.", "proj")
+    assert out.returncode == 2 and "relay.queue_file" in out.stderr
+    assert not (tmp_path / "escape.yaml").exists()
