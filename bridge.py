@@ -763,6 +763,9 @@ def _merge_config(defaults, given, prefix, source, unknown):
                 and not (isinstance(default, float) and isinstance(value, int))):
             raise BridgeError("%s: %s must be %s, got %s" % (
                 source, name, _type_name(default), json.dumps(value)))
+        elif isinstance(value, (int, float)) and not isinstance(value, bool) and not value >= 0:
+            # every number bridge.py reads is a time, size, count or port: none is negative
+            raise BridgeError("%s: %s must be a number >= 0, got %s" % (source, name, value))
         else:
             merged[key] = value
     return merged
@@ -2126,6 +2129,8 @@ class Watcher:
         if not 0.05 <= self.poll <= 3600:
             raise BridgeError("poll interval must be between 0.05 and 3600 seconds, got %s" % self.poll)
         self.cap = int(config.get("log_size_cap_kb", 10)) * 1024
+        if self.cap < 1024:
+            raise BridgeError("log_size_cap_kb must be at least 1, got %s" % config.get("log_size_cap_kb"))
         self.stop_on_failure = bool(config.get("stop_on_failure", True)) and not bool(
             config.get("continue_on_failure", False))
         self.continue_on_failure = bool(config.get("continue_on_failure", False))
@@ -2964,8 +2969,10 @@ def queue_status(root, recent=5):
                              "mtime": 0})
             continue
         if not isinstance(record, dict):
+            failures.append({"id": name[:-5], "reason": "unreadable result",
+                             "detail": "%s does not hold a JSON object" % path, "mtime": 0})
             continue
-        status = record.get("status") or "?"
+        status = record.get("status") if isinstance(record.get("status"), str) else "?"
         by_status[status] = by_status.get(status, 0) + 1
         if record.get("exit_path") in ("failed", "blocked", "skipped"):
             failures.append({"id": record.get("id"), "status": status,

@@ -316,3 +316,10 @@ def test_bad_doctor_command_is_a_clear_config_error(tmp_path):
     out = run_bridge("proxy", "--root", str(tmp_path), cwd=tmp_path)
     assert out.returncode == 2
     assert "doctor.commandLine" in out.stderr and "Traceback" not in out.stderr
+
+
+def test_negative_numbers_in_config_are_refused(tmp_path):
+    (tmp_path / "bridge.config.json").write_text('{"worker_lock_ttl_sec": -5}')
+    with pytest.raises(bridge.BridgeError) as err:
+        bridge.load_config(tmp_path, env={})
+    assert "worker_lock_ttl_sec must be a number >= 0" in err.value.message

@@ -712,6 +712,18 @@ def test_status_reports_counts_and_recent_failures(queue):
     report = json.loads(queue.bridge("status", "--json").stdout)
     assert report["queued"] == 1 and report["results"] == {"failed": 1}
     assert report["recent_failures"][0]["id"] == "st1" and report["worker"] is None
+    (queue.handoff / "results" / "junk.json").write_text("[1, 2]")
+    report = json.loads(queue.bridge("status", "--json").stdout)
+    assert {"id": "junk", "reason": "unreadable result",
+            "detail": str(queue.handoff / "results" / "junk.json") + " does not hold a JSON object"} \
+        in report["recent_failures"]
+
+
+def test_log_size_cap_must_be_at_least_one_kb(queue, tmp_path):
+    bad = tmp_path / "cap.json"
+    bad.write_text(json.dumps({"log_size_cap_kb": 0}))
+    out = run_bridge("watch", "--once", "--root", queue.repo, "--config", bad)
+    assert out.returncode == 2 and "log_size_cap_kb" in out.stderr
 
 
 def test_sweep_age_rule_for_locks_not_provably_dead(queue):
