@@ -5162,6 +5162,19 @@ PROXY_REASONS = {
 }
 
 
+def proxy_decoder():
+    """A `json.loads` for relayed lines, minus its per-call wrapper work: a line starting `{"`
+    is UTF-8 (that is all `json.detect_encoding` would conclude) and is decoded exactly as
+    `json.loads` would decode it; anything else goes through `json.loads` itself."""
+    decode, loads = json.JSONDecoder().decode, json.loads
+
+    def parse(line):
+        if line[:2] == b'{"':
+            return decode(line.decode("utf-8", "surrogatepass"))
+        return loads(line)
+    return parse
+
+
 class ProxyLines:
     """Cuts a byte stream into complete lines (newline kept). A line longer than `cap` bytes is
     dropped (counted in `dropped`) and the stream resynchronises at the next newline."""
@@ -5309,6 +5322,7 @@ class Proxy:
         self.stdin_lines = ProxyLines(self.cap)
         self.to_child, self.to_client = bytearray(), bytearray()
         self.tail = collections.deque(maxlen=20)
+        self.parse = proxy_decoder()
         self.started = monotonic()
         self.st = dict(messagesIn=0, messagesOut=0, bytesIn=0, bytesOut=0, doctorRestarts=0, dropped=0,
                        eventsSkipped=0)
@@ -5530,14 +5544,14 @@ class Proxy:
     # ---- relay ----
     def client_lines(self, lines):
         """Client -> Doctor: parse a copy for ids and methods; forward, hold or answer."""
-        loads, pending, out, obs, child = json.loads, self.pending, [], self.obs, self.child
+        loads, pending, out, obs, child = self.parse, self.pending, [], self.obs, self.child
         watch = obs is not None and obs.client_count > 0
         gate = self.paused or self.stopped or self.shutting or child is None or child.exit is not None \
             or child.stop_reason or child.replay_id is not None
-        now = monotonic()
+        now, st = monotonic(), self.st
+        st["messagesIn"] += len(lines)
+        st["bytesIn"] += sum(map(len, lines))
         for line in lines:
-            self.st["messagesIn"] += 1
-            self.st["bytesIn"] += len(line)
             try:
                 msg = loads(line)
             except (ValueError, RecursionError) as exc:    # RecursionError: absurdly deep nesting
@@ -5595,8 +5609,9 @@ class Proxy:
 
     def child_lines(self, lines):
         """Doctor -> client: swallow the seed's special lines and the replayed handshake."""
-        loads, pending, out, child, obs = json.loads, self.pending, [], self.child, self.obs
+        loads, pending, out, child, obs = self.parse, self.pending, [], self.child, self.obs
         watch = obs is not None and obs.client_count > 0
+        init_try = self.init_try
         for line in lines:
             try:
                 msg = loads(line)
@@ -5615,7 +5630,7 @@ class Proxy:
                         self.replayed(msg)
                         continue
                     sent = pending.pop(mid, None)
-                    if self.init_try and mid == self.init_try[0] and isinstance(msg.get("result"), dict):
+                    if init_try and mid == init_try[0] and isinstance(msg.get("result"), dict):
                         self.init_params = self.init_try[1]
                         self.init_caps = msg["result"].get("capabilities") or {}
                     if not child.ready:
@@ -5634,11 +5649,12 @@ class Proxy:
                 for m in msg:
                     if m.__class__ is dict and m.get("id").__class__ in PROXY_IDS:
                         pending.pop(m["id"], None)
-            self.st["messagesOut"] += 1
-            self.st["bytesOut"] += len(line)
             out.append(line)
         if out:
-            self.send_client(b"".join(out))
+            data = b"".join(out)
+            self.st["messagesOut"] += len(out)
+            self.st["bytesOut"] += len(data)
+            self.send_client(data)
 
     def special(self, msg):
         """The seed's non-JSON-RPC Doctor lines: never forwarded (stdout carries MCP only)."""
