@@ -5713,6 +5713,16 @@ class Proxy:
     def send_child(self, data):
         child = self.child
         if child is not None and child.fin is not None:
+            if not self.to_child:                  # the usual case: write first, buffer the rest
+                try:
+                    sent = os.write(child.fin, data)
+                except BlockingIOError:
+                    sent = 0
+                except OSError:                    # the Doctor closed stdin or died: its exit follows
+                    return
+                if sent == len(data):
+                    return
+                data = data[sent:]
             self.to_child += data
             self.flush_child()
 
@@ -5728,6 +5738,17 @@ class Proxy:
 
     def send_client(self, data):
         if not self.client_gone:
+            if not self.to_client:                 # the usual case: write first, buffer the rest
+                try:
+                    sent = os.write(1, data)
+                except BlockingIOError:
+                    sent = 0
+                except OSError:
+                    self.client_gone = True
+                    return self.shutdown("the client's pipe closed")
+                if sent == len(data):
+                    return
+                data = data[sent:]
             self.to_client += data
             self.flush_client()
 
@@ -5744,12 +5765,27 @@ class Proxy:
 
     def drain_child(self, final=False):
         """Read what the Doctor wrote; final=True: everything already in the pipes."""
-        import select
         child = self.child
-        for name in ("fout", "ferr") if final else ("fout",):
-            for _ in range(64 if final else 1):
+        if not final:                              # the hot path: one read of stdout
+            fd = child.fout
+            if fd is not None:
+                try:
+                    data = os.read(fd, 1 << 16)
+                except OSError:
+                    data = b""
+                if data:
+                    self.child_lines(child.lines.feed(data))
+                    if child.lines.dropped:
+                        self.dropped(child.lines, "doctor")
+                else:
+                    self.child_lines(child.lines.finish())
+                    child.close("fout")
+            return
+        import select
+        for name in ("fout", "ferr"):
+            for _ in range(64):
                 fd = getattr(child, name)
-                if fd is None or final and not select.select([fd], [], [], 0)[0]:
+                if fd is None or not select.select([fd], [], [], 0)[0]:
                     break
                 try:
                     data = os.read(fd, 1 << 16)
@@ -5881,7 +5917,8 @@ class Proxy:
             data = os.read(0, 1 << 16)
             if data:
                 self.client_lines(self.stdin_lines.feed(data))
-                self.dropped(self.stdin_lines, "client")
+                if self.stdin_lines.dropped:
+                    self.dropped(self.stdin_lines, "client")
             else:
                 self.stdin_eof = True
                 self.client_lines(self.stdin_lines.finish())
