@@ -5882,8 +5882,12 @@ class Proxy:
 
     def timers(self, now):
         """Fire due deadlines (close stdin, TERM, KILL, held-message timeouts); seconds to sleep."""
+        child = self.child
+        if not self.held and child is not None and child.exit is None and not child.stop_reason \
+                and child.fout is not None:        # the relay's usual state: only the exit check is due
+            return max(0.0, min(now + 1.0, self.next_check) - now)
         import signal
-        child, due = self.child, [now + 1.0]
+        due = [now + 1.0]
         if child is not None and child.exit is None:
             if child.stop_reason:
                 if child.fin is not None and (not self.to_child or now >= child.term_at):
