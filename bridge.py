@@ -5186,6 +5186,29 @@ PROXY_REASONS = {
 }
 
 
+def proxy_decoder():
+    """A `json.loads` for relayed lines, minus its per-call wrapper work (the relay's main cost
+    under load). A line starting `{"` is UTF-8 (all `json.detect_encoding` would conclude) and
+    goes straight to the decoder's scanner, which raises the very errors `json.loads` would; the
+    result is taken as is only when nothing but the final newline follows the value. Any other
+    line, or trailing whitespace of another kind, goes the full `json.loads` way."""
+    decoder, loads = json.JSONDecoder(), json.loads
+    scan, decode = decoder.scan_once, decoder.decode
+
+    def parse(line):
+        if line[:2] != b'{"':
+            return loads(line)
+        text = line.decode("utf-8", "surrogatepass")
+        try:
+            obj, end = scan(text, 0)
+        except StopIteration:
+            return decode(text)
+        if end == len(text) - 1 and text[end] == "\n":
+            return obj
+        return decode(text)
+    return parse
+
+
 class ProxyLines:
     """Cuts a byte stream into complete lines (newline kept). A line longer than `cap` bytes is
     dropped (counted in `dropped`) and the stream resynchronises at the next newline."""
@@ -5333,6 +5356,7 @@ class Proxy:
         self.stdin_lines = ProxyLines(self.cap)
         self.to_child, self.to_client = bytearray(), bytearray()
         self.tail = collections.deque(maxlen=20)
+        self.parse = proxy_decoder()
         self.started = monotonic()
         self.st = dict(messagesIn=0, messagesOut=0, bytesIn=0, bytesOut=0, doctorRestarts=0, dropped=0,
                        eventsSkipped=0)
@@ -5554,14 +5578,14 @@ class Proxy:
     # ---- relay ----
     def client_lines(self, lines):
         """Client -> Doctor: parse a copy for ids and methods; forward, hold or answer."""
-        loads, pending, out, obs, child = json.loads, self.pending, [], self.obs, self.child
+        loads, pending, out, obs, child = self.parse, self.pending, [], self.obs, self.child
         watch = obs is not None and obs.client_count > 0
         gate = self.paused or self.stopped or self.shutting or child is None or child.exit is not None \
             or child.stop_reason or child.replay_id is not None
-        now = monotonic()
+        now, st = monotonic(), self.st
+        st["messagesIn"] += len(lines)
+        st["bytesIn"] += sum(map(len, lines))
         for line in lines:
-            self.st["messagesIn"] += 1
-            self.st["bytesIn"] += len(line)
             try:
                 msg = loads(line)
             except (ValueError, RecursionError) as exc:    # RecursionError: absurdly deep nesting
@@ -5619,8 +5643,9 @@ class Proxy:
 
     def child_lines(self, lines):
         """Doctor -> client: swallow the seed's special lines and the replayed handshake."""
-        loads, pending, out, child, obs = json.loads, self.pending, [], self.child, self.obs
+        loads, pending, out, child, obs = self.parse, self.pending, [], self.child, self.obs
         watch = obs is not None and obs.client_count > 0
+        init_try = self.init_try
         for line in lines:
             try:
                 msg = loads(line)
@@ -5639,7 +5664,7 @@ class Proxy:
                         self.replayed(msg)
                         continue
                     sent = pending.pop(mid, None)
-                    if self.init_try and mid == self.init_try[0] and isinstance(msg.get("result"), dict):
+                    if init_try and mid == init_try[0] and isinstance(msg.get("result"), dict):
                         self.init_params = self.init_try[1]
                         self.init_caps = msg["result"].get("capabilities") or {}
                     if not child.ready:
@@ -5658,11 +5683,12 @@ class Proxy:
                 for m in msg:
                     if m.__class__ is dict and m.get("id").__class__ in PROXY_IDS:
                         pending.pop(m["id"], None)
-            self.st["messagesOut"] += 1
-            self.st["bytesOut"] += len(line)
             out.append(line)
         if out:
-            self.send_client(b"".join(out))
+            data = b"".join(out)
+            self.st["messagesOut"] += len(out)
+            self.st["bytesOut"] += len(data)
+            self.send_client(data)
 
     def special(self, msg):
         """The seed's non-JSON-RPC Doctor lines: never forwarded (stdout carries MCP only)."""
@@ -5711,6 +5737,16 @@ class Proxy:
     def send_child(self, data):
         child = self.child
         if child is not None and child.fin is not None:
+            if not self.to_child:                  # the usual case: write first, buffer the rest
+                try:
+                    sent = os.write(child.fin, data)
+                except BlockingIOError:
+                    sent = 0
+                except OSError:                    # the Doctor closed stdin or died: its exit follows
+                    return
+                if sent == len(data):
+                    return
+                data = data[sent:]
             self.to_child += data
             self.flush_child()
 
@@ -5726,6 +5762,17 @@ class Proxy:
 
     def send_client(self, data):
         if not self.client_gone:
+            if not self.to_client:                 # the usual case: write first, buffer the rest
+                try:
+                    sent = os.write(1, data)
+                except BlockingIOError:
+                    sent = 0
+                except OSError:
+                    self.client_gone = True
+                    return self.shutdown("the client's pipe closed")
+                if sent == len(data):
+                    return
+                data = data[sent:]
             self.to_client += data
             self.flush_client()
 
@@ -5742,12 +5789,27 @@ class Proxy:
 
     def drain_child(self, final=False):
         """Read what the Doctor wrote; final=True: everything already in the pipes."""
-        import select
         child = self.child
-        for name in ("fout", "ferr") if final else ("fout",):
-            for _ in range(64 if final else 1):
+        if not final:                              # the hot path: one read of stdout
+            fd = child.fout
+            if fd is not None:
+                try:
+                    data = os.read(fd, 1 << 16)
+                except OSError:
+                    data = b""
+                if data:
+                    self.child_lines(child.lines.feed(data))
+                    if child.lines.dropped:
+                        self.dropped(child.lines, "doctor")
+                else:
+                    self.child_lines(child.lines.finish())
+                    child.close("fout")
+            return
+        import select
+        for name in ("fout", "ferr"):
+            for _ in range(64):
                 fd = getattr(child, name)
-                if fd is None or final and not select.select([fd], [], [], 0)[0]:
+                if fd is None or not select.select([fd], [], [], 0)[0]:
                     break
                 try:
                     data = os.read(fd, 1 << 16)
@@ -5844,8 +5906,12 @@ class Proxy:
 
     def timers(self, now):
         """Fire due deadlines (close stdin, TERM, KILL, held-message timeouts); seconds to sleep."""
+        child = self.child
+        if not self.held and child is not None and child.exit is None and not child.stop_reason \
+                and child.fout is not None:        # the relay's usual state: only the exit check is due
+            return max(0.0, min(now + 1.0, self.next_check) - now)
         import signal
-        child, due = self.child, [now + 1.0]
+        due = [now + 1.0]
         if child is not None and child.exit is None:
             if child.stop_reason:
                 if child.fin is not None and (not self.to_child or now >= child.term_at):
@@ -5879,7 +5945,8 @@ class Proxy:
             data = os.read(0, 1 << 16)
             if data:
                 self.client_lines(self.stdin_lines.feed(data))
-                self.dropped(self.stdin_lines, "client")
+                if self.stdin_lines.dropped:
+                    self.dropped(self.stdin_lines, "client")
             else:
                 self.stdin_eof = True
                 self.client_lines(self.stdin_lines.finish())
