@@ -5724,7 +5724,9 @@ class Proxy:
         if line.strip():                           # blank lines are skipped silently
             self.st["dropped"] += 1
             self.emit("bridge:dropped", {"from": side, "reason": "malformed JSON: %s" % exc, "size": len(line),
-                                         "sample": line[:120].decode("utf-8", "replace")})
+                                         # redact before cutting: a cut token is no longer recognisable
+                                         "sample": self.redactor.redact(
+                                             line[:4096].decode("utf-8", "replace"))[:120]})
 
     def dropped(self, splitter, side):
         if splitter.dropped:
@@ -5834,9 +5836,10 @@ class Proxy:
         if not cut and len(buf) >= 1 << 16:
             cut = len(buf)
         for line in bytes(buf[:cut]).splitlines():
-            if len(line) > 4000:
-                line = line[:4000] + b"...[%d bytes cut]" % (len(line) - 4000)
+            # redact before cutting: a cut token is no longer recognisable
             text = self.redactor.redact(line.decode("utf-8", "replace"))
+            if len(text) > 4000:
+                text = text[:4000] + "...[%d characters cut]" % (len(text) - 4000)
             self.tail.append(text[:500])
             self.write_stderr(b"[doctor] " + text.encode("utf-8") + b"\n")
         del buf[:cut]

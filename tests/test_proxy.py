@@ -600,3 +600,17 @@ def test_server_requests_answered_and_batches_tracked(session):
     assert answered == {"b1", mid + 1}
     assert '[{"jsonrpc": "2.0", "id": "b1"' in s.received()[-2]           # passed through unchanged
     s.close()
+
+
+def test_secrets_are_redacted_before_long_lines_are_cut(session):
+    """A token straddling a cut point must not survive in part (stderr and bridge:dropped)."""
+    token = "ghp_" + "Q" * 36
+    s = session()
+    s.call("stderr", text="x" * 3989 + " " + token + "\n")                 # crosses the 4000 cut
+    s.recv()
+    s.send_raw(b"{not json " + b"y" * 99 + b" " + token.encode() + b"\n")  # crosses the 120 sample
+    s.call("after")
+    s.recv()
+    s.close()
+    err = s.err()
+    assert "ghp_QQQ" not in err and "[REDACTED]" in err
