@@ -3422,16 +3422,30 @@ def egress_emit(data, host_flag="", repo_root=None, debug=None):
     root = seam_root(repo_root, cwd)
     bdir = bridge_dir(root)
     detail = payload.get("detail") if isinstance(payload.get("detail"), dict) else {}
-    ts = _payload_str(payload, "timestamp") or _payload_str(payload, "ts") or utc_iso()
+    ts = _payload_str(payload, "timestamp") or _payload_str(payload, "ts")
+    agent_type = _payload_str(payload, "agent_type")
+    source = _payload_str(detail, "source") or _payload_str(payload, "source")
+    # Free text from the host is redacted, but only when present; a valid RFC 3339
+    # time cannot hold a secret, so the common payload skips the redactor for ts.
+    ts_free = bool(ts) and parse_rfc3339(ts) is None
+    if ts_free or agent_type or source:
+        redactor = _seam_redactor(root)
+        if ts_free:
+            ts = redactor.redact(ts)
+        if agent_type:
+            agent_type = redactor.redact(agent_type)
+        if source:
+            source = redactor.redact(source)
+    ts = ts or utc_iso()
     actor = _actor_id(host, payload)
     record = {
         "timestamp": ts, "ts": ts, "host": host, "event": event,
         "session_id": _payload_str(payload, "session_id"),
         "agent_id": _payload_str(payload, "agent_id"),
-        "agent_type": _payload_str(payload, "agent_type"),
+        "agent_type": agent_type,
         "actor_id": actor,
         "detail": {"tool": _payload_str(detail, "tool") or _payload_str(payload, "tool_name"),
-                   "source": _payload_str(detail, "source") or _payload_str(payload, "source")},
+                   "source": source},
     }
     events = os.path.join(bdir, "events.jsonl")
     seam_append(events, go_line(record))
@@ -3975,14 +3989,20 @@ def inbox_ack(root, opts):
         raise SeamFailure("--ts %s does not match inbox line %d (ts %r)" % (rts, line, rec["ts"]))
     if rec["kind"] != kind:
         raise SeamFailure("--kind %s does not match inbox line %d (kind %r)" % (kind, line, rec["kind"]))
-    text = opts.get("text", "")
-    if text:
-        text = _seam_redactor(root).redact(text.replace("\r", " ").replace("\n", " ").strip())
+    # Free text is redacted before it is written; the fields replyKey and the
+    # status check match on (line, id, ts, kind, target, status) and the ids
+    # (request_id, session_id, host) are kept byte-identical.
+    free = {name: opts.get(name, "") for name in ("text", "entity", "field", "value", "verdict")}
+    if free["text"]:
+        free["text"] = free["text"].replace("\r", " ").replace("\n", " ").strip()
+    if any(free.values()):
+        redactor = _seam_redactor(root)
+        free = {name: redactor.redact(value) if value else value for name, value in free.items()}
     granted = opts.get("granted")
     reply = reply_record(ACK_KINDS[kind], slug, line, kind, status, rid, rts, (
-        ("text", text), ("granted", granted), ("entity", opts.get("entity", "")),
-        ("field", opts.get("field", "")), ("value", opts.get("value", "")),
-        ("verdict", opts.get("verdict", "")), ("request_id", opts.get("request-id", "")),
+        ("text", free["text"]), ("granted", granted), ("entity", free["entity"]),
+        ("field", free["field"]), ("value", free["value"]),
+        ("verdict", free["verdict"]), ("request_id", opts.get("request-id", "")),
         ("session_id", session_id), ("host", host)))
     try:
         seam_append(os.path.join(bdir, "fo-replies.jsonl"), go_line(reply))
@@ -4328,8 +4348,9 @@ def _wake_pass(root, bdir, config, members, codex_bin):
         else:
             error = result.describe()
             tail = result.stderr.strip().splitlines()[-1:] if result.stderr else []
-            if tail:
+            if tail:  # codex's own output may echo secrets: redact before it is kept
                 error += ": " + tail[0][:300]
+            error = _seam_redactor(root).redact(error)
             failures.append(error)
             _wake_event(bdir, "failed", lines, slugs, session, error=error)
     status = "woke" if not failures else ("partial" if woke else "failed")

@@ -960,3 +960,80 @@ def test_symlinked_state_files_are_replaced_or_refused_never_followed(repo, tmp_
     assert seam("inbox", "commit", "--slug", "alpha", "--cursor", "2", cwd=repo)[1] == {"cursor": 2}
     assert (bdir / ".inbox-cursor.alpha").read_text() == "2\n"
     assert all(t.read_text() == "precious\n" for t in targets.values())
+
+
+# ---- redaction of free text on every seam write (review findings) -------------------
+
+GHP = "ghp_" + "A1b2C3d4E5f6G7h8I9j0K1l2M3n4O5p6Q7r8"  # a GitHub token shape, 36 after ghp_
+ENV_SECRET = "Zq8vN3xLp2Rw7KsT4mYd"
+
+
+def secret_env(**extra):
+    return clean_env(SEAMTEST_API_TOKEN=ENV_SECRET, **extra)
+
+
+def assert_no_secret(repo, *outputs):
+    assert len(GHP) == 40
+    for path in Path(repo, "_bridge").rglob("*"):
+        if path.is_file():
+            data = path.read_bytes()
+            assert GHP.encode() not in data and ENV_SECRET.encode() not in data, path
+    for text in outputs:
+        assert GHP not in text and ENV_SECRET not in text, text
+
+
+def test_ack_redacts_every_free_text_field_but_keeps_the_dedup_key(repo):
+    write_inbox(repo, *INBOX3)
+    env = secret_env()
+    leak = "see %s and %s" % (GHP, ENV_SECRET)
+    result = run_bridge("inbox", "ack", "--slug", "alpha", "--line", "3", "--id", "i3",
+                        "--ts", "2026-07-03T11:02:00Z", "--kind", "decision", "--status", "applied",
+                        "--text", leak, "--entity", "e1 " + GHP, "--field", ENV_SECRET,
+                        "--value", leak, "--verdict", leak, "--request-id", "req-1",
+                        cwd=repo, env=env)
+    assert result.returncode == 0, result
+    assert_no_secret(repo, result.stdout, result.stderr)
+    (rec,) = records(repo / "_bridge/fo-replies.jsonl")
+    assert (rec["target"], rec["in_reply_to_id"], rec["in_reply_to_line"], rec["in_reply_to_ts"],
+            rec["intent_kind"], rec["status"], rec["request_id"]) == (
+        "alpha", "i3", 3, "2026-07-03T11:02:00Z", "decision", "applied", "req-1")
+    for key in ("text", "entity", "field", "value", "verdict"):
+        assert rec[key], key  # redacted, not dropped
+    # The terminal ack still matches its intent: line 3 is delivered, line 1 is not.
+    code, out, _ = seam("inbox", "drain", "--slug", "alpha", cwd=repo, env=env)
+    assert code == 0 and [r["line"] for r in out["records"]] == [1]
+    assert_no_secret(repo)
+
+
+def test_emit_redacts_timestamp_agent_type_and_source(repo):
+    env = secret_env()
+    for changes in ({"timestamp": "at " + GHP, "agent_type": "ensign " + ENV_SECRET,
+                     "detail": {"source": "resume " + GHP}},
+                    {"ts": ENV_SECRET + " " + GHP, "source": "token " + GHP}):
+        result = run_bridge("egress", "emit", "--host", "codex", cwd=repo, env=env,
+                            input=payload("codex_session_start.json", repo, **changes))
+        assert (result.returncode, result.stdout, result.stderr) == (0, "", ""), result
+    assert_no_secret(repo)
+    first, second = records(repo / "_bridge/events.jsonl")
+    assert list(first) == EVENT_KEYS and first["agent_type"].startswith("ensign ")
+    assert first["detail"]["source"].startswith("resume ") and second["ts"] == second["timestamp"]
+    # A valid time passes through untouched.
+    emit("codex", payload("codex_session_start.json", repo, ts="2026-07-09T00:00:00.5+02:00"),
+         cwd=repo, env=env)
+    assert records(repo / "_bridge/events.jsonl")[-1]["ts"] == "2026-07-09T00:00:00.5+02:00"
+
+
+def test_wake_redacts_codex_stderr_in_event_and_output(repo, tmp_path):
+    bdir = write_inbox(repo, {"id": "w1", "ts": "2026-07-02T11:00:00Z", "kind": "tell", "target": "a"})
+    heartbeat(repo, "a", "session-a", "codex")
+    fake = tmp_path / "codex"
+    fake.write_text("#!/bin/sh\ncat >/dev/null\n"
+                    "echo \"auth failed for %s with $SEAMTEST_API_TOKEN\" >&2\nexit 3\n" % GHP)
+    fake.chmod(0o755)
+    result = run_bridge("wake", "--host", "codex", "--codex-bin", fake, cwd=repo, env=secret_env())
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result
+    out = json.loads(result.stdout)
+    assert out["status"] == "failed" and "auth failed for" in out["error"]
+    assert_no_secret(repo, result.stdout, result.stderr)
+    event = records(bdir / "wake-events.jsonl")[-1]
+    assert event["status"] == "failed" and "auth failed for" in event["error"]
