@@ -1639,6 +1639,36 @@ class Git:
         return self.worktree_diff(base, exclude, "--shortstat").strip()
 
 
+def git_exclude(root, pattern, comment=None):
+    """Make git ignore `pattern` locally via info/exclude (shared by linked worktrees).
+
+    Returns None outside a git repository, False when the pattern (with or without its
+    leading/trailing slash) is already listed, else the exclude file's path. Works on
+    bytes, so a non-UTF-8 exclude file is kept as it is, and appends under O_APPEND after
+    a newline when the file does not end with one (else the last pattern is corrupted).
+    """
+    res = Git(root).run("rev-parse", "--git-path", "info/exclude", check=False)
+    if not res.ok or not res.stdout.strip():
+        return None
+    path = res.stdout.strip()
+    if not os.path.isabs(path):
+        path = os.path.join(os.fspath(root), path)
+    bare = pattern.strip("/")
+    variants = {v.encode("utf-8") for v in (bare, "/" + bare, bare + "/", "/" + bare + "/")}
+    try:
+        with open(path, "rb") as handle:
+            existing = handle.read()
+    except FileNotFoundError:
+        existing = b""
+    if any(line.strip() in variants for line in existing.split(b"\n")):
+        return False
+    data = b"\n" if existing and not existing.endswith(b"\n") else b""
+    if comment:
+        data += ("# %s\n" % comment).encode("utf-8")
+    append_text(path, data + pattern.encode("utf-8") + b"\n")
+    return path
+
+
 # ---- JSON-RPC framing -----------------------------------------------------------
 
 class MessageReader:
@@ -1787,24 +1817,11 @@ def handoff_init(root):
         if not os.path.isdir(handoff.dir(name)):
             os.makedirs(handoff.dir(name), exist_ok=True)
             done.append("created %s/%s/" % (HANDOFF_DIR, name))
-    git = Git(root)
-    result = git.run("rev-parse", "--git-common-dir", check=False)
-    if not result.ok:
+    exclude = git_exclude(root, "/%s/" % HANDOFF_DIR,
+                          "bridge.py watcher state (local, never committed)")
+    if exclude is None:
         done.append("not a git repository: nothing to exclude (the watcher needs git)")
-        return done
-    common = result.stdout.strip()
-    exclude = os.path.join(common if os.path.isabs(common) else os.path.join(root, common),
-                           "info", "exclude")
-    try:
-        with open(exclude, encoding="utf-8", errors="replace") as handle:
-            lines = handle.read().splitlines()
-    except FileNotFoundError:
-        lines = []
-    if not any(line.strip() in ("/%s/" % HANDOFF_DIR, "%s/" % HANDOFF_DIR, "/" + HANDOFF_DIR,
-                                HANDOFF_DIR) for line in lines):
-        text = "\n".join(lines + ["# bridge.py watcher state (local, never committed)",
-                                  "/%s/" % HANDOFF_DIR]) + "\n"
-        atomic_write(exclude, text)
+    elif exclude:
         done.append("added /%s/ to %s" % (HANDOFF_DIR, os.path.relpath(exclude, root)))
     return done
 
@@ -7262,20 +7279,8 @@ class ChangeSets:
     def ensure_excluded(self):
         """Keep changes/ out of `git status` (and so out of the worktree fingerprint): the
         change sets written after an id is derived must not make their own base stale."""
-        res = Git(self.root).run("rev-parse", "--git-path", "info/exclude", check=False)
-        if res.exit_code != 0:
-            return
-        path = res.stdout.strip()
-        if not os.path.isabs(path):
-            path = os.path.join(self.root, path)
-        pattern = "/%s/" % os.path.relpath(self.dir, self.root).replace(os.sep, "/")
-        try:
-            with open(path, "r", encoding="utf-8", errors="replace") as f:
-                if pattern in f.read().splitlines():
-                    return
-        except FileNotFoundError:
-            pass
-        append_text(path, pattern + "\n")
+        git_exclude(self.root,
+                    "/%s/" % os.path.relpath(self.dir, self.root).replace(os.sep, "/"))
 
     # -- status --
     def status_lock(self):
@@ -7311,7 +7316,7 @@ class ChangeSets:
         status = dict(prev or {})
         status.update({
             "schema_version": CHANGESET_STATUS_SCHEMA, "change_set_id": cs_id,
-            "state": state, "decision": decision, "reason": self.redactor.redact(reason),
+            "state": state, "decision": decision, "reason": reason,
             "updated_at": now_iso()})
         if isinstance(meta, dict) and isinstance(meta.get("base_state"), dict):
             status["validated_against"] = {"base_state": meta["base_state"],
@@ -7321,12 +7326,10 @@ class ChangeSets:
                                         "last_error": None})
         for key, value in extra.items():
             status[key] = value
-        execution = status["execution"]
-        if execution.get("last_error"):
-            execution["last_error"] = self.redactor.redact(execution["last_error"])
         # Server answers (violations...) may hold floats or odd text: store them as strings
-        # rather than fail to record a decision.
-        status = _canonical_safe(status)
+        # rather than fail to record a decision. Then redact the whole object: reason,
+        # last_error and every extra (problems, validation: server answers) alike.
+        status = self.redactor.redact_obj(_canonical_safe(status))
         with self.status_lock():
             atomic_write(self.path(cs_id, CS_STATUS), canonical_json(status))
         self.record(cs_id, "status", state=state, decision=decision, reason=status["reason"])
@@ -7878,8 +7881,26 @@ def changeset_task_list(cs_id, title, plan):
     return "\n".join(lines) + "\n"
 
 
+def changeset_check_text(value, flag):
+    """`value` if it is encodable UTF-8 text, else a usage error naming `flag`: argv bytes
+    that are not UTF-8 arrive as lone surrogates (surrogateescape) and could not be written."""
+    if value is None:
+        return value
+    try:
+        str(value).encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise BridgeError("%s is not valid UTF-8 text (undecodable byte or lone surrogate at "
+                          "character %d)" % (flag, exc.start + 1), EXIT_USAGE)
+    return value
+
+
 def changeset_new(sets, subject, plan_path, arch_path=None, snapshot=None, worktree=False):
-    """Create (or idempotently rewrite) changes/<id>/. Returns the id."""
+    """Create (or idempotently rewrite) changes/<id>/. Returns the id.
+
+    The files are built in a hidden temporary folder inside changes/ and renamed into place,
+    so a failure never leaves a half-made change set behind."""
+    changeset_check_text(subject, "--subject")
+    changeset_check_text(snapshot, "--snapshot")
     if not str(subject).strip():
         raise BridgeError("--subject must not be empty", EXIT_USAGE)
     try:
@@ -7937,13 +7958,34 @@ def changeset_new(sets, subject, plan_path, arch_path=None, snapshot=None, workt
         raise BridgeError("change set %s is already %s (%s); it is immutable: an edited plan "
                           "gets a new id" % (cs_id, status.get("state"), status.get("decision")),
                           EXIT_FAILED)
-    os.makedirs(sets.path(cs_id), exist_ok=True)
-    atomic_write(sets.path(cs_id, CS_PLAN), canonical_json(plan))
-    atomic_write(sets.path(cs_id, CS_TASKS), changeset_task_list(cs_id, title, plan))
+    import shutil
+    # Everything that can fail (serialising, encoding, writing) happens in a hidden folder
+    # that ids() skips; the set appears complete or not at all.
+    files = [(CS_PLAN, canonical_json(plan)),
+             (CS_TASKS, changeset_task_list(cs_id, title, plan).encode("utf-8"))]
     if arch is not None:
-        atomic_write(sets.path(cs_id, CS_ARCH), arch)
+        files.append((CS_ARCH, arch.encode("utf-8")))
     # The meta goes last: its presence with the plan is what makes the change set READY.
-    atomic_write(sets.path(cs_id, CS_META), canonical_json(meta))
+    files.append((CS_META, canonical_json(meta)))
+    os.makedirs(sets.dir, exist_ok=True)
+    tmp = os.path.join(sets.dir, ".new-%s.%s" % (cs_id, random_hex()))
+    os.mkdir(tmp)
+    try:
+        for name, data in files:
+            atomic_write(os.path.join(tmp, name), data)
+        target = sets.path(cs_id)
+        try:
+            os.rename(tmp, target)  # a new change set: one rename
+        except OSError:
+            if not os.path.isdir(target):
+                raise
+            # An existing draft (or the same set again): each file replaced whole, meta last.
+            for name, _ in files:
+                os.replace(os.path.join(tmp, name), os.path.join(target, name))
+        _fsync_dir(target)
+        _fsync_dir(sets.dir)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
     sets.record(cs_id, "created", subject=identity["subject"], base_state=base,
                 plan_sha256=meta["plan_sha256"], supersedes=supersedes)
     return cs_id
@@ -8576,6 +8618,8 @@ def _changes_open(args):
 
 
 def cmd_changes_id(args):
+    changeset_check_text(args.subject, "--subject")
+    changeset_check_text(args.snapshot, "--snapshot")
     sets = _changes_open(args)
     base = changeset_resolve_base(sets, args.snapshot, args.worktree)
     identity = changeset_identity(args.subject, changeset_repo_key(sets.root), base)
@@ -8624,9 +8668,21 @@ def cmd_changes_validate(args):
 
 def cmd_changes_run(args):
     import signal
+    if args.poll is not None and not 0.05 <= args.poll <= 3600:  # also refuses nan
+        raise BridgeError("--poll must be between 0.05 and 3600 seconds, got %s" % args.poll,
+                          EXIT_USAGE)
     sets = _changes_open(args)
     if not sets.mcp_configured():
         raise BridgeError("changes run needs an MCP server: set changes.mcp.command", EXIT_USAGE)
+    poll = args.poll
+    if poll is None:
+        try:
+            poll = float(sets.cfg.get("poll_sec") or 2.0)
+        except (TypeError, ValueError):
+            poll = float("nan")
+        if not 0.05 <= poll <= 3600:
+            raise BridgeError("changes.poll_sec must be between 0.05 and 3600 seconds, got %r"
+                              % sets.cfg.get("poll_sec"), EXIT_USAGE)
     executor = ChangeExecutor(sets)
     executor.acquire()
 
@@ -8634,7 +8690,6 @@ def cmd_changes_run(args):
         executor.stopping = True
     old = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
     failed = False
-    poll = args.poll if args.poll is not None else float(sets.cfg.get("poll_sec") or 2.0)
     try:
         while True:
             for cs_id, final in executor.run_once():

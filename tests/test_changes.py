@@ -750,3 +750,109 @@ def test_requests_from_the_server_are_not_taken_for_replies(tmp_path, line):
     res = env.run()
     assert res.returncode == 0, res.stderr
     assert env.status(cs_id)["state"] == "completed"
+
+
+# ---- review fixes: redaction, bad argv text, info/exclude, --poll ------------------------
+
+GH_TOKEN = "ghp_" + "A1b2C3d4E5f6" * 3
+
+
+def test_status_extras_are_redacted(tmp_path):
+    env = Env(tmp_path, server_args=["--warn"])
+    secret_patch = NOTES_PATCH.replace("notes.txt", "%s.txt" % GH_TOKEN)
+    # the server's answer (preflight violations) names the patched path, token and all
+    (env.repo / ("%s.txt" % GH_TOKEN)).write_text("hello\n")
+    git(env.repo, "add", "-A")
+    git(env.repo, "commit", "-q", "-m", "tokenish file")
+    cs_id = env.new("Add world", [task("t1", secret_patch)])
+    assert env.run().returncode == 0
+    status = env.status(cs_id)
+    assert status["state"] == "pending_review" and status["validation"]["preflight_violations"]
+    assert "[REDACTED]" in status["validation"]["preflight_violations"][0]["path"]
+    # the problems list of an offline rejection (a tampered plan) is redacted too
+    cs_id = env.new("Tampered", [task("t1", NOTES_PATCH)])
+    plan_path = env.dir(cs_id) / "02-implementation-plan.json"
+    doc = json.loads(plan_path.read_text())
+    doc["tasks"][0]["params"]["patch"] = NOTES_PATCH.replace("notes.txt", "../%s" % GH_TOKEN)
+    plan_path.write_bytes(B.canonical_json(doc))
+    env.run()
+    status = env.status(cs_id)
+    assert status["state"] == "failed" and len(status["problems"]) >= 2
+    for f in env.repo.joinpath("changes").rglob("05-status.json"):
+        assert GH_TOKEN not in f.read_text(), f
+    assert "[REDACTED]" in (env.dir(cs_id) / "05-status.json").read_text()
+
+
+def test_new_refuses_non_utf8_text_and_leaves_nothing(env):
+    plan_path = env.tmp / "plan.json"
+    plan_path.write_text(json.dumps(plan([task("t1", NOTES_PATCH)])))
+    for flags, name in ((["--subject", "a\udcff"], "--subject"),
+                        (["--subject", "ok", "--snapshot", "s\udcff"], "--snapshot")):
+        res = env.cli("new", *flags, "--plan", plan_path)
+        assert res.returncode == 2 and name in res.stderr and "UTF-8" in res.stderr, res.stderr
+        assert "Traceback" not in res.stderr
+    changes = env.repo / "changes"
+    assert not changes.exists() or [p.name for p in changes.iterdir()
+                                     if not p.name.startswith(".")] == []
+    assert not changes.exists() or not [p for p in changes.iterdir()
+                                        if p.name.startswith(".new-")]
+    assert "no change sets" in env.cli("status").stdout
+    assert env.cli("id", "--subject", "a\udcff").returncode == 2
+
+
+def test_new_failure_midway_leaves_no_half_set(env, monkeypatch):
+    sets = B.ChangeSets(str(env.repo), {"changes": {}})
+    plan_path = env.tmp / "plan.json"
+    plan_path.write_text(json.dumps(plan([task("t1", NOTES_PATCH)])))
+
+    real_write = B.atomic_write
+
+    def failing_write(path, data, mode=None):  # the plan is written, then the disk fills
+        if str(path).endswith("03-task-list.md"):
+            raise OSError(28, "No space left on device")
+        return real_write(path, data, mode)
+    monkeypatch.setattr(B, "atomic_write", failing_write)
+    with pytest.raises(OSError):
+        B.changeset_new(sets, "Add world", str(plan_path), snapshot="snap1")
+    assert sets.ids() == [] and [p.name for p in (env.repo / "changes").iterdir()] == []
+    monkeypatch.undo()
+    cs_id = B.changeset_new(sets, "Add world", str(plan_path), snapshot="snap1")
+    assert sets.ids() == [cs_id]
+    assert B.changeset_new(sets, "Add world", str(plan_path), snapshot="snap1") == cs_id
+    assert sorted(p.name for p in (env.repo / "changes").iterdir()
+                  if p.name.startswith(".new-")) == []
+
+
+def test_exclude_without_final_newline_and_not_utf8(env):
+    exclude = env.repo / ".git" / "info" / "exclude"
+    exclude.write_bytes(b"# caf\xe9\n*.log")
+    assert env.cli("id", "--subject", "Add world").returncode == 0
+    assert exclude.read_bytes() == b"# caf\xe9\n*.log\n/changes/\n"
+    assert git(env.repo, "check-ignore", "x.log").strip() == "x.log"  # *.log intact
+    env.cli("id", "--subject", "Add world")  # idempotent
+    assert exclude.read_bytes().count(b"/changes/") == 1
+
+
+def test_watch_init_exclude_without_final_newline(tmp_path):
+    repo = make_git_repo(tmp_path / "r")
+    exclude = repo / ".git" / "info" / "exclude"
+    exclude.write_bytes(b"\xff*.log")
+    B.handoff_init(str(repo))
+    data = exclude.read_bytes()
+    assert data.startswith(b"\xff*.log\n#") and data.endswith(b"\n/.ai-handoff/\n")
+    assert B.handoff_init(str(repo)) == []
+    assert exclude.read_bytes() == data
+
+
+@pytest.mark.parametrize("poll", ["-1", "0", "nan", "0.01", "7200"])
+def test_run_refuses_a_bad_poll(env, poll):
+    res = env.cli("run", "--poll", poll, timeout=20)
+    assert res.returncode == 2 and "--poll" in res.stderr, res.stderr
+    assert not (env.repo / "changes" / ".locks" / "worktree.lock").exists() or \
+        not (env.repo / "changes" / ".locks" / "worktree.lock").read_text().strip()
+
+
+def test_run_refuses_a_bad_poll_sec_in_config(tmp_path):
+    env = Env(tmp_path, poll_sec=-1)
+    res = env.cli("run", timeout=20)
+    assert res.returncode == 2 and "changes.poll_sec" in res.stderr, res.stderr
