@@ -145,12 +145,14 @@ def _write_all(fd, data):
         view = view[written:]
 
 
-def atomic_write(path, data, mode=None):
+def atomic_write(path, data, mode=None, durable=True):
     """Replace `path` with `data` so a reader sees the old file or the new one, never half.
 
     Writes a temporary file in the same directory, fsyncs it, renames it over the
     target and fsyncs the directory. A symlink at `path` is replaced, not followed.
     The new file keeps the old file's permissions unless `mode` is given.
+    durable=False skips both fsyncs: still atomic, but may be lost in a power cut (for caches
+    that can be rebuilt, on hot paths where an fsync costs more than the work).
     """
     path = os.fspath(path)
     if isinstance(data, str):
@@ -169,7 +171,8 @@ def atomic_write(path, data, mode=None):
             _write_all(fd, data)
             if mode is not None:
                 os.fchmod(fd, mode)
-            os.fsync(fd)
+            if durable:
+                os.fsync(fd)
         finally:
             os.close(fd)
         os.replace(tmp, path)
@@ -179,7 +182,8 @@ def atomic_write(path, data, mode=None):
         except OSError:
             pass
         raise
-    _fsync_dir(directory)
+    if durable:
+        _fsync_dir(directory)
 
 
 def json_compact(obj):
@@ -596,6 +600,24 @@ def describe_holder(meta):
         meta.get("heartbeat_at", "?"))
 
 
+def flock_within(fd, operation, seconds, interval=0.002):
+    """flock(fd, operation) polling for at most `seconds`; False when it stayed busy.
+
+    Bounded, so a stopped or wedged process holding a file can never make a hook (and with
+    it the agent) wait forever.
+    """
+    import fcntl
+    deadline = time.monotonic() + seconds
+    while True:
+        try:
+            fcntl.flock(fd, operation | fcntl.LOCK_NB)
+            return True
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                return False
+            time.sleep(min(interval, max(0.0, deadline - time.monotonic())))
+
+
 def acquire_flock(path, timeout=5.0, interval=0.05):
     """Open `path` and take flock(LOCK_EX) on it, waiting up to `timeout` seconds.
 
@@ -606,16 +628,10 @@ def acquire_flock(path, timeout=5.0, interval=0.05):
     import fcntl
     os.makedirs(os.path.dirname(os.fspath(path)) or ".", exist_ok=True)
     fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return fd
-        except BlockingIOError:
-            if time.monotonic() >= deadline:
-                os.close(fd)
-                return None
-            time.sleep(min(interval, max(0.0, deadline - time.monotonic())))
+    if flock_within(fd, fcntl.LOCK_EX, timeout, interval):
+        return fd
+    os.close(fd)
+    return None
 
 
 def release_flock(fd):
@@ -3226,24 +3242,6 @@ def bridge_dir(root, create=False):
     return path
 
 
-def _flock_within(fd, operation, seconds):
-    """flock(fd, operation) polling for at most `seconds`; False when it stayed busy.
-
-    Bounded so that a stopped or wedged process holding a _bridge/ file can never
-    make a hook (and with it the agent) wait forever.
-    """
-    import fcntl
-    deadline = time.monotonic() + seconds
-    while True:
-        try:
-            fcntl.flock(fd, operation | fcntl.LOCK_NB)
-            return True
-        except BlockingIOError:
-            if time.monotonic() >= deadline:
-                return False
-            time.sleep(0.002)
-
-
 def seam_append(path, data, wait=2.0):
     """Append `data` (bytes, whole lines) with one write(), safe against trimming.
 
@@ -3263,7 +3261,7 @@ def seam_append(path, data, wait=2.0):
             os.makedirs(os.path.dirname(path), exist_ok=True)
             fd = os.open(path, flags, 0o644)
         try:
-            if not _flock_within(fd, fcntl.LOCK_SH, wait):
+            if not flock_within(fd, fcntl.LOCK_SH, wait):
                 raise OSError("%s stayed locked for %.1fs" % (path, wait))
             try:
                 current = os.lstat(path).st_ino == os.fstat(fd).st_ino
@@ -3292,7 +3290,7 @@ def seam_trim(path, max_lines, keep_lines, protect=None):
     except OSError:
         return False
     try:
-        if not _flock_within(fd, fcntl.LOCK_EX, 2.0):
+        if not flock_within(fd, fcntl.LOCK_EX, 2.0):
             return False  # busy: the next append tries again
         try:
             if os.lstat(path).st_ino != os.fstat(fd).st_ino:
@@ -3704,20 +3702,12 @@ def _load_index(bdir):
 
 
 def _save_index(bdir, index):
-    path = os.path.join(bdir, SEAM_INDEX)
-    tmp = "%s.%s.tmp" % (path, random_hex())
+    # A cache, checked against the files before every use: not worth an fsync per hook.
     try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
-        try:
-            _write_all(fd, json.dumps(index, separators=(",", ":")).encode("utf-8"))
-        finally:
-            os.close(fd)
-        os.replace(tmp, path)
+        atomic_write(os.path.join(bdir, SEAM_INDEX), json.dumps(index, separators=(",", ":")),
+                     durable=False)
     except OSError:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+        pass
 
 
 def _mark(handle, st, offset):
