@@ -215,12 +215,18 @@ def read_json_file(path, what="file"):
         raise BridgeError("%s %s: line %d column %d: %s" % (what, path, exc.lineno, exc.colno, exc.msg))
 
 
-_SAFE_NAME = re.compile(r"[A-Za-z0-9._-]+\Z")
+def is_safe_name(text):
+    """True if `text` is [A-Za-z0-9._-]+ and not . or ..: safe as one path component.
+
+    (A pattern string, not a module-level re.compile: hooks import this module on every
+    tool call, and re caches the compiled pattern for the processes that use it.)"""
+    return (isinstance(text, str) and text not in (".", "..")
+            and re.fullmatch(r"[A-Za-z0-9._-]+", text) is not None)
 
 
 def safe_name(text, what="name"):
     """Return `text` if it is safe as one path component (and an argv word), else raise."""
-    if not isinstance(text, str) or not _SAFE_NAME.match(text) or text in (".", ".."):
+    if not is_safe_name(text):
         raise BridgeError("%s %r must match [A-Za-z0-9._-]+ and not be . or .." % (what, text))
     return text
 
@@ -1765,7 +1771,7 @@ HANDOFF_DIR = ".ai-handoff"
 HANDOFF_SUBDIRS = ("tasks", "running", "results", "patches", "locks", "logs", "meta",
                    "pending", "failed")
 WORKER_LOCK = "__worker__.lock"
-TASK_ID_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}\Z")
+TASK_ID_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}"
 CANONICAL_REASONS = ("schema_invalid", "dirty_repo", "branch_checkout_failed",
                      "requires_confirmation", "opencode_failed", "verify_failed",
                      "stale_lock_recovered", "internal_error")
@@ -1866,7 +1872,7 @@ def validate_task(task, stem=None):
             errors.append("%s: must be %s, got %s" % (name, _type_label(kind), json.dumps(value)[:60]))
     task_id = task.get("id")
     if isinstance(task_id, str):
-        if not TASK_ID_RE.match(task_id):
+        if not re.fullmatch(TASK_ID_PATTERN, task_id):
             errors.append("id: %r must match ^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$" % task_id[:120])
         elif task_id.endswith(".lock") or task_id.endswith(".") or ".." in task_id:
             errors.append("id: %r is not a valid branch name under feat/ai/ "
@@ -2118,7 +2124,7 @@ def parse_bead_id(output):
     if text.startswith("{"):
         try:
             value = json.loads(text).get("id")
-            return value if isinstance(value, str) and _SAFE_NAME.match(value) else None
+            return value if is_safe_name(value) else None
         except (ValueError, AttributeError):
             return None
     match = re.search(r"Created issue:\s*(\S+)", text)
@@ -2126,7 +2132,7 @@ def parse_bead_id(output):
     if token is None:
         lines = [line.strip() for line in text.splitlines() if line.strip()]
         token = lines[-1] if lines and " " not in lines[-1] else None
-    return token.rstrip(":,") if token and _SAFE_NAME.match(token.rstrip(":,")) else None
+    return token.rstrip(":,") if token and is_safe_name(token.rstrip(":,")) else None
 
 
 def bead_id_from_meta(handoff, task_id):
@@ -2387,7 +2393,7 @@ class Watcher:
                     except (ProcessLookupError, PermissionError):
                         pass
             if task is None:
-                safe = task_id if TASK_ID_RE.match(task_id) else "invalid-" + random_hex()
+                safe = task_id if re.fullmatch(TASK_ID_PATTERN, task_id) else "invalid-" + random_hex()
                 target = move_no_clobber(path, self.handoff.dir("failed"), os.path.basename(path))
                 result = self.new_result(None, safe)
                 result.update(status="failed", exit_path="failed", reason="stale_lock_recovered",
@@ -2500,7 +2506,7 @@ class Watcher:
 
     def refuse(self, path, stem, exc):
         """schema_invalid: result (exit_path skipped), file moved to failed/."""
-        task_id = stem if TASK_ID_RE.match(stem) else "invalid-%s" % random_hex()
+        task_id = stem if re.fullmatch(TASK_ID_PATTERN, stem) else "invalid-%s" % random_hex()
         target = move_no_clobber(path, self.handoff.dir("failed"), os.path.basename(path))
         snapshot = exc.raw if isinstance(exc.raw, dict) else None
         result = self.new_result(snapshot, task_id)
@@ -3202,21 +3208,16 @@ def _days_from_civil(year, month, day):
 
 # ---- ids, roots and files -------------------------------------------------------
 
-def is_safe_id(text):
-    """The seam's id rule: [A-Za-z0-9._-]+, not . or .. (safe_name without raising)."""
-    return isinstance(text, str) and bool(_SAFE_NAME.match(text)) and text not in (".", "..")
-
-
 def is_safe_session_id(text):
     """A session id that may become a `codex exec resume` argv word: safe, no leading -."""
-    return is_safe_id(text) and not text.startswith("-")
+    return is_safe_name(text) and not text.startswith("-")
 
 
 def clean_slugs(values):
     """Trimmed, safe, de-duplicated and sorted slugs (Go's cleanSlugs)."""
     out = set()
     for value in values or ():
-        if isinstance(value, str) and is_safe_id(value.strip()):
+        if isinstance(value, str) and is_safe_name(value.strip()):
             out.add(value.strip())
     return sorted(out)
 
@@ -3328,7 +3329,7 @@ def read_cursor(bdir, slug):
     cursor file yet, the legacy shared `.inbox-cursor` is read instead (drain
     and commit then adopt it into the slug's file).
     """
-    if not is_safe_id(slug):
+    if not is_safe_name(slug):
         return 0
     text = _read_small(os.path.join(bdir, ".inbox-cursor." + slug))
     if text is None:
@@ -3399,16 +3400,16 @@ def _actor_id(host, payload):
     """actorIDFor: who the event is about, or "" when no safe id is available."""
     explicit = _payload_str(payload, "actor_id")
     if explicit:
-        return explicit if is_safe_id(explicit) else ""
+        return explicit if is_safe_name(explicit) else ""
     session = _payload_str(payload, "session_id")
     agent = _payload_str(payload, "agent_id")
     if host == "claude":
-        return session if is_safe_id(session) else ""
-    if is_safe_id(session) and is_safe_id(agent):
+        return session if is_safe_name(session) else ""
+    if is_safe_name(session) and is_safe_name(agent):
         return session + "." + agent
-    if is_safe_id(session):
+    if is_safe_name(session):
         return session
-    return agent if is_safe_id(agent) else ""
+    return agent if is_safe_name(agent) else ""
 
 
 def egress_emit(data, host_flag="", repo_root=None, debug=None):
@@ -3541,7 +3542,7 @@ def _entity_slug(rest):
         slug = rest[0]
     else:
         return None
-    return slug if is_safe_id(slug) else None
+    return slug if is_safe_name(slug) else None
 
 
 def _readme_state(path):
@@ -3582,7 +3583,7 @@ def derive_entity(cwd, path):
     for i in range(len(segs) - 3):
         if segs[i] == "docs" and segs[i + 1] == "spacedock":
             slug = _entity_slug(segs[i + 3:])
-            if slug and is_safe_id(segs[i + 2]):
+            if slug and is_safe_name(segs[i + 2]):
                 return segs[i + 2], slug
             break
     # (b) a README.md whose front matter names a split-root state directory
@@ -3597,7 +3598,7 @@ def derive_entity(cwd, path):
                 if below != ".." and not below.startswith(".." + os.sep):
                     slug = _entity_slug(below.split(os.sep))
                     workflow = os.path.basename(directory)
-                    if slug and is_safe_id(workflow):
+                    if slug and is_safe_name(workflow):
                         return workflow, slug
         if directory == cwd or len(directory) <= len(cwd):
             break
@@ -3606,7 +3607,7 @@ def derive_entity(cwd, path):
     for i, seg in enumerate(segs):
         if seg == ".spacedock-state" and i >= 1:
             slug = _entity_slug(segs[i + 1:])
-            if slug and is_safe_id(segs[i - 1]):
+            if slug and is_safe_name(segs[i - 1]):
                 return segs[i - 1], slug
             break
     return None
@@ -3825,7 +3826,7 @@ def _reply_record_key(reply):
         return None
     target, kind = reply.get("target"), reply.get("intent_kind")
     rid, rts, status = reply.get("in_reply_to_id"), reply.get("in_reply_to_ts"), reply.get("status")
-    if not isinstance(target, str) or not is_safe_id(target.strip()) or target.strip() != target:
+    if not isinstance(target, str) or not is_safe_name(target.strip()) or target.strip() != target:
         return None
     if not isinstance(kind, str) or not kind:
         return None
@@ -3901,7 +3902,7 @@ def inbox_drain(root, slug, host="", session_id=None, members=None):
     if host:
         out["host"] = host
     out.update(cursor=0, high_water=0, count=0, heartbeat=False, records=[])
-    if not is_safe_id(slug):
+    if not is_safe_name(slug):
         out.update(status="failed", records=None, error="invalid or missing --slug")
         return out
     if session_id is None:
@@ -3957,7 +3958,7 @@ def inbox_ack(root, opts):
     nothing is written and the error says which part disagrees.
     """
     slug, host = opts.get("slug", ""), opts.get("host", "").strip().lower()
-    if not is_safe_id(slug):
+    if not is_safe_name(slug):
         raise SeamFailure("invalid or missing --slug")
     line_text = opts.get("line", "")
     if not (line_text.isascii() and line_text.isdigit() and int(line_text) > 0):
@@ -3972,7 +3973,7 @@ def inbox_ack(root, opts):
     rid, rts = opts.get("id", ""), opts.get("ts", "")
     if not rid and not rts:
         raise SeamFailure("ack has no correlator: pass --id (from the drained record) or --ts")
-    if rid and not is_safe_id(rid):
+    if rid and not is_safe_name(rid):
         raise SeamFailure("--id %r must match [A-Za-z0-9._-]+" % rid)
     if rts and parse_rfc3339(rts) is None:
         raise SeamFailure("--ts %r is not an RFC 3339 time" % rts)
@@ -4020,7 +4021,7 @@ def inbox_ack(root, opts):
 
 def inbox_commit(root, slug, cursor_text):
     """Advance `slug`'s cursor to N, never backwards and never past the inbox's end."""
-    if not is_safe_id(slug):
+    if not is_safe_name(slug):
         raise SeamFailure("invalid or missing --slug")
     if not (cursor_text.isascii() and cursor_text.isdigit()):
         raise SeamFailure("negative --cursor" if cursor_text.startswith("-") or not cursor_text
@@ -4072,8 +4073,8 @@ def inbox_check(data, host="", repo_root=None, slug=None, session_id=None):
         return {}
     session_id = session_id or _payload_str(payload, "session_id")
     if slug is not None:
-        slugs = [slug] if is_safe_id(slug) else []
-    elif is_safe_id(session_id):
+        slugs = [slug] if is_safe_name(slug) else []
+    elif is_safe_name(session_id):
         slugs = [s for s in discover_slugs(bdir) if _heartbeat_session(bdir, s) == session_id]
         marker_slug = _marker_workflow(bdir, session_id)
         if marker_slug and marker_slug not in slugs:
@@ -4143,7 +4144,7 @@ def _markers(bdir):
 
 def _marker_workflow(bdir, session_id):
     for _, _, marker in _markers(bdir):
-        if marker.get("session_id") == session_id and is_safe_id(marker.get("workflow")):
+        if marker.get("session_id") == session_id and is_safe_name(marker.get("workflow")):
             return marker["workflow"]
     return None
 
@@ -4166,7 +4167,7 @@ def initiate(root, opts):
     out = {"id": rid, "request_id": request_id, "queued": False}
     if not rid:
         raise SeamFailure("initiation: id is required", out)
-    if not is_safe_id(rid):
+    if not is_safe_name(rid):
         raise SeamFailure("initiation: id %r must match [A-Za-z0-9._-]+" % rid, out)
     if kind not in INITIATE_KINDS:
         raise SeamFailure("initiation: kind must be one of status|reco|gate-review", out)
@@ -4236,7 +4237,7 @@ def alert_permission(root, opts):
     """Append a non-blocking permission interrupt to fo-alerts.jsonl."""
     rid = opts.get("id", "").strip() or "perm_" + random_hex(16)
     out = {"id": rid, "request_id": rid, "queued": False}
-    if not is_safe_id(rid):
+    if not is_safe_name(rid):
         raise SeamFailure("permission alert: id %r must match [A-Za-z0-9._-]+" % rid, out)
     redactor = _seam_redactor(root)
     reason = one_line_summary(redactor.redact(opts.get("reason", "")), 240)
@@ -4276,7 +4277,7 @@ def feed(root, opts):
     rec = {"ts": utc_iso(), "verb": verb}
     for key in ("entity", "workflow", "stage"):
         value = opts.get(key, "").strip()
-        if value and not is_safe_id(value):
+        if value and not is_safe_name(value):
             raise SeamFailure("feed: --%s %r must match [A-Za-z0-9._-]+" % (key, value))
         rec[key] = value
     rec["text"] = text
@@ -7206,8 +7207,7 @@ def changeset_meta_problems(meta):
     if "title" in meta and not isinstance(meta["title"], str):
         bad("title must be a string")
     sup = meta.get("supersedes", [])
-    if not isinstance(sup, list) or not all(isinstance(x, str) and _SAFE_NAME.match(x)
-                                            and x not in (".", "..") for x in sup):
+    if not isinstance(sup, list) or not all(is_safe_name(x) for x in sup):
         bad("supersedes must be a list of change set ids")
     man = meta.get("artifact_manifest", {})
     if not isinstance(man, dict) or not all(isinstance(v, str) for v in man.values()):
@@ -8306,6 +8306,13 @@ def seam_main(argv=None):
     (they must never block the agent); drain, ack, commit and wake exit 1 on
     failure (2 for usage), so `ack && commit` never advances past a failed ack.
     """
+    import gc  # built in: costs nothing
+    # Importing this module allocated thousands of objects that live until exit. Freeze
+    # them, so neither a collection nor the one at interpreter exit walks them again (a
+    # third of a hook's own cost). The README's hook command also turns the collector
+    # off for the import itself; it is back on from here.
+    gc.freeze()
+    gc.enable()
     argv = sys.argv[1:] if argv is None else list(argv)
     verb = argv[0] if argv else ""
     if verb in ("inbox", "alert", "egress") and len(argv) > 1 and not argv[1].startswith("-"):
@@ -8391,7 +8398,7 @@ def _run_seam_verb(key, rest):
             getattr(exc, "filename", "") or "", getattr(exc, "strerror", None) or exc)
         answer = dict(getattr(exc, "answer", None) or failed(message))
         answer["error"] = message
-        if key == "inbox commit" and opts.get("slug") and is_safe_id(opts["slug"]):
+        if key == "inbox commit" and opts.get("slug") and is_safe_name(opts["slug"]):
             answer["cursor"] = read_cursor(os.path.join(seam_root(opts.get("repo-root")), SEAM_DIR),
                                            opts["slug"])
         _seam_print(answer)

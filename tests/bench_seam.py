@@ -29,8 +29,8 @@ RUNS = int(sys.argv[1]) if len(sys.argv) > 1 else 41
 
 # The README's hook commands: bridge.py imported from its cached bytecode, no argparse
 # (Claude Code: after `cd "$CLAUDE_PROJECT_DIR"`; Codex: scripts/ looked up from the cwd).
-HOOK_CODE = 'import sys;sys.path[:0]=["scripts"];import bridge;sys.exit(bridge.seam_main())'
-WALK_CODE = ('import os,sys;p=os.getcwd().split("/");sys.path[:0]=["/".join(p[:i])+"/scripts" '
+HOOK_CODE = 'import gc,sys;gc.disable();sys.path[:0]=["scripts"];import bridge;sys.exit(bridge.seam_main())'
+WALK_CODE = ('import gc,os,sys;gc.disable();p=os.getcwd().split("/");sys.path[:0]=["/".join(p[:i])+"/scripts" '
              'for i in range(len(p),0,-1)];import bridge;sys.exit(bridge.seam_main())')
 
 

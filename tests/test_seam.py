@@ -859,13 +859,27 @@ def test_fast_hook_entry_point_matches_cli(repo):
     scripts = repo / "scripts"
     scripts.mkdir()
     (scripts / "bridge.py").write_bytes(BRIDGE.read_bytes())
-    code = 'import sys;sys.path[:0]=["scripts"];import bridge;sys.exit(bridge.seam_main())'
+    code = 'import gc,sys;gc.disable();sys.path[:0]=["scripts"];import bridge;sys.exit(bridge.seam_main())'
     result = subprocess.run([sys.executable, "-I", "-S", "-c", code, "egress", "emit", "--host", "claude"],
                             cwd=repo, input=payload("claude_session_start.json", repo, ts="T"),
                             capture_output=True, text=True, env=clean_env())
     assert (result.returncode, result.stdout, result.stderr) == (0, "", "")
     assert records(repo / "_bridge/events.jsonl")[0]["ts"] == "T"
     assert (scripts / "__pycache__").is_dir()  # -I keeps bytecode caching on
+
+
+def test_fast_hook_turns_the_collector_back_on(repo):
+    """The hook command disables gc for the import; seam_main freezes the module and re-enables it."""
+    scripts = repo / "scripts"
+    scripts.mkdir()
+    (scripts / "bridge.py").write_bytes(BRIDGE.read_bytes())
+    code = ('import gc,sys;gc.disable();sys.path[:0]=["scripts"];import bridge;rc=bridge.seam_main();'
+            'print(rc, gc.isenabled(), gc.get_freeze_count() > 1000)')
+    result = subprocess.run([sys.executable, "-I", "-S", "-c", code, "egress", "emit", "--host", "claude"],
+                            cwd=repo, input=payload("claude_session_start.json", repo),
+                            capture_output=True, text=True, env=clean_env())
+    assert (result.stdout, result.stderr) == ("0 True True\n", "")
+    assert len(records(repo / "_bridge/events.jsonl")) == 1
 
 
 def test_history_index_is_only_a_cache(repo):
