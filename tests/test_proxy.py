@@ -376,6 +376,98 @@ def test_command_that_cannot_start_gives_up(session):
     assert "cannot start /nonexistent/server" in s.err() and "doctor:fatal" in s.err()
 
 
+# ---- health check and state replay ------------------------------------------------------------
+
+HEALTH = {"proxy": {"health_check_sec": 0.3, "health_timeout_sec": 0.5}}
+
+
+@pytest.mark.parametrize("tool", ["hang", "stop"])
+def test_hung_server_is_killed_answered_and_restarted(session, tool):
+    s = session(["--grandchild"], harness=True, config=HEALTH)
+    s.initialize()
+    mid = s.call(tool)
+    reply = s.reply()
+    assert reply["id"] == mid and reply["error"]["code"] == -32000
+    assert reply["error"]["data"]["reason"] == "hung" and reply["error"]["data"]["exit"] == {"signal": "SIGKILL"}
+    hung = s.wait_event("doctor:hung")[0]["data"]
+    assert hung["generation"] == 1 and hung["pending"] == 1
+    restarting = s.wait_event("doctor:restarting")[0]["data"]
+    assert restarting["reason"] == "hung" and restarting["crashesInWindow"] == 1   # counted as a crash
+    first, second = s.wait_pids(2)[:2]
+    assert not process_running(first)
+    after = s.call("echo", text="after")
+    assert s.reply()["result"]["content"][0]["text"] == "after"
+    assert json.loads(s.received(second)[0])["method"] == "initialize"   # the handshake replayed
+    s.close()
+
+
+def test_busy_server_that_answers_ping_is_not_hung(session):
+    s = session(harness=True, config=HEALTH)
+    s.initialize()
+    mid = s.call("slow", sec=2.0)
+    reply = s.reply()
+    assert reply == {"jsonrpc": "2.0", "id": mid, "result": {"content": [{"type": "text", "text": "ok"}]}}
+    pings = [json.loads(line) for line in s.received() if '"method":"ping"' in line]
+    assert len(pings) >= 2 and all(p["id"].startswith("bridge.py-ping-") for p in pings)
+    s.nothing()                                                          # the pings' answers swallowed
+    assert len(s.pids()) == 1 and not s.event_list("doctor:hung") and not s.event_list("doctor:crashed")
+    s.close()
+
+
+def test_no_health_check_without_ping_in_the_protocol(session):
+    s = session(harness=True, config=HEALTH)
+    mid = s.request("initialize", dict(INIT, protocolVersion="2026-07-28"))
+    assert s.reply()["result"]["protocolVersion"] == "2026-07-28"        # the fixture agrees to it
+    s.call("hang")
+    time.sleep(2)                                                        # 2.5 times ping + timeout
+    assert not any('"ping"' in line for line in s.received()) and not s.event_list("doctor:hung")
+    assert len(s.pids()) == 1 and process_running(s.pids()[0]) and mid
+    s.close()
+
+
+def test_log_level_and_subscriptions_replayed_after_restart(session):
+    s = session(harness=True)
+    s.initialize()
+    for method, params in [("logging/setLevel", {"level": "warning"}), ("logging/setLevel", {"level": "bogus"}),
+                           ("logging/setLevel", {"level": "debug"}), ("resources/subscribe", {"uri": "file:///a"}),
+                           ("resources/subscribe", {"uri": "file:///b"}),
+                           ("resources/subscribe", {"uri": "fixture://first-only/c"}),
+                           ("resources/unsubscribe", {"uri": "file:///a"})]:
+        mid = s.request(method, params)
+        assert s.reply()["id"] == mid
+    s.call("state")
+    before = json.loads(s.reply()["result"]["content"][0]["text"])
+    assert before == {"level": "debug", "subscriptions": ["file:///b", "fixture://first-only/c"]}
+    s.call("crash", code=3)
+    assert s.reply()["error"]["data"]["reason"] == "crashed"
+    s.call("state")
+    got = s.reply()
+    assert json.loads(got["result"]["content"][0]["text"]) == {"level": "debug", "subscriptions": ["file:///b"]}
+    s.nothing()                                                          # no bridge-owned answer leaked
+    new = [json.loads(line) for line in s.received(s.pids()[1])]
+    assert [m.get("method") for m in new] == ["initialize", "notifications/initialized", "logging/setLevel",
+                                              "resources/subscribe", "resources/subscribe", "tools/call"]
+    assert new[2]["params"] == {"level": "debug"} and [m["params"]["uri"] for m in new[3:5]] == [
+        "file:///b", "fixture://first-only/c"]
+    assert all(m["id"].startswith("bridge.py-") for m in new[:5] if "id" in m)
+    failed = s.wait_event("bridge:replay_failed")
+    assert len(failed) == 1 and failed[0]["data"]["method"] == "resources/subscribe"
+    assert failed[0]["data"]["error"]["code"] == -32002
+    s.close()
+
+
+def test_no_state_replay_without_initialize(session):
+    s = session()
+    mid = s.request("logging/setLevel", {"level": "error"})
+    assert s.reply()["id"] == mid
+    s.call("crash", code=3)
+    s.reply()
+    s.call("state")
+    assert json.loads(s.reply()["result"]["content"][0]["text"])["level"] is None
+    assert [json.loads(line)["method"] for line in s.received(s.pids()[1])] == ["tools/call"]
+    s.close()
+
+
 # ---- control and events -------------------------------------------------------------------
 
 def test_pause_holds_then_resume_flushes_in_order(session):
