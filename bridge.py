@@ -6097,12 +6097,9 @@ class Proxy:
         cfg = self.cfg["observability"]
         if not cfg["enabled"]:
             return
-        server_class = globals().get("ObservabilityServer")
-        if server_class is None:
-            return self.log("warn", "observability is not part of this bridge.py build; relaying without it")
-        obs = server_class(cfg["host"], cfg["port"], token=cfg["token"],
-                           allowed_origins=tuple(cfg["allowed_origins"]), control=self.control,
-                           log=lambda text: self.log("info", text))
+        obs = ObservabilityServer(cfg["host"], cfg["port"], token=cfg["token"],
+                                  allowed_origins=tuple(cfg["allowed_origins"]), control=self.control,
+                                  log=lambda text: self.log("info", text))
         if obs.start():
             self.obs = obs
 

@@ -610,15 +610,7 @@ def test_server_from_env_or_config_and_missing_command(session, tmp_path):
     assert out.returncode == 2 and "no server command" in out.stderr
 
 
-# ---- end to end with the real observability server (5b), once it is part of bridge.py ------
-
-def _has_observability():
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("bridge_obs_probe", BRIDGE)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return hasattr(module, "ObservabilityServer")
-
+# ---- end to end with the real observability server (5b) ------------------------------------
 
 def _ws_events(port, timeout=10):
     """A raw RFC 6455 client on /events yielding each text frame's JSON."""
@@ -663,7 +655,6 @@ def _ws_events(port, timeout=10):
             yield json.loads(payload)
 
 
-@pytest.mark.skipif(not _has_observability(), reason="ObservabilityServer (section 5b) not in this bridge.py")
 def test_events_stream_receives_doctor_crashed(session):
     import socket
     with socket.socket() as probe:
