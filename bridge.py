@@ -701,7 +701,8 @@ CONFIG_DEFAULTS = {
     "lifecycle": {"maxRestarts": 10, "restartWindow": 60.0, "cooldown": 1000.0},
     "proxy": {"max_line_bytes": 16 << 20, "pause_buffer_messages": 1000, "pause_timeout_sec": 30.0,
               "close_grace_sec": 2.0, "kill_after_sec": 5.0, "stats_interval_sec": 5.0,
-              "event_params_max": 512, "events_per_sec_max": 200, "log_level": "info"},
+              "event_params_max": 512, "events_per_sec_max": 200, "log_level": "info",
+              "health_check_sec": 30.0, "health_timeout_sec": 10.0},
     # ---- end proxy ----
 
     # ---- changes (seed 004) ----
@@ -5204,8 +5205,12 @@ PROXY_ERROR_CODE = -32000             # the MCP SDKs' "connection closed": clien
 PROXY_HIGH_WATER = 4 << 20            # stop reading a source while its destination holds this much
 PROXY_IDS = (int, str, float)         # JSON-RPC ids we track (anything else is forwarded untracked)
 PROXY_LEVELS = {"debug": 0, "info": 1, "warn": 2, "error": 3}
+# client requests whose successful answer sets up session state a restarted Doctor is given again
+PROXY_STATEFUL = ("initialize", "logging/setLevel", "resources/subscribe", "resources/unsubscribe")
 PROXY_REASONS = {
     "crashed": "MCP server exited before answering; the request was not retried",
+    "hung": "MCP server stopped answering (health-check ping unanswered) and was killed; the request "
+            "was not retried",
     "restart": "MCP server restarted (doctor:restart) before answering",
     "graceful": "MCP server restarted on its own request before answering",
     "kill": "MCP server stopped by doctor:kill; send doctor:restart to start it",
@@ -5322,6 +5327,9 @@ class ProxyChild:
         self.lines, self.errbuf = ProxyLines(cap), bytearray()
         self.ready = False
         self.replay_id = None           # id of the replayed initialize until it is answered
+        self.owned = {}                 # id -> method of bridge.py's own requests awaiting an answer
+        self.heard = self.started       # when stdout last gave anything (health check)
+        self.ping_at = None             # when the health-check ping in flight was sent
         self.stop_reason = self.term_at = self.kill_at = None
         self.exit = None                # {"code": n} or {"signal": "SIGKILL"} once reaped
 
@@ -5373,6 +5381,7 @@ class Proxy:
         self.close_grace, self.kill_after = px["close_grace_sec"], px["kill_after_sec"]
         self.stats_every, self.params_max = px["stats_interval_sec"], px["event_params_max"]
         self.events_max, self.events_left, self.events_reset = px["events_per_sec_max"], 0, 0.0
+        self.health_sec, self.health_timeout = px["health_check_sec"], px["health_timeout_sec"]
         self.verbosity = PROXY_LEVELS.get(str(px["log_level"]).lower(), 1)
         self.redactor = get_redactor(cfg)
         self.child, self.gen, self.obs, self.exit_code = None, 0, None, 0
@@ -5381,7 +5390,8 @@ class Proxy:
         self.spawn_at = self.next_check = 0.0
         self.crashes, self.held, self.ctl = collections.deque(), collections.deque(), collections.deque()
         self.pending, self.srv_pending, self.dead_srv = {}, set(), collections.deque(maxlen=1000)
-        self.init_try = self.init_params = self.init_caps = None
+        self.init_params = self.init_caps = self.proto = self.level = None
+        self.tries, self.subs, self.own_n = {}, {}, 0     # stateful requests in flight; subscriptions
         self.stdin_lines = ProxyLines(self.cap)
         self.to_child, self.to_client = bytearray(), bytearray()
         self.tail = collections.deque(maxlen=20)
@@ -5408,7 +5418,7 @@ class Proxy:
     def emit(self, kind, data):
         """A lifecycle event: logged on stderr and published, redacted, to /events."""
         data = self.redactor.redact_obj(data)
-        bad = kind in ("doctor:crashed", "doctor:fatal", "bridge:dropped")
+        bad = kind in ("doctor:crashed", "doctor:fatal", "doctor:hung", "bridge:dropped")
         self.log("error" if bad else "info", "%s %s" % (kind, json_compact(data)))
         if self.obs is not None:
             self.obs.publish(kind, data)
@@ -5509,11 +5519,40 @@ class Proxy:
             return self.crashed({"error": "cannot start %s: %s" % (self.argv[0], exc)}, self.gen)
         self.st["doctorRestarts"] += self.gen > 1
         if self.init_params is not None:           # the client had initialized: replay it
-            child.replay_id = "bridge.py-replay-%d" % self.gen
-            self.send_child(json_compact({"jsonrpc": "2.0", "id": child.replay_id, "method": "initialize",
-                                          "params": self.init_params}).encode("utf-8") + b"\n")
+            child.replay_id = self.own("initialize", self.init_params)
         else:
             self.flush_held()
+
+    def own(self, method, params=None):
+        """Send the Doctor a request of bridge.py's own, under an id of its own; the answer is
+        swallowed (answered()). Returns the id."""
+        self.own_n += 1
+        mid = "bridge.py-%s-%d" % (method.rsplit("/", 1)[-1], self.own_n)
+        self.child.owned[mid] = method
+        msg = {"jsonrpc": "2.0", "id": mid, "method": method}
+        if params is not None:
+            msg["params"] = params
+        self.send_child(json_compact(msg).encode("utf-8") + b"\n")
+        return mid
+
+    def check_health(self, now):
+        """Ping a Doctor that has owed an answer and been silent for health_check_sec (an async
+        server answers ping even while busy in a long tool call); one that stays silent
+        health_timeout_sec longer is hung: KILL its group and take the crash path. Only 2025-era
+        sessions are checked: MCP 2026-07-28 has no ping."""
+        import signal
+        child = self.child
+        if child.ping_at is None:
+            if child.ready and child.replay_id is None and isinstance(self.proto, str) and \
+                    self.proto < "2026-07-28" and \
+                    now - max(child.heard, next(iter(self.pending.values()))[1]) >= self.health_sec:
+                child.ping_at = now
+                self.own("ping")
+        elif now - max(child.ping_at, child.heard) >= self.health_timeout:
+            self.emit("doctor:hung", {"generation": child.gen, "pid": child.pid, "pending": len(self.pending),
+                                      "silentMs": round((now - child.heard) * 1000)})
+            self.stop_child("hung", now=True)
+            child.signal_group(signal.SIGKILL)
 
     def mark_ready(self, how):
         child = self.child
@@ -5558,11 +5597,12 @@ class Proxy:
             self.emit("doctor:restarting", {"generation": child.gen, "reason": reason, "exit": child.exit})
             self.spawn_at = 0.0
         else:
-            self.crashed(child.exit, child.gen)
+            self.crashed(child.exit, child.gen, reason)
 
-    def crashed(self, how, gen):
+    def crashed(self, how, gen, reason="crashed"):
         now = monotonic()
-        self.emit("doctor:crashed", {"generation": gen, "exit": how, "stderrTail": list(self.tail)})
+        self.emit("doctor:crashed", {"generation": gen, "exit": how, "reason": reason,
+                                     "stderrTail": list(self.tail)})
         self.crashes.append(now)
         while self.crashes[0] <= now - self.window:
             self.crashes.popleft()
@@ -5572,7 +5612,7 @@ class Proxy:
             self.exit_code = EXIT_FAILED
             return self.shutdown("doctor:fatal")
         self.spawn_at = now + self.cooldown
-        self.emit("doctor:restarting", {"generation": gen, "reason": "crashed", "crashesInWindow":
+        self.emit("doctor:restarting", {"generation": gen, "reason": reason, "crashesInWindow":
                                         len(self.crashes), "cooldownMs": round(self.cooldown * 1000)})
 
     def shutdown(self, reason):
@@ -5584,6 +5624,7 @@ class Proxy:
 
     # ---- error replies for requests the Doctor will never answer ----
     def reply_error(self, mid, reason, method, exit=None):
+        self.tries.pop(mid, None)
         data = {"bridge": "bridge.py proxy", "reason": reason, "method": method,
                 "generation": self.gen, "retried": False}
         if exit:
@@ -5631,8 +5672,8 @@ class Proxy:
                         continue
                     self.srv_pending.discard(mid)
                     mid = None
-                elif method == "initialize" and mid is not None:
-                    self.init_try = (mid, msg.get("params"))
+                elif mid is not None and method in PROXY_STATEFUL:
+                    self.tries[mid] = (method, msg.get("params"))
                 if watch and self.sample():
                     obs.publish("mcp:request", {"from": "client", "method": method, "id": mid,
                                                 "size": len(line), "params": self.preview(msg)})
@@ -5671,10 +5712,9 @@ class Proxy:
         self.send_child(b"".join(out))
 
     def child_lines(self, lines):
-        """Doctor -> client: swallow the seed's special lines and the replayed handshake."""
-        loads, pending, out, child, obs = self.parse, self.pending, [], self.child, self.obs
+        """Doctor -> client: swallow the seed's special lines and answers to bridge.py's requests."""
+        loads, pending, out, child, obs, tries = self.parse, self.pending, [], self.child, self.obs, self.tries
         watch = obs is not None and obs.client_count > 0
-        init_try = self.init_try
         for line in lines:
             try:
                 msg = loads(line)
@@ -5689,13 +5729,12 @@ class Proxy:
                 if mid.__class__ not in PROXY_IDS:
                     mid = None
                 if method is None and mid is not None:
-                    if mid == child.replay_id:
-                        self.replayed(msg)
+                    if mid in child.owned:
+                        self.answered(child.owned.pop(mid), msg)
                         continue
                     sent = pending.pop(mid, None)
-                    if init_try and mid == init_try[0] and isinstance(msg.get("result"), dict):
-                        self.init_params = self.init_try[1]
-                        self.init_caps = msg["result"].get("capabilities") or {}
+                    if tries and mid in tries:
+                        self.tried(tries.pop(mid), sent, msg)
                     if not child.ready:
                         self.mark_ready("first answer")
                     if watch and self.sample():
@@ -5729,18 +5768,51 @@ class Proxy:
         else:
             self.log("debug", "Doctor health %s" % json_compact(msg))
 
-    def replayed(self, msg):
-        """The restarted Doctor answered the replayed initialize: finish the handshake, release
-        the held messages, tell the client about lists the server said may change."""
-        self.child.replay_id = None
+    def tried(self, req, sent, msg):
+        """A stateful client request was answered: remember what it set up on success."""
+        method, params = req
+        result = msg.get("result")
+        if sent is None or sent[0] != method or result.__class__ is not dict:
+            return                                 # failed, or a stale entry for a reused id
+        if method == "initialize" and params.__class__ is dict:
+            caps = result.get("capabilities")
+            self.init_params, self.init_caps = params, caps if caps.__class__ is dict else {}
+            self.proto = result.get("protocolVersion")
+        elif method == "logging/setLevel":
+            self.level = params
+        elif params.__class__ is dict and params.get("uri").__class__ is str:
+            if method == "resources/subscribe":
+                self.subs[params["uri"]] = params
+            else:
+                self.subs.pop(params["uri"], None)
+
+    def answered(self, method, msg):
+        """The Doctor answered a request of bridge.py's own: swallowed, never forwarded."""
+        if method == "ping":                       # even an error answer proves it is alive
+            self.child.ping_at = None
+            return
         if "error" in msg:
-            self.log("warn", "the replayed initialize failed: %s" % json_compact(msg["error"]))
-        else:
-            got = (msg.get("result") or {}).get("protocolVersion")
-            want = (self.init_params or {}).get("protocolVersion")
+            self.emit("bridge:replay_failed", {"generation": self.child.gen, "method": method,
+                                               "error": msg["error"]})
+        if method == "initialize":
+            self.replayed(msg)
+
+    def replayed(self, msg):
+        """The restarted Doctor answered the replayed initialize: finish the handshake, give it
+        the client's log level and subscriptions, release the held messages, and tell the client
+        about lists the server said may change."""
+        self.child.replay_id = None
+        if "error" not in msg:
+            result = msg.get("result")
+            got = self.proto = result.get("protocolVersion") if result.__class__ is dict else None
+            want = self.init_params.get("protocolVersion")
             if got != want:
                 self.log("warn", "restarted server chose protocol %s, the client asked for %s" % (got, want))
         self.send_child(b'{"jsonrpc":"2.0","method":"notifications/initialized"}\n')
+        if self.level is not None:
+            self.own("logging/setLevel", self.level)
+        for params in self.subs.values():
+            self.own("resources/subscribe", params)
         self.mark_ready("replayed initialize")
         self.flush_held()
         notes = [b'{"jsonrpc":"2.0","method":"notifications/%s/list_changed"}\n' % kind.encode()
@@ -5829,6 +5901,7 @@ class Proxy:
                 except OSError:
                     data = b""
                 if data:
+                    child.heard = monotonic()
                     self.child_lines(child.lines.feed(data))
                     if child.lines.dropped:
                         self.dropped(child.lines, "doctor")
@@ -5895,6 +5968,8 @@ class Proxy:
                     self.next_check = now + 0.25
                     if child.exited():
                         self.child_exited()
+                    elif self.pending and self.health_sec and not child.stop_reason:
+                        self.check_health(now)
                 if self.shutting and (self.child is None or self.child.exit is not None):
                     break
                 child = self.child
@@ -6022,12 +6097,9 @@ class Proxy:
         cfg = self.cfg["observability"]
         if not cfg["enabled"]:
             return
-        server_class = globals().get("ObservabilityServer")
-        if server_class is None:
-            return self.log("warn", "observability is not part of this bridge.py build; relaying without it")
-        obs = server_class(cfg["host"], cfg["port"], token=cfg["token"],
-                           allowed_origins=tuple(cfg["allowed_origins"]), control=self.control,
-                           log=lambda text: self.log("info", text))
+        obs = ObservabilityServer(cfg["host"], cfg["port"], token=cfg["token"],
+                                  allowed_origins=tuple(cfg["allowed_origins"]), control=self.control,
+                                  log=lambda text: self.log("info", text))
         if obs.start():
             self.obs = obs
 
@@ -6509,7 +6581,7 @@ h1{font-size:1.3em}#conn{font-size:.7em;color:#777}
 .cards{display:flex;flex-wrap:wrap;gap:.6em}
 .card{background:#fff;border:1px solid #ddd;border-radius:6px;padding:.5em .9em;min-width:7em}
 .card b{display:block;font-size:1.4em}
-.ready,.running{color:#080}.crashed,.fatal,.killed{color:#b00}
+.ready,.running{color:#080}.crashed,.fatal,.killed,.hung{color:#b00}
 .paused,.restarting,.starting,.stopping{color:#a60}
 #log{font:12px ui-monospace,monospace;background:#fff;border:1px solid #ddd;height:26em;
 overflow:auto;padding:.4em;white-space:pre-wrap;word-break:break-all}
