@@ -702,7 +702,7 @@ CONFIG_DEFAULTS = {
     "proxy": {"max_line_bytes": 16 << 20, "pause_buffer_messages": 1000, "pause_timeout_sec": 30.0,
               "close_grace_sec": 2.0, "kill_after_sec": 5.0, "stats_interval_sec": 5.0,
               "event_params_max": 512, "events_per_sec_max": 200, "log_level": "info",
-              "health_check_sec": 30.0, "health_timeout_sec": 10.0},
+              "health_check_sec": 60.0, "health_timeout_sec": 30.0},
     # ---- end proxy ----
 
     # ---- changes (seed 004) ----
@@ -5674,6 +5674,12 @@ class Proxy:
                     mid = None
                 elif mid is not None and method in PROXY_STATEFUL:
                     self.tries[mid] = (method, msg.get("params"))
+                elif method == "notifications/cancelled":
+                    # A server need not answer a cancelled request (MCP): stop owing it, or a crash
+                    # would answer it and the hang check would wait for it.
+                    params = msg.get("params")
+                    if params.__class__ is dict and params.get("requestId").__class__ in PROXY_IDS:
+                        pending.pop(params["requestId"], None)
                 if watch and self.sample():
                     obs.publish("mcp:request", {"from": "client", "method": method, "id": mid,
                                                 "size": len(line), "params": self.preview(msg)})

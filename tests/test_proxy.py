@@ -327,6 +327,18 @@ def test_crash_answers_in_flight_and_replays_handshake(session):
     s.close()
 
 
+def test_cancelled_request_is_no_longer_owed(session):
+    """notifications/cancelled: the server need not answer, so a crash answers only the others."""
+    s = session()
+    s.request("tools/call", {"name": "slow", "arguments": {"sec": 30}}, mid=9)
+    s.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 9}})
+    s.request("tools/call", {"name": "crash", "arguments": {"code": 4}}, mid=10)
+    assert s.recv()["id"] == 10
+    s.request("ping", mid=11)
+    assert s.recv()["id"] == 11                       # the restarted server; nothing for 9 came first
+    s.close()
+
+
 def test_restart_without_initialize_and_late_answers_dropped(session):
     s = session()
     s.call("ask")
