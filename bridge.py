@@ -3139,6 +3139,72 @@ def go_line(obj):
     return (go_json(obj) + "\n").encode("utf-8")
 
 
+# The JSON field names of the Go structs each record is decoded into (reading only:
+# bridge.py always writes these canonical names). A name in NULLABLE_FIELDS is a Go
+# slice or pointer, which a JSON null resets; for every other field Go ignores a null.
+PAYLOAD_FIELDS = frozenset((
+    "cwd", "host", "event", "hook_event_name", "session_id", "agent_id", "agent_type",
+    "actor_id", "tool_name", "source", "file_path", "entity_path", "timestamp", "ts",
+    "detail", "tool_input"))
+DETAIL_FIELDS = frozenset(("tool", "source", "file_path"))
+TOOL_INPUT_FIELDS = frozenset(("file_path",))
+STOP_FIELDS = frozenset(("cwd", "session_id", "stop_hook_active"))
+INTENT_FIELDS = frozenset((
+    "id", "ts", "kind", "text", "granted", "target", "target_set", "entity", "field", "value",
+    "verdict", "directives", "request_id"))
+REPLY_FIELDS = frozenset((
+    "schema", "ts", "kind", "target", "in_reply_to_id", "in_reply_to_line", "in_reply_to_ts",
+    "intent_kind", "status", "text", "granted", "entity", "field", "value", "verdict",
+    "request_id", "session_id", "host"))
+HEARTBEAT_FIELDS = frozenset(("session_id", "host", "ts", "state"))
+MARKER_FIELDS = frozenset(("host", "session_id", "agent_id", "actor_id", "entity", "workflow"))
+EVENT_FIELDS = frozenset((
+    "timestamp", "ts", "host", "event", "session_id", "agent_id", "agent_type", "actor_id",
+    "detail"))
+INITIATE_FIELDS = frozenset((
+    "schema", "id", "ts", "kind", "workflow", "entity", "ship_id", "host", "session_id",
+    "headline", "body", "request_id", "status"))
+NULLABLE_FIELDS = frozenset(("target_set", "directives", "granted", "detail", "tool_input"))
+
+
+def _go_fold(key):
+    """A JSON key folded for matching against the (lower-case ASCII) field names.
+
+    Go folds every rune to the smallest of its simple case-folding orbit. Against
+    ASCII names that is str.lower() plus U+017F (long s) -> "s": U+212A (Kelvin)
+    already lowers to "k", and no other rune folds to an ASCII letter. Not
+    casefold(), which would also match "ß" to "ss" where Go does not.
+    """
+    key = key.lower()
+    return key if key.isascii() else key.replace("\u017f", "s")
+
+
+def go_fields(obj, fields):
+    """`obj` (a decoded JSON object) with its keys matched to `fields` as Go's
+    encoding/json fills a struct: each key in order goes to the field of that exact
+    name, else to the field whose name it equals case-insensitively ("ID" fills
+    "id"), else nowhere; when two keys fill one field the later wins. Returns `obj`
+    itself when no key needs folding (the common case, and the cheap one), else a
+    new dict of the fields only. Read values with .get(); a non-dict is returned as is.
+
+    Python's dict has already merged exact duplicate keys (the last value, at the
+    first key's place), so {"id":1,"ID":2,"id":3} gives 2 where Go gives 3.
+    """
+    if not isinstance(obj, dict):
+        return obj
+    for key in obj:
+        if key not in fields and _go_fold(key) in fields:
+            break
+    else:
+        return obj
+    out = {}
+    for key, value in obj.items():
+        name = key if key in fields else _go_fold(key)
+        if name in fields and (value is not None or name in NULLABLE_FIELDS):
+            out[name] = value
+    return out
+
+
 _RFC3339 = None
 
 
@@ -3424,6 +3490,7 @@ def egress_emit(data, host_flag="", repo_root=None, debug=None):
         return "payload is not JSON: %s" % exc
     if not isinstance(payload, dict):
         return "payload is not a JSON object"
+    payload = go_fields(payload, PAYLOAD_FIELDS)
     host = (host_flag or _payload_str(payload, "host")).strip().lower()
     hook_event = _payload_str(payload, "hook_event_name")
     event = _payload_str(payload, "event") or hook_event
@@ -3437,7 +3504,8 @@ def egress_emit(data, host_flag="", repo_root=None, debug=None):
         return "cwd %s is not a directory" % cwd
     root = seam_root(repo_root, cwd)
     bdir = bridge_dir(root)
-    detail = payload.get("detail") if isinstance(payload.get("detail"), dict) else {}
+    detail = payload.get("detail")
+    detail = go_fields(detail, DETAIL_FIELDS) if isinstance(detail, dict) else {}
     ts = _payload_str(payload, "timestamp") or _payload_str(payload, "ts")
     agent_type = _payload_str(payload, "agent_type")
     source = _payload_str(detail, "source") or _payload_str(payload, "source")
@@ -3489,7 +3557,7 @@ def _marker_for(host, hook_event, payload, detail, actor, cwd):
     path = _payload_str(payload, "entity_path")
     if not path and host == "claude" and hook_event == "PostToolUse" \
             and _payload_str(payload, "tool_name") == "Read":
-        path = (_payload_str(payload.get("tool_input"), "file_path")
+        path = (_payload_str(go_fields(payload.get("tool_input"), TOOL_INPUT_FIELDS), "file_path")
                 or _payload_str(payload, "file_path") or _payload_str(detail, "file_path"))
     if not path:
         return None
@@ -3628,6 +3696,7 @@ def parse_intent(obj):
     """
     if not isinstance(obj, dict):
         return None
+    obj = go_fields(obj, INTENT_FIELDS)
     rec = {}
     for key in _INBOX_STRINGS:
         value = obj.get(key)
@@ -3795,7 +3864,10 @@ def load_reply_keys(bdir, lines, floor, index):
         data = handle.read()
         end = data.rfind(b"\n") + 1  # a torn last line is not there yet
         if _REPLY_LINE is None:
-            _REPLY_LINE = re.compile(rb'"in_reply_to_line"[ \t\r\n]*:[ \t\r\n]*([0-9]+)(?![0-9.eE])')
+            # Any case: Go reads "IN_REPLY_TO_LINE" as in_reply_to_line (go_fields). A line
+            # with several spellings is parsed if any of them is past the floor. A key
+            # spelled with \u escapes is not found (no JSON encoder writes one).
+            _REPLY_LINE = re.compile(rb'(?i)"in_reply_to_line"[ \t\r\n]*:[ \t\r\n]*([0-9]+)(?![0-9.eE])')
         seen = -1
         for match in _REPLY_LINE.finditer(data, 0, end):
             if int(match.group(1)) <= floor or match.start() < seen:
@@ -3803,12 +3875,11 @@ def load_reply_keys(bdir, lines, floor, index):
             start = data.rfind(b"\n", 0, match.start()) + 1
             seen = data.find(b"\n", match.end()) + 1
             try:
-                reply = json.loads(data[start:seen])
+                entry = _reply_entry(json.loads(data[start:seen]))
             except ValueError:
                 continue
-            key = _reply_record_key(reply)
-            if key is not None and reply["in_reply_to_line"] > floor:
-                entries.append([reply["in_reply_to_line"], key, reply.get("status") != "acting"])
+            if entry is not None and entry[0] > floor:
+                entries.append(entry)
         if len(entries) <= _INDEX_MAX_KEYS:
             index["replies"] = {"floor": floor, "mark": _mark(handle, st, begin + end), "keys": entries}
     for line, key, is_terminal in entries:
@@ -3817,10 +3888,12 @@ def load_reply_keys(bdir, lines, floor, index):
     return terminal, acting
 
 
-def _reply_record_key(reply):
-    """The replyKey of one fo-replies record, or None when loadReplies would skip it."""
+def _reply_entry(reply):
+    """[inbox line, replyKey, terminal?] of one fo-replies record, or None when
+    loadReplies would skip it."""
     if not isinstance(reply, dict):
         return None
+    reply = go_fields(reply, REPLY_FIELDS)
     schema, line = reply.get("schema"), reply.get("in_reply_to_line")
     if type(schema) is not int or schema != 1 or type(line) is not int or line <= 0:
         return None
@@ -3837,7 +3910,7 @@ def _reply_record_key(reply):
         parsed = parse_rfc3339(rts)
         if parsed is None:
             return None
-    return reply_key(line, rid or render_rfc3339_nano(parsed), kind, target)
+    return [line, reply_key(line, rid or render_rfc3339_nano(parsed), kind, target), status != "acting"]
 
 
 def pending_intents(bdir, slugs, members=None):
@@ -4062,8 +4135,7 @@ def inbox_check(data, host="", repo_root=None, slug=None, session_id=None):
         payload = json.loads(data.decode("utf-8", "replace")) if data.strip() else {}
     except ValueError:
         payload = {}
-    if not isinstance(payload, dict):
-        payload = {}
+    payload = go_fields(payload, STOP_FIELDS) if isinstance(payload, dict) else {}
     if payload.get("stop_hook_active") is True:
         return {}
     host = (host or "claude").strip().lower()
@@ -4108,6 +4180,7 @@ def _heartbeat(bdir, slug):
         return None
     if not isinstance(beat, dict):
         return None
+    beat = go_fields(beat, HEARTBEAT_FIELDS)
     if beat.get("ts") is not None and parse_rfc3339(beat.get("ts")) is None:
         return None
     return beat
@@ -4138,7 +4211,7 @@ def _markers(bdir):
         except (OSError, ValueError):
             continue
         if isinstance(marker, dict):
-            out.append((mtime, path, marker))
+            out.append((mtime, path, go_fields(marker, MARKER_FIELDS)))
     return out
 
 
@@ -4201,7 +4274,7 @@ def _open_gates(bdir, head, tail):
     """Lines of `head` to keep through a trim: each undecided open gate's latest line."""
     def ident(raw):
         try:
-            rec = json.loads(raw)
+            rec = go_fields(json.loads(raw), INITIATE_FIELDS)
         except ValueError:
             return None, None
         return (rec.get("id") if isinstance(rec, dict) and isinstance(rec.get("id"), str)
@@ -4227,7 +4300,7 @@ def _decided_requests(bdir):
     for item in scan_jsonl(os.path.join(bdir, "inbox.jsonl")):
         if b'"decision"' not in item.raw:
             continue
-        rec = item.record
+        rec = go_fields(item.record, INTENT_FIELDS)
         if isinstance(rec, dict) and rec.get("kind") == "decision" and isinstance(rec.get("request_id"), str):
             decided.add(rec["request_id"])
     return decided
@@ -4386,7 +4459,7 @@ def _resumable_session(bdir, slug):
         return best[2]
     latest = None
     for item in scan_jsonl(os.path.join(bdir, "events.jsonl")):
-        rec = item.record
+        rec = go_fields(item.record, EVENT_FIELDS)
         if not isinstance(rec, dict) or rec.get("host") != "codex":
             continue
         sid, when = rec.get("session_id"), parse_rfc3339(rec.get("ts"))

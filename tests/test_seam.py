@@ -839,6 +839,109 @@ def test_wake_rejects_other_hosts(repo):
     assert code == 2 and out["error"] == "bridge ingress wake currently supports host codex only"
 
 
+# ---- Go's case-insensitive JSON keys (reference 2.6) ------------------------------
+
+def test_inbox_keys_match_case_insensitively(repo):
+    write_inbox(repo,
+                {"ID": "i1", "Ts": "2026-07-03T11:00:00Z", "KIND": "tell", "Text": "upper",
+                 "TARGET_SET": ["alpha"], "Request_ID": "rq"},
+                {"id": "a", "ID": "b", "ts": "2026-07-03T11:00:00Z", "kind": "tell", "target": "alpha"},
+                {"ID": "b", "id": "a", "ts": "2026-07-03T11:00:00Z", "kind": "tell", "target": "alpha"},
+                {"id": "n", "ID": None, "ts": "2026-07-03T11:00:00Z", "kind": "tell", "target": "alpha"},
+                {"id": "s", "ts": "2026-07-03T11:00:00Z", "kind": "tell", "target": "beta",
+                 "target_set": ["alpha"], "Target_Set": None},
+                {"id": "t", "ID": 5, "ts": "2026-07-03T11:00:00Z", "kind": "tell", "target": "alpha"},
+                {"id": "u", "ts": "2026-07-03T11:00:00Z", "kind": "tell", "target": "alpha",
+                 "Bogus": 1, "texts": "ignored", "t\u0435xt": "cyrillic e: no field"},
+                {"id": "k", "ts": "2026-07-03T11:00:00Z", "\u212aind": "tell", "target": "alpha"})
+    code, out, _ = seam("inbox", "drain", "--slug", "alpha", cwd=repo)
+    assert code == 0
+    got = {r["line"]: r for r in out["records"]}
+    assert got[1] == {"line": 1, "id": "i1", "ts": "2026-07-03T11:00:00Z", "kind": "tell",
+                      "text": "upper", "target_set": ["alpha"], "request_id": "rq"}
+    assert got[2]["id"] == "b" and got[3]["id"] == "a"  # the later key wins
+    assert got[4]["id"] == "n"  # a null leaves a string field alone
+    assert 5 not in got  # ... but resets a slice: legacy routing to beta
+    assert 6 not in got  # the later key's wrong type rejects the record
+    assert got[7] == {"line": 7, "id": "u", "ts": "2026-07-03T11:00:00Z", "kind": "tell",
+                      "target": "alpha"}  # unknown keys still ignored
+    assert got[8]["kind"] == "tell"  # KELVIN SIGN folds to k, as in Go
+    raw = (repo / "_bridge/fo-replies.jsonl").read_text()  # written with the canonical keys only
+    assert '"in_reply_to_id":"i1"' in raw and '"request_id":"rq"' in raw and "ID" not in raw
+
+
+def test_hook_payload_keys_match_case_insensitively(repo):
+    data = json.loads(payload("claude_post_tool_use_read_ensign.json", repo,
+                              timestamp="2026-07-01T01:02:03Z"))
+    renamed = {{"session_id": "Session_ID", "cwd": "CWD", "hook_event_name": "Hook_Event_Name",
+                "tool_name": "TOOL_NAME", "tool_input": "Tool_Input", "agent_type": "Agent_Type"}
+               .get(k, k): v for k, v in data.items()}
+    renamed["Tool_Input"] = {"FILE_PATH": renamed["Tool_Input"]["file_path"]}
+    elsewhere = repo / "sub"
+    elsewhere.mkdir()
+    emit("claude", json.dumps(renamed), cwd=elsewhere)  # the payload's CWD names the repo
+    (line,) = (repo / "_bridge/events.jsonl").read_text().splitlines()
+    assert line == ('{"timestamp":"2026-07-01T01:02:03Z","ts":"2026-07-01T01:02:03Z",'
+                    '"host":"claude","event":"PostToolUse","session_id":"ses-ensign","agent_id":"",'
+                    '"agent_type":"spacedock:ensign","actor_id":"ses-ensign",'
+                    '"detail":{"tool":"Read","source":""}}')
+    assert (repo / "_bridge/sessions/ses-ensign.json").exists()
+    emit("pi", json.dumps({"EVENT": "turn_end", "CWD": str(repo), "\u017fession_id": "pi-1",
+                           "DETAIL": {"Source": "pi", "TOOL": "bash"}, "session_id_x": "no"}),
+         cwd=elsewhere)
+    rec = records(repo / "_bridge/events.jsonl")[1]
+    assert (rec["event"], rec["session_id"], rec["detail"]) == ("Stop", "pi-1", {"tool": "bash", "source": "pi"})
+    assert not (elsewhere / "_bridge").exists()
+
+
+def test_stop_payload_heartbeat_and_marker_keys_match_case_insensitively(repo, tmp_path):
+    write_inbox(repo, *INBOX3)
+    bdir = repo / "_bridge"
+    (bdir / "fo.alpha.json").write_text(json.dumps({"Session_ID": "sess-1", "TS": "2026-07-03T12:00:00Z"}))
+    stop = {"Session_ID": "sess-1", "CWD": str(repo), "Hook_Event_Name": "Stop"}
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    _, out, _ = seam("inbox", "check", cwd=elsewhere, input=json.dumps(stop))
+    assert out["decision"] == "block" and "workflow(s): alpha." in out["reason"]
+    _, out, _ = seam("inbox", "check", cwd=elsewhere, input=json.dumps(stop | {"STOP_HOOK_ACTIVE": True}))
+    assert out == {}
+    (bdir / "fo.alpha.json").write_text(json.dumps({"session_id": "sess-1", "Ts": "yesterday"}))
+    assert seam("inbox", "check", cwd=elsewhere, input=json.dumps(stop))[1] == {}  # a bad TS fails it whole
+    (bdir / "sessions").mkdir()
+    (bdir / "sessions/x.json").write_text(json.dumps({"SESSION_ID": "sess-1", "Workflow": "beta"}))
+    _, out, _ = seam("inbox", "check", cwd=elsewhere, input=json.dumps(stop))
+    assert "workflow(s): beta." in out["reason"]
+
+
+def test_reply_keys_match_case_insensitively(repo):
+    bdir = write_inbox(repo, *INBOX3)
+    (bdir / "fo-replies.jsonl").write_text(json.dumps(
+        {"SCHEMA": 1, "Kind": "reply", "TARGET": "alpha", "In_Reply_To_ID": "i1",
+         "IN_REPLY_TO_LINE": 1, "Intent_Kind": "tell", "STATUS": "answered"}) + "\n" + json.dumps(
+        {"schema": 1, "target": "alpha", "in_reply_to_id": "i3", "in_reply_to_line": 3,
+         "intent_kind": "decision", "status": "applied", "STATUS": "acting"}) + "\n")
+    _, out, _ = seam("inbox", "drain", "--slug", "alpha", cwd=repo)
+    assert [r["line"] for r in out["records"]] == [3]  # line 3's later STATUS is acting: not delivered
+
+
+def test_initiate_and_event_keys_match_case_insensitively(repo, tmp_path):
+    bdir = repo / "_bridge"
+    bdir.mkdir()
+    gate = {"SCHEMA": 1, "ID": "gate-upper", "Kind": "gate-review", "Headline": "h",
+            "Request_ID": "gate-upper", "STATUS": "open"}
+    lines = [gate] + [{"schema": 1, "id": "s%d" % i, "kind": "status", "headline": "h",
+                       "status": "open"} for i in range(1999)]
+    (bdir / "fo-initiate.jsonl").write_text("".join(json.dumps(l) + "\n" for l in lines))
+    seam("initiate", "--kind", "status", "--id", "last", "--headline", "h", cwd=repo)
+    assert json.loads((bdir / "fo-initiate.jsonl").read_text().splitlines()[0]) == gate
+    write_inbox(repo, {"id": "w1", "ts": "2026-07-02T11:00:00Z", "kind": "tell", "target_set": ["a"]})
+    (bdir / "events.jsonl").write_text(json.dumps(
+        {"HOST": "codex", "Session_ID": "from-upper", "TS": "2026-07-01T00:00:00Z"}) + "\n")
+    env, log = wake_env(tmp_path)
+    _, out, _ = seam("wake", "--members", "a", "--codex-bin", str(SEAM / "codex"), cwd=repo, env=env)
+    assert out["status"] == "woke" and "resume from-upper -" in log.read_text()
+
+
 # ---- CLI surface -------------------------------------------------------------------
 
 def test_cli_usage_and_unknown_subcommands(repo):
