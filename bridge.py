@@ -3087,6 +3087,9 @@ SEAM_DIR = "_bridge"
 SEAM_VERBS = ("egress", "inbox", "initiate", "alert", "feed", "wake")
 EVENTS_MAX_LINES, EVENTS_KEEP_LINES = 2000, 1000
 INITIATE_MAX_LINES, INITIATE_KEEP_LINES = 2000, 1000
+# truncateReplies: Go's tests imply the cap; its window is not in the sources, so it
+# is events' keep (README, decisions).
+REPLIES_MAX_LINES, REPLIES_KEEP_LINES = 2000, 1000
 
 # Intent kind -> the kind of the reply that acknowledges it (ackKindFor).
 ACK_KINDS = {"tell": "reply", "conn": "conn-ack", "decision": "decision-ack",
@@ -3342,13 +3345,16 @@ def seam_append(path, data, wait=2.0):
     raise OSError("%s keeps being replaced while appending" % path)
 
 
-def seam_trim(path, max_lines, keep_lines, protect=None):
+def seam_trim(path, max_lines, keep_lines, protect=None, seen=None):
     """Keep the last `keep_lines` complete lines of `path` once it has more than `max_lines`.
 
-    `protect(head_lines)` may return lines from before the kept tail that must
-    survive (open gate reviews); they are kept in order ahead of the tail. The
-    new file replaces the old one atomically under an exclusive flock (see
-    seam_append). Returns True when the file was trimmed.
+    `protect(head, tail)` may return lines of `head` (those before the kept
+    tail) that must survive (open gate reviews, replies still needed); they are
+    kept in order ahead of the tail, and when it keeps them all the file is left
+    alone. The new file replaces the old one atomically under an exclusive flock
+    (see seam_append). Returns True when the file was trimmed. A `seen` dict
+    gets "mark" (what _mark_ok checks: the file as read) and "lines" once the
+    file has been read.
     """
     import fcntl
     keep_lines = min(keep_lines, max_lines)
@@ -3373,11 +3379,17 @@ def seam_trim(path, max_lines, keep_lines, protect=None):
         data = b"".join(chunks)
         lines = data.split(b"\n")
         partial = lines.pop()  # b"" when the file ends with a newline
+        if seen is not None:
+            end = len(data) - len(partial)
+            seen.update(mark=[os.fstat(fd).st_ino, end, data[max(0, end - _MARK_BYTES):end].hex()],
+                        lines=len(lines))
         if len(lines) <= max_lines:
             return False
         head, tail = lines[:len(lines) - keep_lines], lines[len(lines) - keep_lines:]
-        kept = (protect(head, tail) if protect else []) + tail
-        atomic_write(path, b"".join(line + b"\n" for line in kept) + partial, mode=0o644)
+        kept = protect(head, tail) if protect else []
+        if len(kept) == len(head):
+            return False  # nothing to drop: no rewrite
+        atomic_write(path, b"".join(line + b"\n" for line in kept + tail) + partial, mode=0o644)
         return True
     finally:
         os.close(fd)
@@ -3780,9 +3792,15 @@ def _save_index(bdir, index):
         pass
 
 
+_MARK_BYTES = 64
+
+
 def _mark(handle, st, offset):
-    """What identifies the first `offset` bytes of an open file: [inode, offset, tail hex]."""
-    size = min(offset, 32)
+    """What identifies the first `offset` bytes of an open file: [inode, offset, tail hex].
+
+    The tail is long enough (most of a reply line: its time, line and ids) that a
+    file trimmed into a reused inode does not pass for the old one."""
+    size = min(offset, _MARK_BYTES)
     handle.seek(offset - size)
     return [st.st_ino, offset, handle.read(size).hex()]
 
@@ -3962,6 +3980,125 @@ def reply_record(kind, target, line, intent_kind, status, rid="", rts="", extra=
     return rec
 
 
+def trim_replies(bdir):
+    """Trim fo-replies.jsonl once it is past REPLIES_MAX_LINES (Go's truncateReplies).
+
+    A line goes only if it is outside the last REPLIES_KEEP_LINES lines and
+    answers an inbox line below the floor, the lowest cursor of every slug that
+    can still ask about it: each `.inbox-cursor.<slug>` (as Go), and, stricter
+    than Go, each slug with a heartbeat and each reply target (a slug that has not
+    committed reads the legacy cursor or 0, so its acks stay until it does: a
+    dropped terminal ack would deliver its intent again). No cursor file at all
+    means no trim. Order is kept; appends during the trim are not lost (seam_trim).
+
+    A look that found nothing to drop is remembered in .seam-index.json and not
+    repeated until the floor rises or the file has grown by a tenth, so a floor
+    held down by a slow slug does not make every ack re-read a long history.
+    Returns True when the file was rewritten.
+    """
+    import stat
+    path = os.path.join(bdir, "fo-replies.jsonl")
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    if not stat.S_ISREG(st.st_mode) or st.st_size <= REPLIES_MAX_LINES:
+        return False  # each line is at least its newline: under the cap for sure
+    slugs = _floor_slugs(bdir)
+    if slugs is None:
+        return False
+    index = _load_index(bdir)
+    note = index.get("replies_trim")
+    if not (isinstance(note, dict) and isinstance(note.get("floor"), int)
+            and isinstance(note.get("lines"), int) and isinstance(note.get("targets"), list)):
+        note = None
+    else:
+        slugs |= set(t for t in note["targets"] if is_safe_name(t))
+    floor = min(read_cursor(bdir, slug) for slug in slugs)
+    if floor <= 0:
+        return False  # no line is below it
+    lines = None
+    if note:
+        added = _lines_since(path, note.get("mark"))
+        if added is not None:
+            # Targets that first appear in the added lines can only lower the floor,
+            # so leaving them out here can only make the skip more justified.
+            if floor <= note["floor"] and added < max(100, note["lines"] // 10):
+                return False
+            lines = note["lines"] + added
+    if lines is None:
+        lines = count_complete_lines(path)
+    if lines <= REPLIES_MAX_LINES:
+        return False
+    look = {}
+    trimmed = seam_trim(path, REPLIES_MAX_LINES, REPLIES_KEEP_LINES,
+                        lambda head, tail: _replies_to_keep(bdir, slugs, floor, head, tail, look), look)
+    index.pop("replies_trim", None)
+    if trimmed:
+        index.pop("replies", None)  # its mark names the old file; the next read rebuilds it
+    elif "floor" in look:
+        index["replies_trim"] = {"mark": look["mark"], "lines": look["lines"],
+                                 "floor": look["floor"], "targets": look["targets"]}
+    _save_index(bdir, index)
+    return trimmed
+
+
+def _floor_slugs(bdir):
+    """The slugs whose cursors bound a replies trim, or None without any cursor file.
+
+    `.inbox-cursor.<slug>.lock` (inbox commit's lock) is not a cursor file."""
+    try:
+        names = os.listdir(bdir)
+    except OSError:
+        return None
+    slugs = set()
+    for name in names:
+        if name.startswith(".inbox-cursor.") and not name.endswith(".lock") \
+                and is_safe_name(name[14:]):
+            slugs.add(name[14:])
+    if not slugs:
+        return None
+    return slugs | set(discover_slugs(bdir))
+
+
+def _lines_since(path, mark):
+    """Complete lines appended to `path` after `mark` (see _mark), or None when
+    `path` is no longer the file the mark was taken of."""
+    try:
+        handle = open(path, "rb")
+    except OSError:
+        return None
+    with handle:
+        st = os.fstat(handle.fileno())
+        if not _mark_ok(handle, st, mark):
+            return None
+        handle.seek(mark[1])
+        return handle.read().count(b"\n")
+
+
+def _replies_to_keep(bdir, slugs, floor, head, tail, look):
+    """The lines of `head` a replies trim keeps: those answering a line at or past
+    the floor. Reply targets not in `slugs` lower the floor to their cursor. A line
+    that is not a reply record (not JSON, no integer in_reply_to_line) answers
+    nothing: it counts as line 0. Notes the floor and targets in `look`."""
+    def fields(raw):
+        try:
+            rec = go_fields(json.loads(raw), REPLY_FIELDS)
+        except ValueError:
+            return 0, None
+        if not isinstance(rec, dict):
+            return 0, None
+        line, target = rec.get("in_reply_to_line"), rec.get("target")
+        return (line if type(line) is int else 0), (target if is_safe_name(target) else None)
+    decoded = [fields(raw) for raw in head]
+    targets = {target for _, target in decoded if target}
+    targets.update(target for _, target in map(fields, tail) if target)
+    for target in targets - slugs:
+        floor = min(floor, read_cursor(bdir, target))
+    look.update(floor=floor, targets=sorted(targets))
+    return [raw for raw, (line, _) in zip(head, decoded) if line >= floor]
+
+
 # ---- inbox verbs ---------------------------------------------------------------
 
 def inbox_drain(root, slug, host="", session_id=None, members=None):
@@ -4020,7 +4157,18 @@ def inbox_drain(root, slug, host="", session_id=None, members=None):
                         b"".join(go_line(ack) for ack in acks))
         except OSError as exc:
             out["error"] = "acting acks not written: %s" % (exc.strerror or exc)
+        else:
+            _trim_replies_after_append(bdir)
     return out
+
+
+def _trim_replies_after_append(bdir):
+    """trim_replies for a verb whose append already succeeded: a failed trim only
+    leaves the file longer, so it is reported on stderr, never as the verb's failure."""
+    try:
+        trim_replies(bdir)
+    except OSError as exc:
+        warn("fo-replies.jsonl not trimmed: %s" % (exc.strerror or exc))
 
 
 def inbox_ack(root, opts):
@@ -4089,6 +4237,7 @@ def inbox_ack(root, opts):
         seam_append(os.path.join(bdir, "fo-replies.jsonl"), go_line(reply))
     except OSError as exc:
         raise SeamFailure("cannot append to fo-replies.jsonl: %s" % (exc.strerror or exc))
+    _trim_replies_after_append(bdir)
     return {"appended": True, "kind": reply["kind"], "target": slug, "line": line}
 
 

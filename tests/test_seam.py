@@ -839,6 +839,201 @@ def test_wake_rejects_other_hosts(repo):
     assert code == 2 and out["error"] == "bridge ingress wake currently supports host codex only"
 
 
+# ---- fo-replies.jsonl trim (Go's truncateReplies, reference 5.1) ------------------
+
+def reply(line, target="alpha", status="answered", rid=None):
+    return {"schema": 1, "ts": "2026-07-03T12:00:00Z", "kind": "reply", "target": target,
+            "in_reply_to_id": rid or "h%d" % line, "in_reply_to_line": line, "intent_kind": "tell",
+            "status": status}
+
+
+def write_replies(bdir, lines, **cursors):
+    """fo-replies.jsonl with `lines` (records or raw strings) and the given slug cursors."""
+    Path(bdir).mkdir(exist_ok=True)
+    (Path(bdir) / "fo-replies.jsonl").write_text(
+        "".join((r if isinstance(r, str) else json.dumps(r, separators=(",", ":"))) + "\n" for r in lines))
+    for slug, cursor in cursors.items():
+        (Path(bdir) / (".inbox-cursor." + slug)).write_text(cursor if isinstance(cursor, str) else "%d\n" % cursor)
+    return (Path(bdir) / "fo-replies.jsonl").read_text().splitlines()
+
+
+def ack_line1(repo, status="answered"):
+    """One terminal ack through the CLI (answering INBOX3's line 1): what triggers a trim."""
+    code, out, _ = seam("inbox", "ack", "--slug", "alpha", "--line", "1", "--id", "i1", "--kind",
+                        "tell", "--status", status, cwd=repo)
+    assert code == 0 and out["appended"] is True, out
+
+
+def replies_after(bdir):
+    lines = (Path(bdir) / "fo-replies.jsonl").read_text().splitlines()
+    return lines[:-1], json.loads(lines[-1])  # the history, and the ack that was just appended
+
+
+def test_truncate_replies_no_op_without_cursor(repo):
+    bdir = write_inbox(repo, *INBOX3)
+    before = write_replies(bdir, [reply(1 + n % 3) for n in range(2500)])
+    ack_line1(repo)
+    history, last = replies_after(bdir)
+    assert history == before and last["in_reply_to_id"] == "i1"
+
+
+def test_truncate_replies_no_op_under_cap(repo):
+    bdir = write_inbox(repo, *INBOX3)
+    before = write_replies(bdir, [reply(1) for _ in range(1999)], alpha=500)
+    ack_line1(repo)  # 2,000 lines: at the cap, not over it
+    assert replies_after(bdir)[0] == before
+    ack_line1(repo)  # 2,001: over it; every line is below the floor, so the window is what stays
+    after = (bdir / "fo-replies.jsonl").read_text().splitlines()
+    assert len(after) == 1000 and after[:998] == before[-998:]
+
+
+def test_truncate_replies_drops_below_floor_outside_window(repo):
+    bdir = write_inbox(repo, *INBOX3)
+    before = write_replies(bdir, [reply((99, 100, 101)[n % 3], rid="r%d" % n) for n in range(2500)],
+                           alpha=100)
+    ack_line1(repo)
+    history, last = replies_after(bdir)
+    head, window = before[:1501], before[1501:]  # the window is the last 1,000 lines, the ack included
+    kept = [raw for raw in head if json.loads(raw)["in_reply_to_line"] >= 100]
+    assert history == kept + window and last["in_reply_to_id"] == "i1"
+    assert len(kept) == 1000 and any('"in_reply_to_line":99,' in raw for raw in window)
+
+
+def test_truncate_replies_keeps_only_window_when_all_below_floor(repo):
+    bdir = write_inbox(repo, *INBOX3)
+    before = write_replies(bdir, [reply(n + 1) for n in range(2500)], alpha=5000)
+    ack_line1(repo)
+    history, last = replies_after(bdir)
+    assert history == before[-999:] and last["in_reply_to_id"] == "i1"
+
+
+def test_truncate_replies_floor_is_lowest_across_slugs(repo):
+    bdir = write_inbox(repo, *INBOX3)
+    lines = [reply((50, 150, 350)[n % 3], target=("alpha", "beta")[n % 2], rid="r%d" % n)
+             for n in range(2500)]
+    before = write_replies(bdir, lines, alpha=300, beta=100)
+    ack_line1(repo)
+    history, _ = replies_after(bdir)
+    head, window = before[:1501], before[1501:]
+    assert history == [raw for raw in head if json.loads(raw)["in_reply_to_line"] != 50] + window
+
+
+def test_truncate_replies_waits_for_every_slug_that_may_still_ask(repo):
+    """Stricter than Go: a slug with a heartbeat but no cursor, or a reply target without
+    one, holds the floor at its cursor (0), so none of its acks go before it commits."""
+    bdir = write_inbox(repo, *INBOX3)
+    history = [reply(1 + n % 3, rid="r%d" % n) for n in range(2500)]
+    before = write_replies(bdir, history, alpha=300)
+    heartbeat(repo, "beta", "sess-b")
+    ack_line1(repo)
+    assert replies_after(bdir)[0] == before
+    (bdir / "fo.beta.json").unlink()
+    before = write_replies(bdir, history + [reply(1, target="gamma")], alpha=300)
+    ack_line1(repo)
+    assert replies_after(bdir)[0] == before
+    (bdir / ".inbox-cursor.gamma").write_text("300\n")
+    ack_line1(repo)
+    assert len((bdir / "fo-replies.jsonl").read_text().splitlines()) == 1000
+
+
+def test_truncate_replies_hostile_files(repo, tmp_path):
+    bdir = write_inbox(repo, *INBOX3)
+    # a garbage cursor reads as 0, so nothing is below the floor; commit's lock file is no cursor
+    before = write_replies(bdir, [reply(1) for _ in range(2500)], alpha="garbage\n", beta=100)
+    ack_line1(repo)
+    assert replies_after(bdir)[0] == before
+    (bdir / ".inbox-cursor.alpha").write_text("100\n")
+    (bdir / ".inbox-cursor.beta.lock").write_text("")
+    # lines that answer nothing (not JSON, no line number, a wrong type) go like any below the floor
+    junk = ["not json", "{}", json.dumps(reply(1) | {"in_reply_to_line": "7"}), "[1]"]
+    write_replies(bdir, junk + [reply(200, target="beta")] + [reply(1, target="beta")] * 2400)
+    ack_line1(repo)
+    after = (bdir / "fo-replies.jsonl").read_text().splitlines()
+    assert len(after) == 1001 and json.loads(after[0])["in_reply_to_line"] == 200
+    assert not any(line in after for line in junk)
+    # a symlinked fo-replies.jsonl is never appended to, trimmed or followed
+    outside = tmp_path / "outside.jsonl"
+    outside.write_text("".join(json.dumps(reply(1)) + "\n" for _ in range(2500)))
+    (bdir / "fo-replies.jsonl").unlink()
+    (bdir / "fo-replies.jsonl").symlink_to(outside)
+    (bdir / ".inbox-cursor.alpha").unlink()  # so that drain has records to ack
+    snapshot = outside.read_bytes()
+    code, out, _ = seam("inbox", "ack", "--slug", "alpha", "--line", "1", "--id", "i1", "--kind",
+                        "tell", "--status", "answered", cwd=repo)
+    assert code == 1 and "cannot append to fo-replies.jsonl" in out["error"]
+    code, out, _ = seam("inbox", "drain", "--slug", "alpha", cwd=repo)
+    assert code == 0 and "acting acks not written" in out["error"]
+    assert outside.read_bytes() == snapshot and (bdir / "fo-replies.jsonl").is_symlink()
+    assert sorted(p.name for p in bdir.iterdir() if p.name.endswith(".tmp")) == []
+
+
+def test_concurrent_acks_across_a_replies_trim_lose_nothing(repo):
+    """40 acks at once push fo-replies.jsonl over the cap: every ack survives the trims,
+    so none of those intents is delivered again."""
+    bdir = write_inbox(repo, *[{"id": "c%d" % n, "ts": "2026-07-03T11:00:00Z", "kind": "tell",
+                                "target": "alpha"} for n in range(1, 51)])
+    write_replies(bdir, [reply(1 + n % 5, rid="old%d" % n) for n in range(1990)], alpha=10)
+    procs = [subprocess.Popen(
+        [PYTHON, str(BRIDGE), "inbox", "ack", "--slug", "alpha", "--line", str(n), "--id", "c%d" % n,
+         "--kind", "tell", "--status", "answered"], cwd=repo, env=clean_env(),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE) for n in range(11, 51)]
+    for proc in procs:
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0 and json.loads(out)["appended"] is True and err == b"", (out, err)
+    recs = records(bdir / "fo-replies.jsonl")  # every line parses: none torn or interleaved
+    assert sorted(r["in_reply_to_line"] for r in recs if r["in_reply_to_id"].startswith("c")) == \
+        list(range(11, 51))
+    assert len(recs) <= 2000  # trimmed at least once
+    _, out, _ = seam("inbox", "drain", "--slug", "alpha", cwd=repo)
+    assert out["cursor"] == 10 and out["count"] == 0
+
+
+def test_history_index_stays_right_across_a_replies_trim(repo):
+    """.seam-index.json remembers the acks past the floor; a trim replaces the file under it."""
+    inbox = [{"id": "h%d" % n, "ts": "2026-07-03T11:00:00Z", "kind": "tell", "target": "alpha"}
+             for n in range(1, 1011)]
+    bdir = write_inbox(repo, *inbox)
+    # terminal acks for 1001-1005 far from the end (outside the window), 2,400 below the floor
+    write_replies(bdir, [reply(n) for n in range(1001, 1006)] + [reply(1 + n % 900) for n in range(2400)],
+                  alpha=1000)
+    _, first, _ = seam("inbox", "drain", "--slug", "alpha", cwd=repo)  # its acting acks trigger the trim
+    assert [r["line"] for r in first["records"]] == [1006, 1007, 1008, 1009, 1010]
+    assert len((bdir / "fo-replies.jsonl").read_text().splitlines()) == 1005
+    index = json.loads((bdir / SEAM_INDEX).read_text())
+    assert "replies" not in index  # it named the old file
+    _, again, _ = seam("inbox", "drain", "--slug", "alpha", cwd=repo)
+    assert again["records"] == first["records"]
+    seam("inbox", "ack", "--slug", "alpha", "--line", "1008", "--id", "h1008", "--kind", "tell",
+         "--status", "answered", cwd=repo)
+    _, third, _ = seam("inbox", "drain", "--slug", "alpha", cwd=repo)
+    assert [r["line"] for r in third["records"]] == [1006, 1007, 1009, 1010]
+    (bdir / SEAM_INDEX).unlink()
+    assert seam("inbox", "drain", "--slug", "alpha", cwd=repo)[1]["records"] == third["records"]
+
+
+def test_replies_trim_remembers_a_fruitless_look_only_while_it_holds(repo):
+    bdir = write_inbox(repo, *INBOX3)
+
+    def fruitless_look():
+        write_replies(bdir, [reply(150) for _ in range(2500)], alpha=100)
+        ack_line1(repo)  # everything answers a line past the floor: nothing to drop
+        assert len((bdir / "fo-replies.jsonl").read_text().splitlines()) == 2501
+        note = json.loads((bdir / SEAM_INDEX).read_text())["replies_trim"]
+        assert (note["floor"], note["lines"], note["targets"]) == (100, 2501, ["alpha"])
+
+    fruitless_look()
+    ack_line1(repo)  # same file, same floor, one line more: not looked at again
+    assert json.loads((bdir / SEAM_INDEX).read_text())["replies_trim"]["lines"] == 2501
+    write_replies(bdir, [reply(1) for _ in range(2500)])  # a new file: the note does not describe it
+    ack_line1(repo)
+    assert len((bdir / "fo-replies.jsonl").read_text().splitlines()) == 1000
+    fruitless_look()
+    (bdir / ".inbox-cursor.alpha").write_text("200\n")  # the floor rises: look again
+    ack_line1(repo)
+    assert len((bdir / "fo-replies.jsonl").read_text().splitlines()) == 1000
+    assert "replies_trim" not in json.loads((bdir / SEAM_INDEX).read_text())
+
+
 # ---- Go's case-insensitive JSON keys (reference 2.6) ------------------------------
 
 def test_inbox_keys_match_case_insensitively(repo):
