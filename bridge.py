@@ -3088,6 +3088,9 @@ SEAM_DIR = "_bridge"
 SEAM_VERBS = ("egress", "inbox", "initiate", "alert", "feed", "wake")
 EVENTS_MAX_LINES, EVENTS_KEEP_LINES = 2000, 1000
 INITIATE_MAX_LINES, INITIATE_KEEP_LINES = 2000, 1000
+# truncateReplies: Go's tests imply the cap; its window is not in the sources, so it
+# is events' keep (README, decisions).
+REPLIES_MAX_LINES, REPLIES_KEEP_LINES = 2000, 1000
 
 # Intent kind -> the kind of the reply that acknowledges it (ackKindFor).
 ACK_KINDS = {"tell": "reply", "conn": "conn-ack", "decision": "decision-ack",
@@ -3138,6 +3141,72 @@ def go_json(obj):
 def go_line(obj):
     """One JSONL record as bytes, newline included (what Go's json.Encoder emits)."""
     return (go_json(obj) + "\n").encode("utf-8")
+
+
+# The JSON field names of the Go structs each record is decoded into (reading only:
+# bridge.py always writes these canonical names). A name in NULLABLE_FIELDS is a Go
+# slice or pointer, which a JSON null resets; for every other field Go ignores a null.
+PAYLOAD_FIELDS = frozenset((
+    "cwd", "host", "event", "hook_event_name", "session_id", "agent_id", "agent_type",
+    "actor_id", "tool_name", "source", "file_path", "entity_path", "timestamp", "ts",
+    "detail", "tool_input"))
+DETAIL_FIELDS = frozenset(("tool", "source", "file_path"))
+TOOL_INPUT_FIELDS = frozenset(("file_path",))
+STOP_FIELDS = frozenset(("cwd", "session_id", "stop_hook_active"))
+INTENT_FIELDS = frozenset((
+    "id", "ts", "kind", "text", "granted", "target", "target_set", "entity", "field", "value",
+    "verdict", "directives", "request_id"))
+REPLY_FIELDS = frozenset((
+    "schema", "ts", "kind", "target", "in_reply_to_id", "in_reply_to_line", "in_reply_to_ts",
+    "intent_kind", "status", "text", "granted", "entity", "field", "value", "verdict",
+    "request_id", "session_id", "host"))
+HEARTBEAT_FIELDS = frozenset(("session_id", "host", "ts", "state"))
+MARKER_FIELDS = frozenset(("host", "session_id", "agent_id", "actor_id", "entity", "workflow"))
+EVENT_FIELDS = frozenset((
+    "timestamp", "ts", "host", "event", "session_id", "agent_id", "agent_type", "actor_id",
+    "detail"))
+INITIATE_FIELDS = frozenset((
+    "schema", "id", "ts", "kind", "workflow", "entity", "ship_id", "host", "session_id",
+    "headline", "body", "request_id", "status"))
+NULLABLE_FIELDS = frozenset(("target_set", "directives", "granted", "detail", "tool_input"))
+
+
+def _go_fold(key):
+    """A JSON key folded for matching against the (lower-case ASCII) field names.
+
+    Go folds every rune to the smallest of its simple case-folding orbit. Against
+    ASCII names that is str.lower() plus U+017F (long s) -> "s": U+212A (Kelvin)
+    already lowers to "k", and no other rune folds to an ASCII letter. Not
+    casefold(), which would also match "ß" to "ss" where Go does not.
+    """
+    key = key.lower()
+    return key if key.isascii() else key.replace("\u017f", "s")
+
+
+def go_fields(obj, fields):
+    """`obj` (a decoded JSON object) with its keys matched to `fields` as Go's
+    encoding/json fills a struct: each key in order goes to the field of that exact
+    name, else to the field whose name it equals case-insensitively ("ID" fills
+    "id"), else nowhere; when two keys fill one field the later wins. Returns `obj`
+    itself when no key needs folding (the common case, and the cheap one), else a
+    new dict of the fields only. Read values with .get(); a non-dict is returned as is.
+
+    Python's dict has already merged exact duplicate keys (the last value, at the
+    first key's place), so {"id":1,"ID":2,"id":3} gives 2 where Go gives 3.
+    """
+    if not isinstance(obj, dict):
+        return obj
+    for key in obj:
+        if key not in fields and _go_fold(key) in fields:
+            break
+    else:
+        return obj
+    out = {}
+    for key, value in obj.items():
+        name = key if key in fields else _go_fold(key)
+        if name in fields and (value is not None or name in NULLABLE_FIELDS):
+            out[name] = value
+    return out
 
 
 _RFC3339 = None
@@ -3277,13 +3346,16 @@ def seam_append(path, data, wait=2.0):
     raise OSError("%s keeps being replaced while appending" % path)
 
 
-def seam_trim(path, max_lines, keep_lines, protect=None):
+def seam_trim(path, max_lines, keep_lines, protect=None, seen=None):
     """Keep the last `keep_lines` complete lines of `path` once it has more than `max_lines`.
 
-    `protect(head_lines)` may return lines from before the kept tail that must
-    survive (open gate reviews); they are kept in order ahead of the tail. The
-    new file replaces the old one atomically under an exclusive flock (see
-    seam_append). Returns True when the file was trimmed.
+    `protect(head, tail)` may return lines of `head` (those before the kept
+    tail) that must survive (open gate reviews, replies still needed); they are
+    kept in order ahead of the tail, and when it keeps them all the file is left
+    alone. The new file replaces the old one atomically under an exclusive flock
+    (see seam_append). Returns True when the file was trimmed. A `seen` dict
+    gets "mark" (what _mark_ok checks: the file as read) and "lines" once the
+    file has been read.
     """
     import fcntl
     keep_lines = min(keep_lines, max_lines)
@@ -3308,11 +3380,17 @@ def seam_trim(path, max_lines, keep_lines, protect=None):
         data = b"".join(chunks)
         lines = data.split(b"\n")
         partial = lines.pop()  # b"" when the file ends with a newline
+        if seen is not None:
+            end = len(data) - len(partial)
+            seen.update(mark=[os.fstat(fd).st_ino, end, data[max(0, end - _MARK_BYTES):end].hex()],
+                        lines=len(lines))
         if len(lines) <= max_lines:
             return False
         head, tail = lines[:len(lines) - keep_lines], lines[len(lines) - keep_lines:]
-        kept = (protect(head, tail) if protect else []) + tail
-        atomic_write(path, b"".join(line + b"\n" for line in kept) + partial, mode=0o644)
+        kept = protect(head, tail) if protect else []
+        if len(kept) == len(head):
+            return False  # nothing to drop: no rewrite
+        atomic_write(path, b"".join(line + b"\n" for line in kept + tail) + partial, mode=0o644)
         return True
     finally:
         os.close(fd)
@@ -3425,6 +3503,7 @@ def egress_emit(data, host_flag="", repo_root=None, debug=None):
         return "payload is not JSON: %s" % exc
     if not isinstance(payload, dict):
         return "payload is not a JSON object"
+    payload = go_fields(payload, PAYLOAD_FIELDS)
     host = (host_flag or _payload_str(payload, "host")).strip().lower()
     hook_event = _payload_str(payload, "hook_event_name")
     event = _payload_str(payload, "event") or hook_event
@@ -3438,7 +3517,8 @@ def egress_emit(data, host_flag="", repo_root=None, debug=None):
         return "cwd %s is not a directory" % cwd
     root = seam_root(repo_root, cwd)
     bdir = bridge_dir(root)
-    detail = payload.get("detail") if isinstance(payload.get("detail"), dict) else {}
+    detail = payload.get("detail")
+    detail = go_fields(detail, DETAIL_FIELDS) if isinstance(detail, dict) else {}
     ts = _payload_str(payload, "timestamp") or _payload_str(payload, "ts")
     agent_type = _payload_str(payload, "agent_type")
     source = _payload_str(detail, "source") or _payload_str(payload, "source")
@@ -3490,7 +3570,7 @@ def _marker_for(host, hook_event, payload, detail, actor, cwd):
     path = _payload_str(payload, "entity_path")
     if not path and host == "claude" and hook_event == "PostToolUse" \
             and _payload_str(payload, "tool_name") == "Read":
-        path = (_payload_str(payload.get("tool_input"), "file_path")
+        path = (_payload_str(go_fields(payload.get("tool_input"), TOOL_INPUT_FIELDS), "file_path")
                 or _payload_str(payload, "file_path") or _payload_str(detail, "file_path"))
     if not path:
         return None
@@ -3629,6 +3709,7 @@ def parse_intent(obj):
     """
     if not isinstance(obj, dict):
         return None
+    obj = go_fields(obj, INTENT_FIELDS)
     rec = {}
     for key in _INBOX_STRINGS:
         value = obj.get(key)
@@ -3712,9 +3793,15 @@ def _save_index(bdir, index):
         pass
 
 
+_MARK_BYTES = 64
+
+
 def _mark(handle, st, offset):
-    """What identifies the first `offset` bytes of an open file: [inode, offset, tail hex]."""
-    size = min(offset, 32)
+    """What identifies the first `offset` bytes of an open file: [inode, offset, tail hex].
+
+    The tail is long enough (most of a reply line: its time, line and ids) that a
+    file trimmed into a reused inode does not pass for the old one."""
+    size = min(offset, _MARK_BYTES)
     handle.seek(offset - size)
     return [st.st_ino, offset, handle.read(size).hex()]
 
@@ -3796,7 +3883,10 @@ def load_reply_keys(bdir, lines, floor, index):
         data = handle.read()
         end = data.rfind(b"\n") + 1  # a torn last line is not there yet
         if _REPLY_LINE is None:
-            _REPLY_LINE = re.compile(rb'"in_reply_to_line"[ \t\r\n]*:[ \t\r\n]*([0-9]+)(?![0-9.eE])')
+            # Any case: Go reads "IN_REPLY_TO_LINE" as in_reply_to_line (go_fields). A line
+            # with several spellings is parsed if any of them is past the floor. A key
+            # spelled with \u escapes is not found (no JSON encoder writes one).
+            _REPLY_LINE = re.compile(rb'(?i)"in_reply_to_line"[ \t\r\n]*:[ \t\r\n]*([0-9]+)(?![0-9.eE])')
         seen = -1
         for match in _REPLY_LINE.finditer(data, 0, end):
             if int(match.group(1)) <= floor or match.start() < seen:
@@ -3804,12 +3894,11 @@ def load_reply_keys(bdir, lines, floor, index):
             start = data.rfind(b"\n", 0, match.start()) + 1
             seen = data.find(b"\n", match.end()) + 1
             try:
-                reply = json.loads(data[start:seen])
+                entry = _reply_entry(json.loads(data[start:seen]))
             except ValueError:
                 continue
-            key = _reply_record_key(reply)
-            if key is not None and reply["in_reply_to_line"] > floor:
-                entries.append([reply["in_reply_to_line"], key, reply.get("status") != "acting"])
+            if entry is not None and entry[0] > floor:
+                entries.append(entry)
         if len(entries) <= _INDEX_MAX_KEYS:
             index["replies"] = {"floor": floor, "mark": _mark(handle, st, begin + end), "keys": entries}
     for line, key, is_terminal in entries:
@@ -3818,10 +3907,12 @@ def load_reply_keys(bdir, lines, floor, index):
     return terminal, acting
 
 
-def _reply_record_key(reply):
-    """The replyKey of one fo-replies record, or None when loadReplies would skip it."""
+def _reply_entry(reply):
+    """[inbox line, replyKey, terminal?] of one fo-replies record, or None when
+    loadReplies would skip it."""
     if not isinstance(reply, dict):
         return None
+    reply = go_fields(reply, REPLY_FIELDS)
     schema, line = reply.get("schema"), reply.get("in_reply_to_line")
     if type(schema) is not int or schema != 1 or type(line) is not int or line <= 0:
         return None
@@ -3838,7 +3929,7 @@ def _reply_record_key(reply):
         parsed = parse_rfc3339(rts)
         if parsed is None:
             return None
-    return reply_key(line, rid or render_rfc3339_nano(parsed), kind, target)
+    return [line, reply_key(line, rid or render_rfc3339_nano(parsed), kind, target), status != "acting"]
 
 
 def pending_intents(bdir, slugs, members=None):
@@ -3888,6 +3979,125 @@ def reply_record(kind, target, line, intent_kind, status, rid="", rts="", extra=
         if value not in ("", None):
             rec[key] = value
     return rec
+
+
+def trim_replies(bdir):
+    """Trim fo-replies.jsonl once it is past REPLIES_MAX_LINES (Go's truncateReplies).
+
+    A line goes only if it is outside the last REPLIES_KEEP_LINES lines and
+    answers an inbox line below the floor, the lowest cursor of every slug that
+    can still ask about it: each `.inbox-cursor.<slug>` (as Go), and, stricter
+    than Go, each slug with a heartbeat and each reply target (a slug that has not
+    committed reads the legacy cursor or 0, so its acks stay until it does: a
+    dropped terminal ack would deliver its intent again). No cursor file at all
+    means no trim. Order is kept; appends during the trim are not lost (seam_trim).
+
+    A look that found nothing to drop is remembered in .seam-index.json and not
+    repeated until the floor rises or the file has grown by a tenth, so a floor
+    held down by a slow slug does not make every ack re-read a long history.
+    Returns True when the file was rewritten.
+    """
+    import stat
+    path = os.path.join(bdir, "fo-replies.jsonl")
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    if not stat.S_ISREG(st.st_mode) or st.st_size <= REPLIES_MAX_LINES:
+        return False  # each line is at least its newline: under the cap for sure
+    slugs = _floor_slugs(bdir)
+    if slugs is None:
+        return False
+    index = _load_index(bdir)
+    note = index.get("replies_trim")
+    if not (isinstance(note, dict) and isinstance(note.get("floor"), int)
+            and isinstance(note.get("lines"), int) and isinstance(note.get("targets"), list)):
+        note = None
+    else:
+        slugs |= set(t for t in note["targets"] if is_safe_name(t))
+    floor = min(read_cursor(bdir, slug) for slug in slugs)
+    if floor <= 0:
+        return False  # no line is below it
+    lines = None
+    if note:
+        added = _lines_since(path, note.get("mark"))
+        if added is not None:
+            # Targets that first appear in the added lines can only lower the floor,
+            # so leaving them out here can only make the skip more justified.
+            if floor <= note["floor"] and added < max(100, note["lines"] // 10):
+                return False
+            lines = note["lines"] + added
+    if lines is None:
+        lines = count_complete_lines(path)
+    if lines <= REPLIES_MAX_LINES:
+        return False
+    look = {}
+    trimmed = seam_trim(path, REPLIES_MAX_LINES, REPLIES_KEEP_LINES,
+                        lambda head, tail: _replies_to_keep(bdir, slugs, floor, head, tail, look), look)
+    index.pop("replies_trim", None)
+    if trimmed:
+        index.pop("replies", None)  # its mark names the old file; the next read rebuilds it
+    elif "floor" in look:
+        index["replies_trim"] = {"mark": look["mark"], "lines": look["lines"],
+                                 "floor": look["floor"], "targets": look["targets"]}
+    _save_index(bdir, index)
+    return trimmed
+
+
+def _floor_slugs(bdir):
+    """The slugs whose cursors bound a replies trim, or None without any cursor file.
+
+    `.inbox-cursor.<slug>.lock` (inbox commit's lock) is not a cursor file."""
+    try:
+        names = os.listdir(bdir)
+    except OSError:
+        return None
+    slugs = set()
+    for name in names:
+        if name.startswith(".inbox-cursor.") and not name.endswith(".lock") \
+                and is_safe_name(name[14:]):
+            slugs.add(name[14:])
+    if not slugs:
+        return None
+    return slugs | set(discover_slugs(bdir))
+
+
+def _lines_since(path, mark):
+    """Complete lines appended to `path` after `mark` (see _mark), or None when
+    `path` is no longer the file the mark was taken of."""
+    try:
+        handle = open(path, "rb")
+    except OSError:
+        return None
+    with handle:
+        st = os.fstat(handle.fileno())
+        if not _mark_ok(handle, st, mark):
+            return None
+        handle.seek(mark[1])
+        return handle.read().count(b"\n")
+
+
+def _replies_to_keep(bdir, slugs, floor, head, tail, look):
+    """The lines of `head` a replies trim keeps: those answering a line at or past
+    the floor. Reply targets not in `slugs` lower the floor to their cursor. A line
+    that is not a reply record (not JSON, no integer in_reply_to_line) answers
+    nothing: it counts as line 0. Notes the floor and targets in `look`."""
+    def fields(raw):
+        try:
+            rec = go_fields(json.loads(raw), REPLY_FIELDS)
+        except ValueError:
+            return 0, None
+        if not isinstance(rec, dict):
+            return 0, None
+        line, target = rec.get("in_reply_to_line"), rec.get("target")
+        return (line if type(line) is int else 0), (target if is_safe_name(target) else None)
+    decoded = [fields(raw) for raw in head]
+    targets = {target for _, target in decoded if target}
+    targets.update(target for _, target in map(fields, tail) if target)
+    for target in targets - slugs:
+        floor = min(floor, read_cursor(bdir, target))
+    look.update(floor=floor, targets=sorted(targets))
+    return [raw for raw, (line, _) in zip(head, decoded) if line >= floor]
 
 
 # ---- inbox verbs ---------------------------------------------------------------
@@ -3948,7 +4158,18 @@ def inbox_drain(root, slug, host="", session_id=None, members=None):
                         b"".join(go_line(ack) for ack in acks))
         except OSError as exc:
             out["error"] = "acting acks not written: %s" % (exc.strerror or exc)
+        else:
+            _trim_replies_after_append(bdir)
     return out
+
+
+def _trim_replies_after_append(bdir):
+    """trim_replies for a verb whose append already succeeded: a failed trim only
+    leaves the file longer, so it is reported on stderr, never as the verb's failure."""
+    try:
+        trim_replies(bdir)
+    except OSError as exc:
+        warn("fo-replies.jsonl not trimmed: %s" % (exc.strerror or exc))
 
 
 def inbox_ack(root, opts):
@@ -4017,6 +4238,7 @@ def inbox_ack(root, opts):
         seam_append(os.path.join(bdir, "fo-replies.jsonl"), go_line(reply))
     except OSError as exc:
         raise SeamFailure("cannot append to fo-replies.jsonl: %s" % (exc.strerror or exc))
+    _trim_replies_after_append(bdir)
     return {"appended": True, "kind": reply["kind"], "target": slug, "line": line}
 
 
@@ -4063,8 +4285,7 @@ def inbox_check(data, host="", repo_root=None, slug=None, session_id=None):
         payload = json.loads(data.decode("utf-8", "replace")) if data.strip() else {}
     except ValueError:
         payload = {}
-    if not isinstance(payload, dict):
-        payload = {}
+    payload = go_fields(payload, STOP_FIELDS) if isinstance(payload, dict) else {}
     if payload.get("stop_hook_active") is True:
         return {}
     host = (host or "claude").strip().lower()
@@ -4109,6 +4330,7 @@ def _heartbeat(bdir, slug):
         return None
     if not isinstance(beat, dict):
         return None
+    beat = go_fields(beat, HEARTBEAT_FIELDS)
     if beat.get("ts") is not None and parse_rfc3339(beat.get("ts")) is None:
         return None
     return beat
@@ -4139,7 +4361,7 @@ def _markers(bdir):
         except (OSError, ValueError):
             continue
         if isinstance(marker, dict):
-            out.append((mtime, path, marker))
+            out.append((mtime, path, go_fields(marker, MARKER_FIELDS)))
     return out
 
 
@@ -4202,7 +4424,7 @@ def _open_gates(bdir, head, tail):
     """Lines of `head` to keep through a trim: each undecided open gate's latest line."""
     def ident(raw):
         try:
-            rec = json.loads(raw)
+            rec = go_fields(json.loads(raw), INITIATE_FIELDS)
         except ValueError:
             return None, None
         return (rec.get("id") if isinstance(rec, dict) and isinstance(rec.get("id"), str)
@@ -4228,7 +4450,7 @@ def _decided_requests(bdir):
     for item in scan_jsonl(os.path.join(bdir, "inbox.jsonl")):
         if b'"decision"' not in item.raw:
             continue
-        rec = item.record
+        rec = go_fields(item.record, INTENT_FIELDS)
         if isinstance(rec, dict) and rec.get("kind") == "decision" and isinstance(rec.get("request_id"), str):
             decided.add(rec["request_id"])
     return decided
@@ -4387,7 +4609,7 @@ def _resumable_session(bdir, slug):
         return best[2]
     latest = None
     for item in scan_jsonl(os.path.join(bdir, "events.jsonl")):
-        rec = item.record
+        rec = go_fields(item.record, EVENT_FIELDS)
         if not isinstance(rec, dict) or rec.get("host") != "codex":
             continue
         sid, when = rec.get("session_id"), parse_rfc3339(rec.get("ts"))

@@ -7,7 +7,12 @@
    Target: ratio <= 1.3.
 2. History does not slow the hot path: `inbox check` and `inbox drain` with 10
    pending records on a 100,000-line inbox and a 100,000-line fo-replies.jsonl,
-   against 1,000 lines each. Target: ratio <= 2.0.
+   against 1,000 lines each. Target: ratio <= 2.0. The history's acks are
+   beta's, and beta has not committed a cursor, so the replies trim that the
+   setup drain's acting acks set off keeps every one of them (checked): both
+   cases measure a reply log of the size they name. `inbox ack` (which appends,
+   and so runs the trim) is shown for information; on the long history it also
+   looks up its inbox line, ~100,000 lines in.
 3. `egress emit` on a 2,000-line events.jsonl against an empty one. Target <= 1.5.
 
 Every figure is a median of interleaved runs measured in this one process, so a
@@ -144,15 +149,24 @@ def bench_history(tmp):
     big, stop_big = history_repo(tmp, "h100k", 100000)
     drain = ("inbox", "drain", "--slug", "alpha", "--host", "claude", "--session-id", "sess-1")
     check = ("inbox", "check", "--host", "claude")
-    for repo in (small, big):  # the first drain appends its 10 acting acks; later ones do not
+    for repo, lines in ((small, 1000), (big, 100000)):
+        # the first drain appends its 10 acting acks (and tries a trim); later ones do not
         subprocess.run(hook(*drain), cwd=repo, stdout=subprocess.DEVNULL, check=True)
+        with open(repo / "_bridge" / "fo-replies.jsonl", "rb") as handle:
+            assert sum(block.count(b"\n") for block in iter(lambda: handle.read(1 << 20), b"")) \
+                == lines + 10, "the replies trim cut the history: the case would not measure it"
     out = subprocess.run(hook(*check), cwd=big, input=stop_big, capture_output=True).stdout
     assert b"10 queued" in out, out
+    ack = ("inbox", "ack", "--slug", "alpha", "--kind", "tell", "--status", "answered")
     cases = {
         "inbox check, 1,000-line inbox + replies": (hook(*check), small, stop_small, None),
         "inbox check, 100,000-line inbox + replies": (hook(*check), big, stop_big, None),
         "inbox drain, 1,000-line inbox + replies": (hook(*drain), small, b"", None),
         "inbox drain, 100,000-line inbox + replies": (hook(*drain), big, b"", None),
+        "inbox ack, 1,000-line inbox + replies (info)": (
+            hook(*ack, "--line", "990", "--id", "bi_000990"), small, b"", None),
+        "inbox ack, 100,000-line inbox + replies (info)": (
+            hook(*ack, "--line", "99990", "--id", "bi_099990"), big, b"", None),
     }
     rows = medians(cases)
     report("2. history (10 pending; median of %d runs)" % RUNS, rows)

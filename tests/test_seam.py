@@ -839,6 +839,304 @@ def test_wake_rejects_other_hosts(repo):
     assert code == 2 and out["error"] == "bridge ingress wake currently supports host codex only"
 
 
+# ---- fo-replies.jsonl trim (Go's truncateReplies, reference 5.1) ------------------
+
+def reply(line, target="alpha", status="answered", rid=None):
+    return {"schema": 1, "ts": "2026-07-03T12:00:00Z", "kind": "reply", "target": target,
+            "in_reply_to_id": rid or "h%d" % line, "in_reply_to_line": line, "intent_kind": "tell",
+            "status": status}
+
+
+def write_replies(bdir, lines, **cursors):
+    """fo-replies.jsonl with `lines` (records or raw strings) and the given slug cursors."""
+    Path(bdir).mkdir(exist_ok=True)
+    (Path(bdir) / "fo-replies.jsonl").write_text(
+        "".join((r if isinstance(r, str) else json.dumps(r, separators=(",", ":"))) + "\n" for r in lines))
+    for slug, cursor in cursors.items():
+        (Path(bdir) / (".inbox-cursor." + slug)).write_text(cursor if isinstance(cursor, str) else "%d\n" % cursor)
+    return (Path(bdir) / "fo-replies.jsonl").read_text().splitlines()
+
+
+def ack_line1(repo, status="answered"):
+    """One terminal ack through the CLI (answering INBOX3's line 1): what triggers a trim."""
+    code, out, _ = seam("inbox", "ack", "--slug", "alpha", "--line", "1", "--id", "i1", "--kind",
+                        "tell", "--status", status, cwd=repo)
+    assert code == 0 and out["appended"] is True, out
+
+
+def replies_after(bdir):
+    lines = (Path(bdir) / "fo-replies.jsonl").read_text().splitlines()
+    return lines[:-1], json.loads(lines[-1])  # the history, and the ack that was just appended
+
+
+def test_truncate_replies_no_op_without_cursor(repo):
+    bdir = write_inbox(repo, *INBOX3)
+    before = write_replies(bdir, [reply(1 + n % 3) for n in range(2500)])
+    ack_line1(repo)
+    history, last = replies_after(bdir)
+    assert history == before and last["in_reply_to_id"] == "i1"
+
+
+def test_truncate_replies_no_op_under_cap(repo):
+    bdir = write_inbox(repo, *INBOX3)
+    before = write_replies(bdir, [reply(1) for _ in range(1999)], alpha=500)
+    ack_line1(repo)  # 2,000 lines: at the cap, not over it
+    assert replies_after(bdir)[0] == before
+    ack_line1(repo)  # 2,001: over it; every line is below the floor, so the window is what stays
+    after = (bdir / "fo-replies.jsonl").read_text().splitlines()
+    assert len(after) == 1000 and after[:998] == before[-998:]
+
+
+def test_truncate_replies_drops_below_floor_outside_window(repo):
+    bdir = write_inbox(repo, *INBOX3)
+    before = write_replies(bdir, [reply((99, 100, 101)[n % 3], rid="r%d" % n) for n in range(2500)],
+                           alpha=100)
+    ack_line1(repo)
+    history, last = replies_after(bdir)
+    head, window = before[:1501], before[1501:]  # the window is the last 1,000 lines, the ack included
+    kept = [raw for raw in head if json.loads(raw)["in_reply_to_line"] >= 100]
+    assert history == kept + window and last["in_reply_to_id"] == "i1"
+    assert len(kept) == 1000 and any('"in_reply_to_line":99,' in raw for raw in window)
+
+
+def test_truncate_replies_keeps_only_window_when_all_below_floor(repo):
+    bdir = write_inbox(repo, *INBOX3)
+    before = write_replies(bdir, [reply(n + 1) for n in range(2500)], alpha=5000)
+    ack_line1(repo)
+    history, last = replies_after(bdir)
+    assert history == before[-999:] and last["in_reply_to_id"] == "i1"
+
+
+def test_truncate_replies_floor_is_lowest_across_slugs(repo):
+    bdir = write_inbox(repo, *INBOX3)
+    lines = [reply((50, 150, 350)[n % 3], target=("alpha", "beta")[n % 2], rid="r%d" % n)
+             for n in range(2500)]
+    before = write_replies(bdir, lines, alpha=300, beta=100)
+    ack_line1(repo)
+    history, _ = replies_after(bdir)
+    head, window = before[:1501], before[1501:]
+    assert history == [raw for raw in head if json.loads(raw)["in_reply_to_line"] != 50] + window
+
+
+def test_truncate_replies_waits_for_every_slug_that_may_still_ask(repo):
+    """Stricter than Go: a slug with a heartbeat but no cursor, or a reply target without
+    one, holds the floor at its cursor (0), so none of its acks go before it commits."""
+    bdir = write_inbox(repo, *INBOX3)
+    history = [reply(1 + n % 3, rid="r%d" % n) for n in range(2500)]
+    before = write_replies(bdir, history, alpha=300)
+    heartbeat(repo, "beta", "sess-b")
+    ack_line1(repo)
+    assert replies_after(bdir)[0] == before
+    (bdir / "fo.beta.json").unlink()
+    before = write_replies(bdir, history + [reply(1, target="gamma")], alpha=300)
+    ack_line1(repo)
+    assert replies_after(bdir)[0] == before
+    (bdir / ".inbox-cursor.gamma").write_text("300\n")
+    ack_line1(repo)
+    assert len((bdir / "fo-replies.jsonl").read_text().splitlines()) == 1000
+
+
+def test_truncate_replies_hostile_files(repo, tmp_path):
+    bdir = write_inbox(repo, *INBOX3)
+    # a garbage cursor reads as 0, so nothing is below the floor; commit's lock file is no cursor
+    before = write_replies(bdir, [reply(1) for _ in range(2500)], alpha="garbage\n", beta=100)
+    ack_line1(repo)
+    assert replies_after(bdir)[0] == before
+    (bdir / ".inbox-cursor.alpha").write_text("100\n")
+    (bdir / ".inbox-cursor.beta.lock").write_text("")
+    # lines that answer nothing (not JSON, no line number, a wrong type) go like any below the floor
+    junk = ["not json", "{}", json.dumps(reply(1) | {"in_reply_to_line": "7"}), "[1]"]
+    write_replies(bdir, junk + [reply(200, target="beta")] + [reply(1, target="beta")] * 2400)
+    ack_line1(repo)
+    after = (bdir / "fo-replies.jsonl").read_text().splitlines()
+    assert len(after) == 1001 and json.loads(after[0])["in_reply_to_line"] == 200
+    assert not any(line in after for line in junk)
+    # a symlinked fo-replies.jsonl is never appended to, trimmed or followed
+    outside = tmp_path / "outside.jsonl"
+    outside.write_text("".join(json.dumps(reply(1)) + "\n" for _ in range(2500)))
+    (bdir / "fo-replies.jsonl").unlink()
+    (bdir / "fo-replies.jsonl").symlink_to(outside)
+    (bdir / ".inbox-cursor.alpha").unlink()  # so that drain has records to ack
+    snapshot = outside.read_bytes()
+    code, out, _ = seam("inbox", "ack", "--slug", "alpha", "--line", "1", "--id", "i1", "--kind",
+                        "tell", "--status", "answered", cwd=repo)
+    assert code == 1 and "cannot append to fo-replies.jsonl" in out["error"]
+    code, out, _ = seam("inbox", "drain", "--slug", "alpha", cwd=repo)
+    assert code == 0 and "acting acks not written" in out["error"]
+    assert outside.read_bytes() == snapshot and (bdir / "fo-replies.jsonl").is_symlink()
+    assert sorted(p.name for p in bdir.iterdir() if p.name.endswith(".tmp")) == []
+
+
+def test_concurrent_acks_across_a_replies_trim_lose_nothing(repo):
+    """40 acks at once push fo-replies.jsonl over the cap: every ack survives the trims,
+    so none of those intents is delivered again."""
+    bdir = write_inbox(repo, *[{"id": "c%d" % n, "ts": "2026-07-03T11:00:00Z", "kind": "tell",
+                                "target": "alpha"} for n in range(1, 51)])
+    write_replies(bdir, [reply(1 + n % 5, rid="old%d" % n) for n in range(1990)], alpha=10)
+    procs = [subprocess.Popen(
+        [PYTHON, str(BRIDGE), "inbox", "ack", "--slug", "alpha", "--line", str(n), "--id", "c%d" % n,
+         "--kind", "tell", "--status", "answered"], cwd=repo, env=clean_env(),
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE) for n in range(11, 51)]
+    for proc in procs:
+        out, err = proc.communicate(timeout=60)
+        assert proc.returncode == 0 and json.loads(out)["appended"] is True and err == b"", (out, err)
+    recs = records(bdir / "fo-replies.jsonl")  # every line parses: none torn or interleaved
+    assert sorted(r["in_reply_to_line"] for r in recs if r["in_reply_to_id"].startswith("c")) == \
+        list(range(11, 51))
+    assert len(recs) <= 2000  # trimmed at least once
+    _, out, _ = seam("inbox", "drain", "--slug", "alpha", cwd=repo)
+    assert out["cursor"] == 10 and out["count"] == 0
+
+
+def test_history_index_stays_right_across_a_replies_trim(repo):
+    """.seam-index.json remembers the acks past the floor; a trim replaces the file under it."""
+    inbox = [{"id": "h%d" % n, "ts": "2026-07-03T11:00:00Z", "kind": "tell", "target": "alpha"}
+             for n in range(1, 1011)]
+    bdir = write_inbox(repo, *inbox)
+    # terminal acks for 1001-1005 far from the end (outside the window), 2,400 below the floor
+    write_replies(bdir, [reply(n) for n in range(1001, 1006)] + [reply(1 + n % 900) for n in range(2400)],
+                  alpha=1000)
+    _, first, _ = seam("inbox", "drain", "--slug", "alpha", cwd=repo)  # its acting acks trigger the trim
+    assert [r["line"] for r in first["records"]] == [1006, 1007, 1008, 1009, 1010]
+    assert len((bdir / "fo-replies.jsonl").read_text().splitlines()) == 1005
+    index = json.loads((bdir / SEAM_INDEX).read_text())
+    assert "replies" not in index  # it named the old file
+    _, again, _ = seam("inbox", "drain", "--slug", "alpha", cwd=repo)
+    assert again["records"] == first["records"]
+    seam("inbox", "ack", "--slug", "alpha", "--line", "1008", "--id", "h1008", "--kind", "tell",
+         "--status", "answered", cwd=repo)
+    _, third, _ = seam("inbox", "drain", "--slug", "alpha", cwd=repo)
+    assert [r["line"] for r in third["records"]] == [1006, 1007, 1009, 1010]
+    (bdir / SEAM_INDEX).unlink()
+    assert seam("inbox", "drain", "--slug", "alpha", cwd=repo)[1]["records"] == third["records"]
+
+
+def test_replies_trim_remembers_a_fruitless_look_only_while_it_holds(repo):
+    bdir = write_inbox(repo, *INBOX3)
+
+    def fruitless_look():
+        write_replies(bdir, [reply(150) for _ in range(2500)], alpha=100)
+        ack_line1(repo)  # everything answers a line past the floor: nothing to drop
+        assert len((bdir / "fo-replies.jsonl").read_text().splitlines()) == 2501
+        note = json.loads((bdir / SEAM_INDEX).read_text())["replies_trim"]
+        assert (note["floor"], note["lines"], note["targets"]) == (100, 2501, ["alpha"])
+
+    fruitless_look()
+    ack_line1(repo)  # same file, same floor, one line more: not looked at again
+    assert json.loads((bdir / SEAM_INDEX).read_text())["replies_trim"]["lines"] == 2501
+    write_replies(bdir, [reply(1) for _ in range(2500)])  # a new file: the note does not describe it
+    ack_line1(repo)
+    assert len((bdir / "fo-replies.jsonl").read_text().splitlines()) == 1000
+    fruitless_look()
+    (bdir / ".inbox-cursor.alpha").write_text("200\n")  # the floor rises: look again
+    ack_line1(repo)
+    assert len((bdir / "fo-replies.jsonl").read_text().splitlines()) == 1000
+    assert "replies_trim" not in json.loads((bdir / SEAM_INDEX).read_text())
+
+
+# ---- Go's case-insensitive JSON keys (reference 2.6) ------------------------------
+
+def test_inbox_keys_match_case_insensitively(repo):
+    write_inbox(repo,
+                {"ID": "i1", "Ts": "2026-07-03T11:00:00Z", "KIND": "tell", "Text": "upper",
+                 "TARGET_SET": ["alpha"], "Request_ID": "rq"},
+                {"id": "a", "ID": "b", "ts": "2026-07-03T11:00:00Z", "kind": "tell", "target": "alpha"},
+                {"ID": "b", "id": "a", "ts": "2026-07-03T11:00:00Z", "kind": "tell", "target": "alpha"},
+                {"id": "n", "ID": None, "ts": "2026-07-03T11:00:00Z", "kind": "tell", "target": "alpha"},
+                {"id": "s", "ts": "2026-07-03T11:00:00Z", "kind": "tell", "target": "beta",
+                 "target_set": ["alpha"], "Target_Set": None},
+                {"id": "t", "ID": 5, "ts": "2026-07-03T11:00:00Z", "kind": "tell", "target": "alpha"},
+                {"id": "u", "ts": "2026-07-03T11:00:00Z", "kind": "tell", "target": "alpha",
+                 "Bogus": 1, "texts": "ignored", "t\u0435xt": "cyrillic e: no field"},
+                {"id": "k", "ts": "2026-07-03T11:00:00Z", "\u212aind": "tell", "target": "alpha"})
+    code, out, _ = seam("inbox", "drain", "--slug", "alpha", cwd=repo)
+    assert code == 0
+    got = {r["line"]: r for r in out["records"]}
+    assert got[1] == {"line": 1, "id": "i1", "ts": "2026-07-03T11:00:00Z", "kind": "tell",
+                      "text": "upper", "target_set": ["alpha"], "request_id": "rq"}
+    assert got[2]["id"] == "b" and got[3]["id"] == "a"  # the later key wins
+    assert got[4]["id"] == "n"  # a null leaves a string field alone
+    assert 5 not in got  # ... but resets a slice: legacy routing to beta
+    assert 6 not in got  # the later key's wrong type rejects the record
+    assert got[7] == {"line": 7, "id": "u", "ts": "2026-07-03T11:00:00Z", "kind": "tell",
+                      "target": "alpha"}  # unknown keys still ignored
+    assert got[8]["kind"] == "tell"  # KELVIN SIGN folds to k, as in Go
+    raw = (repo / "_bridge/fo-replies.jsonl").read_text()  # written with the canonical keys only
+    assert '"in_reply_to_id":"i1"' in raw and '"request_id":"rq"' in raw and "ID" not in raw
+
+
+def test_hook_payload_keys_match_case_insensitively(repo):
+    data = json.loads(payload("claude_post_tool_use_read_ensign.json", repo,
+                              timestamp="2026-07-01T01:02:03Z"))
+    renamed = {{"session_id": "Session_ID", "cwd": "CWD", "hook_event_name": "Hook_Event_Name",
+                "tool_name": "TOOL_NAME", "tool_input": "Tool_Input", "agent_type": "Agent_Type"}
+               .get(k, k): v for k, v in data.items()}
+    renamed["Tool_Input"] = {"FILE_PATH": renamed["Tool_Input"]["file_path"]}
+    elsewhere = repo / "sub"
+    elsewhere.mkdir()
+    emit("claude", json.dumps(renamed), cwd=elsewhere)  # the payload's CWD names the repo
+    (line,) = (repo / "_bridge/events.jsonl").read_text().splitlines()
+    assert line == ('{"timestamp":"2026-07-01T01:02:03Z","ts":"2026-07-01T01:02:03Z",'
+                    '"host":"claude","event":"PostToolUse","session_id":"ses-ensign","agent_id":"",'
+                    '"agent_type":"spacedock:ensign","actor_id":"ses-ensign",'
+                    '"detail":{"tool":"Read","source":""}}')
+    assert (repo / "_bridge/sessions/ses-ensign.json").exists()
+    emit("pi", json.dumps({"EVENT": "turn_end", "CWD": str(repo), "\u017fession_id": "pi-1",
+                           "DETAIL": {"Source": "pi", "TOOL": "bash"}, "session_id_x": "no"}),
+         cwd=elsewhere)
+    rec = records(repo / "_bridge/events.jsonl")[1]
+    assert (rec["event"], rec["session_id"], rec["detail"]) == ("Stop", "pi-1", {"tool": "bash", "source": "pi"})
+    assert not (elsewhere / "_bridge").exists()
+
+
+def test_stop_payload_heartbeat_and_marker_keys_match_case_insensitively(repo, tmp_path):
+    write_inbox(repo, *INBOX3)
+    bdir = repo / "_bridge"
+    (bdir / "fo.alpha.json").write_text(json.dumps({"Session_ID": "sess-1", "TS": "2026-07-03T12:00:00Z"}))
+    stop = {"Session_ID": "sess-1", "CWD": str(repo), "Hook_Event_Name": "Stop"}
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    _, out, _ = seam("inbox", "check", cwd=elsewhere, input=json.dumps(stop))
+    assert out["decision"] == "block" and "workflow(s): alpha." in out["reason"]
+    _, out, _ = seam("inbox", "check", cwd=elsewhere, input=json.dumps(stop | {"STOP_HOOK_ACTIVE": True}))
+    assert out == {}
+    (bdir / "fo.alpha.json").write_text(json.dumps({"session_id": "sess-1", "Ts": "yesterday"}))
+    assert seam("inbox", "check", cwd=elsewhere, input=json.dumps(stop))[1] == {}  # a bad TS fails it whole
+    (bdir / "sessions").mkdir()
+    (bdir / "sessions/x.json").write_text(json.dumps({"SESSION_ID": "sess-1", "Workflow": "beta"}))
+    _, out, _ = seam("inbox", "check", cwd=elsewhere, input=json.dumps(stop))
+    assert "workflow(s): beta." in out["reason"]
+
+
+def test_reply_keys_match_case_insensitively(repo):
+    bdir = write_inbox(repo, *INBOX3)
+    (bdir / "fo-replies.jsonl").write_text(json.dumps(
+        {"SCHEMA": 1, "Kind": "reply", "TARGET": "alpha", "In_Reply_To_ID": "i1",
+         "IN_REPLY_TO_LINE": 1, "Intent_Kind": "tell", "STATUS": "answered"}) + "\n" + json.dumps(
+        {"schema": 1, "target": "alpha", "in_reply_to_id": "i3", "in_reply_to_line": 3,
+         "intent_kind": "decision", "status": "applied", "STATUS": "acting"}) + "\n")
+    _, out, _ = seam("inbox", "drain", "--slug", "alpha", cwd=repo)
+    assert [r["line"] for r in out["records"]] == [3]  # line 3's later STATUS is acting: not delivered
+
+
+def test_initiate_and_event_keys_match_case_insensitively(repo, tmp_path):
+    bdir = repo / "_bridge"
+    bdir.mkdir()
+    gate = {"SCHEMA": 1, "ID": "gate-upper", "Kind": "gate-review", "Headline": "h",
+            "Request_ID": "gate-upper", "STATUS": "open"}
+    lines = [gate] + [{"schema": 1, "id": "s%d" % i, "kind": "status", "headline": "h",
+                       "status": "open"} for i in range(1999)]
+    (bdir / "fo-initiate.jsonl").write_text("".join(json.dumps(l) + "\n" for l in lines))
+    seam("initiate", "--kind", "status", "--id", "last", "--headline", "h", cwd=repo)
+    assert json.loads((bdir / "fo-initiate.jsonl").read_text().splitlines()[0]) == gate
+    write_inbox(repo, {"id": "w1", "ts": "2026-07-02T11:00:00Z", "kind": "tell", "target_set": ["a"]})
+    (bdir / "events.jsonl").write_text(json.dumps(
+        {"HOST": "codex", "Session_ID": "from-upper", "TS": "2026-07-01T00:00:00Z"}) + "\n")
+    env, log = wake_env(tmp_path)
+    _, out, _ = seam("wake", "--members", "a", "--codex-bin", str(SEAM / "codex"), cwd=repo, env=env)
+    assert out["status"] == "woke" and "resume from-upper -" in log.read_text()
+
+
 # ---- CLI surface -------------------------------------------------------------------
 
 def test_cli_usage_and_unknown_subcommands(repo):
