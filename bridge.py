@@ -1710,9 +1710,12 @@ class MessageReader:
 
     def read(self):
         while True:
-            line = self.stream.readline()
+            # Bounded: a server that streams without newlines must not grow one line forever.
+            line = self.stream.readline(self.max_bytes + 3)
             if not line:
                 return None
+            if len(line.rstrip(b"\r\n")) > self.max_bytes:
+                raise BridgeError("a message line exceeds the %d byte limit" % self.max_bytes, EXIT_FAILED)
             stripped = line.strip()
             if not stripped:
                 continue

@@ -262,6 +262,17 @@ def test_message_reader_both_framings():
     assert reader.read() is None
 
 
+def test_message_reader_bounds_a_line():
+    import io
+    reader = bridge.MessageReader(io.BytesIO(b'{"id":1}\n' + b"x" * 100), max_bytes=64)
+    assert reader.read() == b'{"id":1}'
+    with pytest.raises(bridge.BridgeError) as err:
+        reader.read()
+    assert "64 byte limit" in err.value.message
+    exact = bridge.MessageReader(io.BytesIO(b"y" * 64 + b"\r\n"), max_bytes=64)
+    assert exact.read() == b"y" * 64
+
+
 def test_example_config_loads_without_warnings(tmp_path):
     """bridge.config.example.json documents every key: it must load cleanly as a config."""
     out = run_bridge("redact", "--root", str(tmp_path), "--config",
