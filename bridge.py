@@ -699,10 +699,11 @@ CONFIG_DEFAULTS = {
     "observability": {"enabled": True, "port": 3334, "host": "127.0.0.1", "token": None,
                       "allowed_origins": []},
     "lifecycle": {"maxRestarts": 10, "restartWindow": 60.0, "cooldown": 1000.0},
-    "proxy": {"max_line_bytes": 16 << 20, "pause_buffer_messages": 1000, "pause_timeout_sec": 30.0,
-              "close_grace_sec": 2.0, "kill_after_sec": 5.0, "stats_interval_sec": 5.0,
-              "event_params_max": 512, "events_per_sec_max": 200, "log_level": "info",
-              "health_check_sec": 60.0, "health_timeout_sec": 30.0},
+    "proxy": {"max_line_bytes": 16 << 20, "pause_buffer_messages": 1000, "pause_buffer_bytes": 64 << 20,
+              "pause_timeout_sec": 30.0, "close_grace_sec": 2.0, "kill_after_sec": 5.0,
+              "stats_interval_sec": 5.0, "event_params_max": 512, "events_per_sec_max": 200,
+              "log_level": "info", "health_check_sec": 60.0, "health_timeout_sec": 30.0,
+              "start_timeout_sec": 60.0},
     # ---- end proxy ----
 
     # ---- changes (seed 004) ----
@@ -5440,8 +5441,13 @@ PROXY_REASONS = {
     "graceful": "MCP server restarted on its own request before answering",
     "kill": "MCP server stopped by doctor:kill; send doctor:restart to start it",
     "shutdown": "bridge.py proxy is shutting down",
+    "start_timeout": "restarted MCP server did not answer within proxy.start_timeout_sec and was killed; "
+                     "the request was not retried",
     "held_too_long": "request held longer than proxy.pause_timeout_sec (paused or restarting)",
-    "paused_buffer_full": "bridge is paused and its buffer (proxy.pause_buffer_messages) is full",
+    "paused_buffer_full": "bridge is paused and its buffer (proxy.pause_buffer_messages or "
+                          "proxy.pause_buffer_bytes) is full",
+    "too_large": "request longer than proxy.max_line_bytes; it was not sent to the MCP server",
+    "answer_too_large": "the MCP server's answer was longer than proxy.max_line_bytes and was dropped",
 }
 
 
@@ -5454,7 +5460,7 @@ def proxy_decoder():
     decoder, loads = json.JSONDecoder(), json.loads
     scan, decode = decoder.scan_once, decoder.decode
 
-    def parse(line):
+    def fast(line):
         if line[:2] != b'{"':
             return loads(line)
         text = line.decode("utf-8", "surrogatepass")
@@ -5465,75 +5471,152 @@ def proxy_decoder():
         if end == len(text) - 1 and text[end] == "\n":
             return obj
         return decode(text)
+
+    def parse(line):
+        try:
+            return fast(line)
+        except ValueError as exc:
+            # Valid JSON with an integer longer than Python's digit limit (4300 on 3.11) is still
+            # valid JSON: keep such numbers as text instead of calling the line malformed.
+            if "integer string conversion" not in str(exc):
+                raise
+            return loads(line, parse_int=str)
     return parse
 
 
 class ProxyLines:
     """Cuts a byte stream into complete lines (newline kept). A line longer than `cap` bytes is
-    dropped (counted in `dropped`) and the stream resynchronises at the next newline."""
+    dropped and the stream resynchronises at the next newline; `dropped` keeps the first and last
+    256 bytes of each dropped line, where proxy_dropped_id() looks for the id it carried."""
 
     def __init__(self, cap):
-        self.cap, self.partial, self.skipping, self.dropped = cap, bytearray(), False, 0
+        self.cap, self.partial, self.skipping, self.dropped = cap, bytearray(), False, []
+        self.head = self.tail = b""                # of the line being skipped
 
     def feed(self, data):
         lines, start, find, cap = [], 0, data.find, self.cap
         if self.skipping or self.partial:
             nl = find(b"\n")
             if nl < 0:
-                if not self.skipping:
+                if self.skipping:
+                    self.tail = (self.tail + data[-256:])[-256:]
+                else:
                     self.partial += data
                     if len(self.partial) > cap:
-                        self.partial, self.skipping, self.dropped = bytearray(), True, self.dropped + 1
+                        self.skip(self.partial)
                 return lines
-            if not self.skipping:
+            if self.skipping:
+                self.dropped.append((self.head, (self.tail + data[max(0, nl - 256):nl])[-256:]))
+            else:
                 self.partial += data[:nl + 1]
                 if len(self.partial) > cap + 1:
-                    self.dropped += 1
+                    self.dropped.append((bytes(self.partial[:256]), bytes(self.partial[-257:-1])))
                 else:
                     lines.append(bytes(self.partial))
             self.partial, self.skipping, start = bytearray(), False, nl + 1
         nl = find(b"\n", start)
         while nl >= 0:
             if nl - start > cap:
-                self.dropped += 1
+                self.dropped.append((data[start:min(nl, start + 256)], data[max(start, nl - 256):nl]))
             else:
                 lines.append(data[start:nl + 1])
             start = nl + 1
             nl = find(b"\n", start)
         if start < len(data):
             if len(data) - start > cap:
-                self.skipping, self.dropped = True, self.dropped + 1
+                self.skip(data[start:])
             else:
                 self.partial += data[start:]
         return lines
 
+    def skip(self, part):
+        self.skipping, self.head, self.tail, self.partial = True, bytes(part[:256]), bytes(part[-256:]), bytearray()
+
     def finish(self):
         """The final line at EOF without a newline, newline-terminated so the peer sees it whole."""
         rest, self.partial = bytes(self.partial), bytearray()
-        return [rest + b"\n"] if rest.strip() and not self.skipping else []
+        if self.skipping:
+            self.dropped.append((self.head, self.tail))
+            return []
+        return [rest + b"\n"] if rest.strip() else []
 
 
-def proxy_group_alive(pgid):
-    """True while a live (non-zombie) process is left in process group `pgid`. Zombies are
-    ignored: orphaned grandchildren wait for PID 1, which in containers may never reap them."""
+def proxy_dropped_id(head, tail):
+    """The id of a line too long to relay, from its first or last 256 bytes, so the request it
+    carried (or the answer it was) can still be answered with an error instead of left to time
+    out. JSON-RPC peers write `id` early (the Python SDK: after "jsonrpc") or last (the TypeScript
+    SDK); at the start only scalar members may come before it, and at the end only the closing
+    brace may follow it, so an "id" nested inside params or result is never taken. None if
+    neither end shows it."""
+    string = rb'"(?:[^"\\]|\\.)*"'
+    value = rb'(-?\d+|' + string + rb')'
+    found = re.match(rb'\s*\{(?:\s*' + string + rb'\s*:\s*(?:' + string + rb'|[-+.\w]+)\s*,)*?\s*"id"\s*:\s*'
+                     + value, head) or re.search(rb'[{,]\s*"id"\s*:\s*' + value + rb'\s*\}\s*$', tail)
     try:
-        os.killpg(pgid, 0)
-    except ProcessLookupError:
+        mid = json.loads(found.group(1)) if found else None
+    except ValueError:
+        return None
+    return mid if mid.__class__ in (int, str) else None
+
+
+def proxy_adopt_orphans():
+    """Make bridge.py the Linux "child subreaper" of whatever the Doctor starts: a helper that
+    left the Doctor's process group (setsid; Playwright starts browsers that way) is re-parented
+    to bridge.py instead of PID 1 when its parent dies, so proxy_leftovers() still finds it.
+    Elsewhere, or if the kernel refuses, only the process group can be reached."""
+    if not sys.platform.startswith("linux"):
         return False
-    except PermissionError:
-        return True
+    try:
+        import ctypes
+        return ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) == 0   # PR_SET_CHILD_SUBREAPER
+    except (OSError, AttributeError):
+        return False
+
+
+def proxy_leftovers(pgid):
+    """Live processes that must not outlive the Doctor: those in its process group `pgid`, and
+    every descendant of bridge.py (orphans adopted through proxy_adopt_orphans). Zombies are not
+    counted: an orphaned grandchild's zombie waits for PID 1, which in containers may never reap
+    it. Without /proc (macOS), [pgid] while the group exists."""
     if not os.path.isdir("/proc/self"):
-        return True
+        try:
+            os.killpg(pgid, 0)
+        except ProcessLookupError:
+            return []
+        except PermissionError:
+            pass
+        return [pgid]
+    me, parent, live = os.getpid(), {}, []
     for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
         try:
             with open("/proc/%s/stat" % name, "rb") as handle:
                 stat = handle.read()
-        except (OSError, ValueError):
+        except OSError:
             continue
         fields = stat[stat.rfind(b")") + 2:].split()
-        if fields and fields[0] != b"Z" and int(fields[2]) == pgid:
-            return True
-    return False
+        pid = int(name)
+        parent[pid] = int(fields[1])
+        if fields[0] != b"Z" and pid != me:
+            live.append((pid, int(fields[2])))
+    found = []
+    for pid, group in live:
+        up, hops = parent.get(pid), 0
+        while up not in (None, 0, 1, me) and hops < 64:
+            up, hops = parent.get(up), hops + 1
+        if group == pgid or up == me:
+            found.append(pid)
+    return found
+
+
+def proxy_signal(pgid, pids, sig):
+    """Signal the Doctor's process group and each of `pids` (leftovers outside it)."""
+    for target, kill in [(pgid, os.killpg)] + [(pid, os.kill) for pid in pids]:
+        try:
+            kill(target, sig)
+        except OSError:
+            pass
 
 
 class ProxyChild:
@@ -5555,6 +5638,8 @@ class ProxyChild:
         self.owned = {}                 # id -> method of bridge.py's own requests awaiting an answer
         self.heard = self.started       # when stdout last gave anything (health check)
         self.ping_at = None             # when the health-check ping in flight was sent
+        self.concurrent = False         # it has answered a ping while busy: its silence means stuck
+        self.doubted = False            # a ping went unanswered by a server not known to be concurrent
         self.stop_reason = self.term_at = self.kill_at = None
         self.exit = None                # {"code": n} or {"signal": "SIGKILL"} once reaped
 
@@ -5603,6 +5688,7 @@ class Proxy:
         self.cooldown = lc["cooldown"] / 1000.0
         self.cap, self.hold_max, self.hold_sec = px["max_line_bytes"], px["pause_buffer_messages"], \
             px["pause_timeout_sec"]
+        self.hold_bytes, self.held_bytes, self.start_timeout = px["pause_buffer_bytes"], 0, px["start_timeout_sec"]
         self.close_grace, self.kill_after = px["close_grace_sec"], px["kill_after_sec"]
         self.stats_every, self.params_max = px["stats_interval_sec"], px["event_params_max"]
         self.events_max, self.events_left, self.events_reset = px["events_per_sec_max"], 0, 0.0
@@ -5610,7 +5696,7 @@ class Proxy:
         self.verbosity = PROXY_LEVELS.get(str(px["log_level"]).lower(), 1)
         self.redactor = get_redactor(cfg)
         self.child, self.gen, self.obs, self.exit_code = None, 0, None, 0
-        self.stopped = self.paused = self.client_gone = self.stdin_eof = False
+        self.stopped = self.paused = self.client_gone = self.stdin_eof = self.reaping = self.adopting = False
         self.shutting = None            # the reason, once a shutdown began
         self.spawn_at = self.next_check = 0.0
         self.crashes, self.held, self.ctl = collections.deque(), collections.deque(), collections.deque()
@@ -5633,10 +5719,15 @@ class Proxy:
             self.write_stderr(text.encode("utf-8", "replace"))
 
     def write_stderr(self, data):
+        """One line to stderr, never blocking: dropped when stderr is not writable. A line over
+        4000 bytes is cut on a character boundary and still ends with a newline."""
         import select
+        if len(data) > 4000:
+            data = data[:4000].decode("utf-8", "ignore").encode("utf-8") + b"...[%d bytes cut]\n" % (
+                len(data) - 4000)
         try:
             if select.select([], [2], [], 0)[1]:
-                os.write(2, data[:4096])   # <= PIPE_BUF after a writable poll: cannot block
+                os.write(2, data)          # <= PIPE_BUF after a writable poll: cannot block
         except (OSError, ValueError):
             pass
 
@@ -5709,6 +5800,29 @@ class Proxy:
         self.ctl.append(("signal", signal.Signals(signum).name))
         self.wake()
 
+    def on_child(self, *_):
+        self.reaping = True
+        self.wake()
+
+    def reap_adopted(self):
+        """Reap exited orphans adopted as subreaper (proxy_adopt_orphans), never the live Doctor:
+        its Popen reaps it. True while bridge.py still has a child."""
+        if not self.adopting:
+            return False
+        child = self.child
+        keep = child.pid if child is not None and child.exit is None else None
+        while True:
+            try:
+                info = os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            except ChildProcessError:
+                return False
+            if info is None or info.si_pid == keep:
+                return True
+            try:
+                os.waitpid(info.si_pid, 0)
+            except ChildProcessError:
+                pass
+
     def run_control(self, action, params):
         if action == "signal":
             return self.shutdown(params)
@@ -5736,6 +5850,7 @@ class Proxy:
     # ---- the Doctor's life ----
     def spawn(self):
         self.gen += 1
+        self.tail.clear()                          # a crash event shows its own generation's stderr
         self.emit("doctor:starting", {"generation": self.gen, "argv": self.argv})
         try:
             child = self.child = ProxyChild(self.argv, self.cwd, self.env, self.gen, self.cap)
@@ -5761,23 +5876,41 @@ class Proxy:
         return mid
 
     def check_health(self, now):
-        """Ping a Doctor that has owed an answer and been silent for health_check_sec (an async
-        server answers ping even while busy in a long tool call); one that stays silent
-        health_timeout_sec longer is hung: KILL its group and take the crash path. Only 2025-era
-        sessions are checked: MCP 2026-07-28 has no ping."""
-        import signal
+        """Kill a Doctor that is stuck, never one that is only slow (README "Hang detection").
+        A restarted Doctor that has not answered the replayed initialize (or anything owed) within
+        start_timeout_sec is stuck starting. A ready one that owes an answer and has been silent for
+        health_check_sec is pinged; no answer within health_timeout_sec is a hang only if it has
+        answered a ping while busy before (`concurrent`): a server that handles one request at a
+        time cannot, and is left alone. MCP 2026-07-28 has no ping: such sessions are not pinged."""
         child = self.child
-        if child.ping_at is None:
-            if child.ready and child.replay_id is None and isinstance(self.proto, str) and \
-                    self.proto < "2026-07-28" and \
+        if not child.ready:
+            if self.start_timeout and (child.replay_id is not None or child.gen > 1 and self.pending):
+                owed = child.started if child.replay_id is not None else next(iter(self.pending.values()))[1]
+                if now - max(owed, child.heard) >= self.start_timeout:
+                    self.hung("start_timeout", now)
+        elif child.ping_at is None:
+            if self.pending and self.health_sec and child.replay_id is None and \
+                    isinstance(self.proto, str) and self.proto < "2026-07-28" and \
                     now - max(child.heard, next(iter(self.pending.values()))[1]) >= self.health_sec:
                 child.ping_at = now
                 self.own("ping")
-        elif now - max(child.ping_at, child.heard) >= self.health_timeout:
-            self.emit("doctor:hung", {"generation": child.gen, "pid": child.pid, "pending": len(self.pending),
-                                      "silentMs": round((now - child.heard) * 1000)})
-            self.stop_child("hung", now=True)
-            child.signal_group(signal.SIGKILL)
+        elif not child.doubted and now - max(child.ping_at, child.heard) >= self.health_timeout:
+            if child.concurrent:
+                self.hung("hung", now)
+            else:
+                child.doubted = True
+                self.log("warn", "the Doctor (generation %d) has not answered ping while busy for %.0f s; it "
+                         "may handle one request at a time, so it is not treated as hung" % (
+                             child.gen, now - child.ping_at))
+
+    def hung(self, reason, now):
+        """Stuck (check_health): KILL the Doctor's group; its exit takes the crash path."""
+        import signal
+        child = self.child
+        self.emit("doctor:hung", {"generation": child.gen, "pid": child.pid, "reason": reason,
+                                  "pending": len(self.pending), "silentMs": round((now - child.heard) * 1000)})
+        self.stop_child(reason, now=True)
+        child.signal_group(signal.SIGKILL)
 
     def mark_ready(self, how):
         child = self.child
@@ -5815,12 +5948,14 @@ class Proxy:
         self.srv_pending.clear()
         if self.shutting:
             return
-        child.signal_group(signal.SIGKILL)         # leftovers of the old generation
+        proxy_signal(child.pid, proxy_leftovers(child.pid), signal.SIGKILL)   # the old generation's leftovers
+        self.reap_adopted()
         if reason == "kill":
             self.emit("doctor:stopped", {"generation": child.gen, "exit": child.exit})
         elif reason in ("restart", "graceful"):
+            # not a crash, but a server asking again and again must not respawn in a tight loop
+            self.spawn_at = 0.0 if reason == "restart" else monotonic() + self.cooldown
             self.emit("doctor:restarting", {"generation": child.gen, "reason": reason, "exit": child.exit})
-            self.spawn_at = 0.0
         else:
             self.crashed(child.exit, child.gen, reason)
 
@@ -5857,18 +5992,43 @@ class Proxy:
         error = {"code": PROXY_ERROR_CODE, "message": PROXY_REASONS[reason], "data": data}
         self.send_client(json_compact({"jsonrpc": "2.0", "id": mid, "error": error}).encode("utf-8") + b"\n")
 
+    def hold(self, line, reqs, method):
+        """A client message the Doctor cannot take now: keep it for flush_held(), or refuse it
+        (the Doctor killed, bridge.py stopping, or paused with a full buffer)."""
+        if self.stopped or self.shutting:
+            self.refuse(line, reqs, method, "kill" if self.stopped else "shutdown")
+        elif self.paused and self.held_full():
+            self.refuse(line, reqs, method, "paused_buffer_full")
+        else:
+            self.held.append((line, reqs, method, monotonic()))
+            self.held_bytes += len(line)
+
+    def held_full(self):
+        return len(self.held) >= self.hold_max or self.held_bytes >= self.hold_bytes
+
+    def refuse(self, line, reqs, method, reason):
+        """Answer each request in a message that will not be sent with an error; an answer or a
+        notification cannot be answered, so its loss is published and logged instead."""
+        for rid, rmethod in reqs:
+            self.reply_error(rid, reason, rmethod)
+        if not reqs:
+            self.st["dropped"] += 1
+            self.emit("bridge:dropped", {"from": "client", "method": method, "size": len(line),
+                                         "reason": PROXY_REASONS[reason]})
+
     def fail_held(self, reason, older_than=None):
-        """Drop held messages (all, or those held longer than `older_than` s), answering each
-        request among them with an error so no client waits for its own timeout."""
+        """Refuse held messages: all, or the requests held longer than `older_than` s (answers and
+        notifications wait on: nobody waits on them, and the buffer bounds them)."""
         keep, now = [], monotonic()
         for item in self.held:
-            _line, mid, method, t = item
-            if older_than is not None and now - t < older_than:
+            line, reqs, method, t = item
+            if older_than is not None and (now - t < older_than or not reqs):
                 keep.append(item)
-            elif mid is not None:
-                self.reply_error(mid, reason, method)
+            else:
+                self.refuse(line, reqs, method, reason)
         self.held.clear()
         self.held.extend(keep)
+        self.held_bytes = sum(len(item[0]) for item in keep)
 
     # ---- relay ----
     def client_lines(self, lines):
@@ -5886,19 +6046,21 @@ class Proxy:
             except (ValueError, RecursionError) as exc:    # RecursionError: absurdly deep nesting
                 self.malformed("client", line, exc)
                 continue
-            mid = method = None
+            reqs, method = (), None                # reqs: (id, method) of each request: owed an answer
             if msg.__class__ is dict:
                 method, mid = msg.get("method"), msg.get("id")
                 if mid.__class__ not in PROXY_IDS:
                     mid = None
                 if method is None:                 # the client's answer to a Doctor request
-                    if mid is not None and mid in self.dead_srv:
+                    if mid in self.srv_pending:
+                        self.srv_pending.discard(mid)
+                    elif mid is not None and mid in self.dead_srv:
                         self.log("info", "dropped the answer to request %r of a dead Doctor" % (mid,))
                         continue
-                    self.srv_pending.discard(mid)
-                    mid = None
-                elif mid is not None and method in PROXY_STATEFUL:
-                    self.tries[mid] = (method, msg.get("params"))
+                elif mid is not None:
+                    reqs = ((mid, method),)
+                    if method in PROXY_STATEFUL:
+                        self.tries[mid] = (method, msg.get("params"))
                 elif method == "notifications/cancelled":
                     # A server need not answer a cancelled request (MCP): stop owing it, or a crash
                     # would answer it and the hang check would wait for it.
@@ -5908,22 +6070,14 @@ class Proxy:
                 if watch and self.sample():
                     obs.publish("mcp:request", {"from": "client", "method": method, "id": mid,
                                                 "size": len(line), "params": self.preview(msg)})
-            elif msg.__class__ is list:            # a 2025-03-26 batch: track the requests inside
-                for m in msg:
-                    if m.__class__ is dict and m.get("method") and m.get("id").__class__ in PROXY_IDS:
-                        pending[m["id"]] = (m["method"], now)
+            elif msg.__class__ is list:            # a 2025-03-26 batch: the requests inside are owed
+                reqs = tuple((m["id"], m["method"]) for m in msg if m.__class__ is dict and
+                             m.get("method").__class__ is str and m.get("id").__class__ in PROXY_IDS)
             if gate:
-                if self.stopped or self.shutting:
-                    if mid is not None:
-                        self.reply_error(mid, "kill" if self.stopped else "shutdown", method)
-                elif self.paused and len(self.held) >= self.hold_max:
-                    if mid is not None:
-                        self.reply_error(mid, "paused_buffer_full", method)
-                else:
-                    self.held.append((line, mid, method, now))
+                self.hold(line, reqs, method)
                 continue
-            if mid is not None:
-                pending[mid] = (method, now)
+            for rid, rmethod in reqs:
+                pending[rid] = (rmethod, now)
             out.append(line)
         if out:
             self.send_child(b"".join(out))
@@ -5935,11 +6089,12 @@ class Proxy:
                 child.stop_reason or child.replay_id is not None or not self.held:
             return
         now, out = monotonic(), []
-        for line, mid, method, _t in self.held:
-            if mid is not None:
-                self.pending[mid] = (method, now)
+        for line, reqs, _method, _t in self.held:
+            for rid, rmethod in reqs:
+                self.pending[rid] = (rmethod, now)
             out.append(line)
         self.held.clear()
+        self.held_bytes = 0
         self.send_child(b"".join(out))
 
     def child_lines(self, lines):
@@ -6019,11 +6174,14 @@ class Proxy:
 
     def answered(self, method, msg):
         """The Doctor answered a request of bridge.py's own: swallowed, never forwarded."""
+        child = self.child
         if method == "ping":                       # even an error answer proves it is alive
-            self.child.ping_at = None
+            if self.pending and next(iter(self.pending.values()))[1] < child.ping_at:
+                child.concurrent = True            # answered while an older request is still running
+            child.ping_at, child.doubted = None, False
             return
         if "error" in msg:
-            self.emit("bridge:replay_failed", {"generation": self.child.gen, "method": method,
+            self.emit("bridge:replay_failed", {"generation": child.gen, "method": method,
                                                "error": msg["error"]})
         if method == "initialize":
             self.replayed(msg)
@@ -6061,11 +6219,22 @@ class Proxy:
                                              line[:4096].decode("utf-8", "replace"))[:120]})
 
     def dropped(self, splitter, side):
-        if splitter.dropped:
-            self.st["dropped"] += splitter.dropped
-            self.emit("bridge:dropped", {"from": side, "count": splitter.dropped,
+        """Lines over max_line_bytes were dropped: published, and when the id they carried shows,
+        the request is answered with an error (a client's, or the one a Doctor's answer was for)
+        so nobody waits for a timeout."""
+        for head, tail in splitter.dropped:
+            mid, answered = proxy_dropped_id(head, tail), None
+            if side == "client" and mid is not None and mid not in self.srv_pending and mid not in self.dead_srv:
+                self.tries.pop(mid, None)
+                self.reply_error(mid, "too_large", None)
+                answered = mid
+            elif side == "doctor" and mid in self.pending:
+                self.reply_error(mid, "answer_too_large", self.pending.pop(mid)[0])
+                answered = mid
+            self.st["dropped"] += 1
+            self.emit("bridge:dropped", {"from": side, "id": mid, "answered": answered,
                                          "reason": "line longer than proxy.max_line_bytes (%d)" % self.cap})
-            splitter.dropped = 0
+        del splitter.dropped[:]
 
     # ---- I/O ----
     def send_child(self, data):
@@ -6162,7 +6331,7 @@ class Proxy:
 
     def stderr_data(self, data):
         """Doctor stderr -> ours, line by line with a prefix, redacted; a line without end is
-        forwarded in 64 KiB pieces, a long one cut to 4000 bytes. The tail feeds crash events."""
+        forwarded in 64 KiB pieces, a long one cut (write_stderr). The tail feeds crash events."""
         buf = self.child.errbuf
         buf += data
         cut = buf.rfind(b"\n") + 1 if data else len(buf)
@@ -6171,8 +6340,6 @@ class Proxy:
         for line in bytes(buf[:cut]).splitlines():
             # redact before cutting: a cut token is no longer recognisable
             text = self.redactor.redact(line.decode("utf-8", "replace"))
-            if len(text) > 4000:
-                text = text[:4000] + "...[%d characters cut]" % (len(text) - 4000)
             self.tail.append(text[:500])
             self.write_stderr(b"[doctor] " + text.encode("utf-8") + b"\n")
         del buf[:cut]
@@ -6184,6 +6351,8 @@ class Proxy:
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_w, False)
         old = {s: signal.signal(s, self.on_signal) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+        old[signal.SIGCHLD] = signal.signal(signal.SIGCHLD, self.on_child)
+        self.adopting = proxy_adopt_orphans() and hasattr(os, "waitid")
         blocking = os.get_blocking(1)
         os.set_blocking(1, False)
         poller, registered = select.poll(), {}
@@ -6199,7 +6368,7 @@ class Proxy:
                     self.next_check = now + 0.25
                     if child.exited():
                         self.child_exited()
-                    elif self.pending and self.health_sec and not child.stop_reason:
+                    elif not child.stop_reason and (self.pending or child.replay_id is not None):
                         self.check_health(now)
                 if self.shutting and (self.child is None or self.child.exit is not None):
                     break
@@ -6209,7 +6378,7 @@ class Proxy:
                     continue
                 want = {self.wake_r: IN}
                 if not (self.stdin_eof or self.shutting or len(self.to_child) > PROXY_HIGH_WATER
-                        or not self.paused and len(self.held) >= self.hold_max):
+                        or not self.paused and self.held_full()):
                     want[0] = IN
                 if self.to_client:
                     want[1] = OUT
@@ -6268,7 +6437,8 @@ class Proxy:
         elif not self.stopped and not self.shutting:
             due.append(self.spawn_at)
         if self.held:
-            if now - self.held[0][3] >= self.hold_sec:
+            oldest = next((t for _line, reqs, _method, t in self.held if reqs), now)
+            if now - oldest >= self.hold_sec:
                 self.fail_held("held_too_long", older_than=self.hold_sec)
             due.append(now + 0.1)
         return max(0.0, min(due) - now)
@@ -6279,6 +6449,9 @@ class Proxy:
             os.read(fd, 4096)
             while self.ctl:
                 self.run_control(*self.ctl.popleft())
+            if self.reaping:                       # SIGCHLD: the Doctor or an adopted orphan exited
+                self.reaping, self.next_check = False, 0.0
+                self.reap_adopted()
         elif fd == 0:
             data = os.read(0, 1 << 16)
             if data:
@@ -6288,6 +6461,7 @@ class Proxy:
             else:
                 self.stdin_eof = True
                 self.client_lines(self.stdin_lines.finish())
+                self.dropped(self.stdin_lines, "client")
                 self.shutdown("stdin EOF")
         elif fd == 1:
             self.flush_client()
@@ -6303,8 +6477,9 @@ class Proxy:
                     child.close("ferr")
 
     def finish(self):
-        """Write what the client is still owed (within 2 s), then make sure nothing of the last
-        Doctor's process group survives us: TERM, wait up to kill_after_sec, KILL."""
+        """Write what the client is still owed (within 2 s), then make sure nothing the last
+        Doctor started survives us (its group, and orphans adopted from outside it): TERM, wait up
+        to kill_after_sec, KILL, reap."""
         import select
         import signal
         deadline = monotonic() + 2.0
@@ -6318,11 +6493,17 @@ class Proxy:
                 child.proc.wait()
             for name in ("fin", "fout", "ferr"):
                 child.close(name)
-            child.signal_group(signal.SIGTERM)
+            left = proxy_leftovers(child.pid)
+            proxy_signal(child.pid, left, signal.SIGTERM)
             end = monotonic() + self.kill_after
-            while proxy_group_alive(child.pid) and monotonic() < end:
+            while left and monotonic() < end:
                 time.sleep(0.02)
-            child.signal_group(signal.SIGKILL)
+                self.reap_adopted()
+                left = proxy_leftovers(child.pid)
+            proxy_signal(child.pid, left, signal.SIGKILL)
+            end = monotonic() + 1.0
+            while self.reap_adopted() and monotonic() < end:
+                time.sleep(0.01)
 
     def start_observability(self):
         cfg = self.cfg["observability"]

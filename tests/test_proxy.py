@@ -207,17 +207,51 @@ def test_relays_bytes_exactly_both_ways(session):
     assert '{"jsonrpc":"2.0","id":8,"method":"ping"}\n' in got
 
 
+def test_server_lines_relayed_as_written(session):
+    """The server's own formatting, \r\n and a final line without a newline reach the client as
+    written (a proxy that re-serialised would pass the other tests: the fixture writes compact JSON)."""
+    s = session()
+    odd = '{ "method" : "notifications/message", "jsonrpc":"2.0", "params":{"data":"caf\u00e9 \u00e9", "n":1.50} }'
+    s.call("raw", line=odd + "\r\n")
+    assert s.recv_raw() == odd.encode() + b"\r\n"
+    s.recv()
+    s.call("lastword", line='{"jsonrpc":"2.0","method":"notifications/message","params":{"data":"bye"} }')
+    assert s.recv_raw() == b'{"jsonrpc":"2.0","method":"notifications/message","params":{"data":"bye"} }\n'
+    s.close()
+
+
+def test_integers_beyond_pythons_digit_limit_are_valid_json(session):
+    s = session()
+    big = "9" * 5000
+    s.send_raw(('{"jsonrpc":"2.0","id":3,"method":"echo","params":{"n":%s}}\n' % big).encode())
+    assert s.recv_raw() == ('{"jsonrpc":"2.0","id":3,"result":{"n":%s}}\n' % big).encode()
+    assert "malformed" not in s.err()
+    s.close()
+
+
 def test_long_lines_within_limit_and_dropped_beyond(session):
     s = session(config={"proxy": {"max_line_bytes": 200000}})
     s.call("echo", text="a" * 150000)
     assert len(s.recv()["result"]["content"][0]["text"]) == 150000
     s.send_raw(b'{"jsonrpc":"2.0","id":9,"method":"echo","params":{"t":"' + b"b" * 300000 + b'"}}\n')
+    too_large = s.recv()                                                   # answered, never sent on
+    assert too_large["id"] == 9 and too_large["error"]["data"]["reason"] == "too_large"
     mid = s.call("huge", bytes=250000)                                     # answer over the limit: dropped
+    answer = s.recv()                                                      # ... and the request answered
+    assert answer["id"] == mid and answer["error"]["data"]["reason"] == "answer_too_large"
+    assert answer["error"]["data"]["method"] == "tools/call"
     s.request("ping", mid=10)
     assert s.recv() == {"jsonrpc": "2.0", "id": 10, "result": {}}
     s.nothing()
     assert not any('"id":9' in line for line in s.received()), "oversized line reached the server"
-    assert "line longer than proxy.max_line_bytes" in s.err() and mid
+    assert "line longer than proxy.max_line_bytes" in s.err()
+    # The TypeScript SDK writes the id last; a nested "id" is never taken for the message's own,
+    # and a line whose id shows at neither end is dropped without an answer.
+    s.send_raw(b'{"method":"echo","params":{"id":1,"t":"' + b"c" * 300000 + b'"},"jsonrpc":"2.0","id":"ts"}\r\n')
+    assert s.recv()["id"] == "ts"
+    s.send_raw(b'{"method":"echo","params":{"id":1,"t":"' + b"c" * 300000 + b'"},"id":12,"jsonrpc":"2.0"}\n')
+    s.request("ping", mid=11)
+    assert s.recv()["id"] == 11
     s.close()
 
 
@@ -225,6 +259,17 @@ def test_sixteen_mib_lines_by_default(session):
     s = session()
     s.call("huge", bytes=15 << 20)
     assert len(s.recv(timeout=30)["result"]["content"][0]["text"]) == 15 << 20
+    s.close()
+
+
+def test_sixteen_mib_limit_at_the_byte_from_the_client(session):
+    s = session()
+    head, tail = b'{"jsonrpc":"2.0","id":1,"method":"echo","params":{"t":"', b'"}}'
+    exact = head + b"x" * ((16 << 20) - len(head) - len(tail)) + tail       # 16 MiB, newline aside
+    s.send_raw(exact + b"\n")
+    assert len(s.recv(timeout=30)["result"]["t"]) == len(exact) - len(head) - len(tail)
+    s.send_raw(exact[:-3] + b'x"}}\n')                                   # one byte more
+    assert s.recv(timeout=30)["error"]["data"]["reason"] == "too_large"
     s.close()
 
 
@@ -236,6 +281,24 @@ def test_malformed_json_logged_and_skipped(session):
     assert not any("not json" in line for line in s.received())
     assert s.err().count("malformed JSON") == 3
     s.close()
+
+
+def test_long_stderr_lines_cut_on_a_character_and_ended(session):
+    s = session(harness=True)
+    s.call("stderr", text="\u00e9" * 3000 + "\nsecond line\n")
+    s.recv()
+    s.call("crash", code=3)                                               # a crash event: a long log line
+    s.recv()
+    s.call("kill")                                                        # generation 2 says nothing
+    s.recv()
+    s.close()
+    err = (s.tmp / "stderr.txt").read_bytes()
+    err.decode("utf-8")                                                   # no character cut in half
+    assert b"[doctor] " + "\u00e9".encode() * 1995 in err and b"bytes cut]\n[doctor] second line\n" in err
+    assert all(line.startswith((b"[doctor] ", b"bridge proxy: ")) for line in err.splitlines()), err[-3000:]
+    crashes = s.wait_event("doctor:crashed", count=2)
+    assert crashes[0]["data"]["stderrTail"][-1] == "fixture: crashing with 3"
+    assert crashes[1]["data"]["stderrTail"] == []                         # its own generation's only
 
 
 def test_stderr_drained_forwarded_with_prefix(session):
@@ -355,6 +418,86 @@ def test_restart_without_initialize_and_late_answers_dropped(session):
     s.close()
 
 
+def test_answers_to_a_new_servers_reused_request_ids_reach_it(session):
+    """SDK servers number their own requests from 0 in every process: an id the dead server used
+    must not poison the same id of the next one."""
+    s = session()
+    s.request("tools/call", {"name": "ask", "arguments": {}}, mid=5)
+    assert s.recv()["id"] == "srv-5"                                       # generation 1 asks, then dies
+    s.call("kill")
+    assert {s.recv()["id"], s.recv()["id"]} == {5, s.next_id}
+    s.request("tools/call", {"name": "ask", "arguments": {}}, mid=5)       # generation 2 asks with the same id
+    assert s.recv()["id"] == "srv-5"
+    s.send({"jsonrpc": "2.0", "id": "srv-5", "result": {"answer": 42}})
+    reply = s.recv()
+    assert reply["id"] == 5 and json.loads(reply["result"]["content"][0]["text"]) == {"answer": 42}
+    s.close()
+
+
+def test_default_policy_survives_ten_crashes_in_a_minute_not_eleven(session):
+    s = session(["--exit-first", "10"], config={"lifecycle": {"cooldown": 10}})
+    assert len(s.wait_pids(11, timeout=30)) == 11
+    s.request("ping", mid=1)
+    assert s.recv(timeout=20) == {"jsonrpc": "2.0", "id": 1, "result": {}}
+    assert s.err().count("doctor:crashed {") == 10 and "doctor:fatal" not in s.err()
+    s.close()
+
+
+def test_default_policy_gives_up_on_the_eleventh_crash_in_a_minute(session):
+    s = session(["--exit-at-start", "4"], config={"lifecycle": {"cooldown": 10}})
+    assert s.proc.wait(30) == 1
+    assert len(s.pids()) == 11 and s.err().count("doctor:fatal {") == 1
+
+
+def test_server_runs_in_its_own_group_without_a_shell(session):
+    s = session(harness=True)
+    s.request("ping", mid=1)
+    s.recv()
+    assert s.wait_event("doctor:ready")[0]["data"]["signal"] == "first answer"
+    start = s.server_log()[0]
+    assert start["pgid"] == start["pid"]                                  # its own process group
+    with open("/proc/%d/stat" % start["pid"]) as handle:
+        ppid = int(handle.read().rsplit(")", 1)[1].split()[1])
+    assert ppid == s.proc.pid                                             # started directly: no shell between
+    s.close()
+
+
+def test_helpers_that_leave_the_group_are_killed_on_crash_and_exit(session, tmp_path):
+    """A helper started in a session of its own (setsid; Playwright starts browsers so) is out of
+    the server's process group: it must still not outlive the server that started it."""
+    pids = tmp_path / "helpers"
+    helper = "setsid sh -c 'echo $$ >> %s; exec sleep 300' </dev/null >/dev/null 2>&1 &" % pids
+    s = session(command=["sh", "-c", helper + ' exec "$@"', "sh"] + SERVER + ["--log", str(tmp_path / "server.jsonl")])
+    s.request("ping", mid=1)
+    s.recv()
+    s.call("crash", code=3)
+    s.recv()
+    first = int(pids.read_text().split()[0])
+    end = time.time() + 5
+    while process_running(first) and time.time() < end:
+        time.sleep(0.02)
+    assert not process_running(first), "the crashed server's helper survived it"
+    s.request("ping", mid=2)
+    s.recv()
+    s.close()
+    assert [p for p in map(int, pids.read_text().split()) if process_running(p)] == []
+
+
+def test_graceful_restarts_wait_the_cooldown(session):
+    s = session(harness=True, config={"lifecycle": {"cooldown": 400}})
+    for mid in (1, 2):
+        s.request("tools/call", {"name": "graceful", "arguments": {}}, mid=mid)
+        assert s.recv()["id"] == mid
+        s.request("ping", mid=10 + mid)
+        assert s.reply()["id"] == 10 + mid
+    restarting = s.wait_event("doctor:restarting", count=2)
+    starting = s.wait_event("doctor:starting", count=3)
+    for before, after in zip(restarting, starting[1:]):
+        assert after["ts"] - before["ts"] >= 400
+    assert not s.event_list("doctor:crashed")
+    s.close()
+
+
 def test_restart_limit_is_fatal_on_the_crash_after_max(session):
     s = session(["--exit-at-start", "4"], config={"lifecycle": {"maxRestarts": 3, "restartWindow": 60, "cooldown": 10}})
     assert s.proc.wait(20) == 1
@@ -400,6 +543,8 @@ HEALTH = {"proxy": {"health_check_sec": 0.3, "health_timeout_sec": 0.5}}
 def test_hung_server_is_killed_answered_and_restarted(session, tool):
     s = session(["--grandchild"], harness=True, config=HEALTH)
     s.initialize()
+    s.call("slow", sec=1.0)                  # it answers ping while busy: its silence will mean stuck
+    assert s.reply()["result"]["content"][0]["text"] == "ok"
     mid = s.call(tool)
     reply = s.reply()
     assert reply["id"] == mid and reply["error"]["code"] == -32000
@@ -427,6 +572,44 @@ def test_busy_server_that_answers_ping_is_not_hung(session):
     s.nothing()                                                          # the pings' answers swallowed
     assert len(s.pids()) == 1 and not s.event_list("doctor:hung") and not s.event_list("doctor:crashed")
     s.close()
+
+
+def test_server_busy_one_request_at_a_time_is_never_killed(session):
+    """A synchronous server (FastMCP runs a plain `def` tool on its event loop) cannot answer ping
+    while busy: without proof that it could, its silence is not taken for a hang."""
+    s = session(harness=True, config=HEALTH)
+    s.initialize()
+    mid = s.call("sleep", sec=2.5)                                       # 2.5 x (ping + timeout)
+    assert s.reply(timeout=15) == {"jsonrpc": "2.0", "id": mid,
+                                   "result": {"content": [{"type": "text", "text": "ok"}]}}
+    assert len(s.pids()) == 1 and not s.event_list("doctor:hung") and not s.event_list("doctor:crashed")
+    assert sum('"method":"ping"' in line for line in s.received()) == 1  # one ping, no pile-up
+    assert "may handle one request at a time, so it is not treated as hung" in s.err()
+    s.nothing()                                                          # its late answer swallowed
+    s.close()
+
+
+def test_restarted_server_stuck_before_answering_initialize_is_killed(session, tmp_path):
+    """start_timeout_sec: a restarted server that never answers the replayed initialize is killed
+    and restarted like a crash (counted), instead of holding the client's requests forever."""
+    count, log = tmp_path / "starts", tmp_path / "server.jsonl"
+    wrapper = ('n=$(($(cat "$0" 2>/dev/null || echo 0) + 1)); echo $n > "$0"; echo $$ >> "$0.pids"; '
+               '[ $n = 2 ] && exec sleep 300; exec "$@"')
+    s = session(command=["sh", "-c", wrapper, str(count)] + SERVER + ["--log", str(log)], harness=True,
+                config={"proxy": {"start_timeout_sec": 1.0}, "lifecycle": {"cooldown": 10}})
+    s.initialize()
+    s.call("crash", code=3)
+    assert s.reply()["error"]["data"]["reason"] == "crashed"
+    mid = s.call("echo", text="held")                                    # held while generation 2 is stuck
+    reply = s.reply(timeout=15)
+    assert reply["id"] == mid and reply["result"]["content"][0]["text"] == "held"
+    hung = s.wait_event("doctor:hung")[0]["data"]
+    assert hung["generation"] == 2 and hung["reason"] == "start_timeout"
+    crashes = s.wait_event("doctor:crashed", count=2)
+    assert crashes[1]["data"]["reason"] == "start_timeout" and crashes[1]["data"]["exit"] == {"signal": "SIGKILL"}
+    assert count.read_text().strip() == "3"
+    s.close()
+    assert not any(process_running(int(pid)) for pid in (tmp_path / "starts.pids").read_text().split())
 
 
 def test_no_health_check_without_ping_in_the_protocol(session):
@@ -498,6 +681,60 @@ def test_pause_holds_then_resume_flushes_in_order(session):
     s.nothing()
     s.ctl("bridge:resume")
     assert [s.recv()["id"] for _ in range(3)] == [1, 2, 3]
+    s.close()
+
+
+def test_pause_bounds_held_bytes_and_reports_dropped_notifications(session):
+    s = session(harness=True, config={"proxy": {"pause_buffer_bytes": 1000, "pause_timeout_sec": 30}})
+    s.ctl("bridge:pause")
+    time.sleep(0.1)
+    s.request("echo", {"t": "a" * 600}, mid=1)
+    s.request("echo", {"t": "b" * 600}, mid=2)                            # 1,200 bytes held now
+    s.request("echo", {"t": "c"}, mid=3)
+    full = s.recv()
+    assert full["id"] == 3 and full["error"]["data"]["reason"] == "paused_buffer_full"
+    s.send({"jsonrpc": "2.0", "method": "notifications/roots/list_changed"})
+    dropped = s.wait_event("bridge:dropped")[0]["data"]
+    assert dropped["from"] == "client" and dropped["method"] == "notifications/roots/list_changed"
+    assert "buffer" in dropped["reason"]
+    s.ctl("bridge:resume")
+    assert [s.recv()["id"] for _ in range(2)] == [1, 2]
+    s.close()
+
+
+def test_held_answers_outlive_the_pause_timeout(session):
+    """Nobody waits on a held answer or notification: the timeout expires requests only, and the
+    client's answer still reaches the server that asked."""
+    s = session(harness=True, config={"proxy": {"pause_timeout_sec": 0.3}})
+    s.initialize()
+    s.request("tools/call", {"name": "ask", "arguments": {}}, mid=1)
+    ask = s.recv()
+    s.ctl("bridge:pause")
+    time.sleep(0.1)
+    s.send({"jsonrpc": "2.0", "id": ask["id"], "result": {"ok": True}})
+    s.send([{"jsonrpc": "2.0", "id": "b1", "method": "ping"}, {"jsonrpc": "2.0", "method": "notifications/x"}])
+    expired = s.recv(timeout=3)
+    assert expired["id"] == "b1" and expired["error"]["data"]["reason"] == "held_too_long"
+    time.sleep(0.5)                                                       # well past the timeout
+    s.ctl("bridge:resume")
+    reply = s.recv()
+    assert reply["id"] == 1 and json.loads(reply["result"]["content"][0]["text"]) == {"ok": True}
+    s.close()
+
+
+def test_batches_refused_are_answered_once(session):
+    s = session(harness=True, config={"proxy": {"pause_buffer_messages": 1, "pause_timeout_sec": 30}})
+    s.ctl("bridge:pause")
+    time.sleep(0.1)
+    s.send([{"jsonrpc": "2.0", "id": "b1", "method": "ping"}, {"jsonrpc": "2.0", "id": "b2", "method": "ping"}])
+    s.send([{"jsonrpc": "2.0", "id": "b3", "method": "ping"}, {"jsonrpc": "2.0", "id": "b4", "method": "ping"}])
+    refused = {m["id"]: m["error"]["data"]["reason"] for m in (s.recv(), s.recv())}
+    assert refused == {"b3": "paused_buffer_full", "b4": "paused_buffer_full"}
+    s.ctl("bridge:resume")                     # b1, b2 go to the server (which ignores batches)
+    mid = s.call("crash", code=3)
+    crashed = {m["id"]: m["error"]["data"]["reason"] for m in (s.recv(), s.recv(), s.recv())}
+    assert crashed == {"b1": "crashed", "b2": "crashed", mid: "crashed"}
+    s.nothing()                                # b3 and b4 are not answered a second time
     s.close()
 
 
