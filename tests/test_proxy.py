@@ -823,6 +823,18 @@ def test_child_ignoring_eof_and_term_is_killed(session):
     assert time.time() - started < 5
 
 
+def test_sigterm_then_sigkill_after_the_default_five_seconds(session):
+    """The seed's shutdown: SIGTERM, wait up to 5 s, SIGKILL (here after the default 2 s grace
+    with stdin closed), then exit 0."""
+    s = session(["--ignore-term", "--ignore-eof"])
+    s.request("ping", mid=1)
+    s.recv()
+    started = time.time()
+    s.close(timeout=20)
+    took = time.time() - started
+    assert 7.0 <= took < 15, took                                        # 2 s grace + 5 s after SIGTERM
+
+
 def test_stdin_eof_lets_in_flight_requests_finish(session):
     s = session()
     s.call("sleep", sec=0.3)
