@@ -1331,13 +1331,16 @@ class Redactor:
 _REDACTORS = {}
 
 
-def get_redactor(config=None):
+def get_redactor(config=None, env=None):
     """The process-wide Redactor for `config`'s redaction_patterns (built once per process,
-    with the secret-named environment variables of that moment)."""
+    with the secret-named environment variables of that moment). With `env`, a Redactor of its
+    own for that environment: a child given secrets of its own (proxy doctor.env) echoes them."""
     patterns = (config or {}).get("redaction_patterns") or ()
     if not isinstance(patterns, (list, tuple)):
         raise BridgeError("redaction_patterns must be a list of regex strings")
     patterns = tuple(patterns)
+    if env is not None:
+        return Redactor(patterns, env=env)
     redactor = _REDACTORS.get(patterns)
     if redactor is None:
         redactor = _REDACTORS[patterns] = Redactor(patterns)
@@ -5433,6 +5436,7 @@ PROXY_IDS = (int, str, float)         # JSON-RPC ids we track (anything else is 
 PROXY_LEVELS = {"debug": 0, "info": 1, "warn": 2, "error": 3}
 # client requests whose successful answer sets up session state a restarted Doctor is given again
 PROXY_STATEFUL = ("initialize", "logging/setLevel", "resources/subscribe", "resources/unsubscribe")
+PROXY_ACTIONS = ("doctor:restart", "doctor:kill", "bridge:pause", "bridge:resume", "bridge:shutdown", "bridge:stats")
 PROXY_REASONS = {
     "crashed": "MCP server exited before answering; the request was not retried",
     "hung": "MCP server stopped answering (health-check ping unanswered) and was killed; the request "
@@ -5694,7 +5698,7 @@ class Proxy:
         self.events_max, self.events_left, self.events_reset = px["events_per_sec_max"], 0, 0.0
         self.health_sec, self.health_timeout = px["health_check_sec"], px["health_timeout_sec"]
         self.verbosity = PROXY_LEVELS.get(str(px["log_level"]).lower(), 1)
-        self.redactor = get_redactor(cfg)
+        self.redactor = get_redactor(cfg, env=env)   # the Doctor's environment: doctor.env secrets too
         self.child, self.gen, self.obs, self.exit_code = None, 0, None, 0
         self.stopped = self.paused = self.client_gone = self.stdin_eof = self.reaping = self.adopting = False
         self.shutting = None            # the reason, once a shutdown began
@@ -5748,6 +5752,12 @@ class Proxy:
                     state=self.state(), paused=self.paused, pending=len(self.pending),
                     held=len(self.held), crashesInWindow=len(self.crashes))
 
+    def publish_stats(self):
+        """bridge:stats every stats_interval_sec, and at once when the state changes (a command,
+        a new generation, ready), so a dashboard never shows a stale state for 5 s."""
+        if self.obs is not None:
+            self.obs.publish("bridge:stats", self.stats())
+
     def state(self):
         child = self.child
         if self.shutting or self.stopped:
@@ -5780,14 +5790,19 @@ class Proxy:
         text = self.redactor.redact(text)
         return text if len(text) <= self.params_max else text[:self.params_max] + "...[truncated]"
 
-    # ---- control: called from the observability thread (only enqueues) ----
+    # ---- control: called from the observability thread, carried out by the relay loop ----
     def control(self, action, params=None):
-        if action not in ("doctor:restart", "doctor:kill", "bridge:pause", "bridge:resume",
-                          "bridge:shutdown", "bridge:stats"):
+        """Hand a /control command to the relay loop and wait for what it did, so the ack
+        reports the outcome ("restarting generation 3", "already paused", "shutting down")."""
+        import threading
+        if action not in PROXY_ACTIONS:
             return {"ok": False, "error": "unknown action"}
-        self.ctl.append((action, params))
+        done = threading.Event()
+        self.ctl.append((action, params, done))
         self.wake()
-        return {"ok": True, "result": self.stats() if action == "bridge:stats" else {"accepted": action}}
+        if not done.wait(5.0):
+            return {"ok": False, "error": "the relay loop did not carry it out within 5 s"}
+        return done.outcome
 
     def wake(self, *_):
         try:
@@ -5797,7 +5812,7 @@ class Proxy:
 
     def on_signal(self, signum, frame):
         import signal
-        self.ctl.append(("signal", signal.Signals(signum).name))
+        self.ctl.append(("signal", signal.Signals(signum).name, None))
         self.wake()
 
     def on_child(self, *_):
@@ -5823,29 +5838,47 @@ class Proxy:
             except ChildProcessError:
                 pass
 
-    def run_control(self, action, params):
+    def run_control(self, action, params, done):
+        """Carry out a control command (or a signal) in the relay loop; report the outcome to
+        the waiting control() and publish fresh stats so dashboards show the new state at once."""
         if action == "signal":
             return self.shutdown(params)
         self.log("info", "control %s" % action)
+        outcome = self.command(action)
+        if "result" in outcome:
+            outcome["result"].setdefault("state", self.state())
+        self.publish_stats()
+        if done is not None:
+            done.outcome = outcome
+            done.set()
+
+    def command(self, action):
+        child, gen = self.child, self.gen
         if action == "bridge:stats":
-            if self.obs is not None:
-                self.obs.publish("bridge:stats", self.stats())
-        elif action == "bridge:pause":
-            self.paused = True
-        elif action == "bridge:resume":
-            self.paused = False
-            self.flush_held()
-        elif action == "bridge:shutdown":
+            return {"ok": True, "result": self.stats()}
+        if self.shutting:
+            return {"ok": False, "error": "bridge.py is shutting down (%s)" % self.shutting}
+        if action == "bridge:shutdown":
             self.shutdown("bridge:shutdown")
-        elif action == "doctor:kill":
+            return {"ok": True, "result": {}}
+        if action in ("bridge:pause", "bridge:resume"):
+            changed, self.paused = self.paused != (action == "bridge:pause"), action == "bridge:pause"
+            held = len(self.held)
+            self.flush_held()
+            return {"ok": True, "result": {"paused": self.paused, "changed": changed, "held": held}}
+        if action == "doctor:kill":
+            if self.stopped:
+                return {"ok": True, "result": {"changed": False}}
             self.stopped = True
             self.stop_child("kill", now=True)
             self.fail_held("kill")
-        elif self.child is not None and self.child.exit is None:    # doctor:restart
-            self.stopped = False
+            return {"ok": True, "result": {"changed": True, "generation": gen}}
+        self.stopped = False                       # doctor:restart
+        if child is not None and child.exit is None and not child.stop_reason:
             self.stop_child("restart", now=True)
-        else:
-            self.stopped, self.spawn_at = False, 0.0
+            return {"ok": True, "result": {"restarting": gen, "generation": gen + 1}}
+        self.spawn_at = 0.0                        # killed, or waiting out a crash's cooldown: start now
+        return {"ok": True, "result": {"starting": True, "generation": gen + 1}}
 
     # ---- the Doctor's life ----
     def spawn(self):
@@ -5858,6 +5891,7 @@ class Proxy:
             self.child = None
             return self.crashed({"error": "cannot start %s: %s" % (self.argv[0], exc)}, self.gen)
         self.st["doctorRestarts"] += self.gen > 1
+        self.publish_stats()
         if self.init_params is not None:           # the client had initialized: replay it
             child.replay_id = self.own("initialize", self.init_params)
         else:
@@ -5918,6 +5952,7 @@ class Proxy:
             child.ready = True
             self.emit("doctor:ready", {"generation": child.gen, "pid": child.pid, "signal": how,
                                        "startMs": round((monotonic() - child.started) * 1000, 1)})
+            self.publish_stats()                   # dashboards show the new state at once
 
     def stop_child(self, reason, now=False):
         """Close the Doctor's stdin (once what we owe it is written), TERM its group after the
@@ -5990,7 +6025,12 @@ class Proxy:
         if exit:
             data["exit"] = exit
         error = {"code": PROXY_ERROR_CODE, "message": PROXY_REASONS[reason], "data": data}
-        self.send_client(json_compact({"jsonrpc": "2.0", "id": mid, "error": error}).encode("utf-8") + b"\n")
+        line = json_compact({"jsonrpc": "2.0", "id": mid, "error": error}).encode("utf-8") + b"\n"
+        self.send_client(line)
+        obs = self.obs
+        if obs is not None and obs.client_count > 0 and self.sample():
+            obs.publish("mcp:response", {"id": mid, "method": method, "size": len(line), "error": True,
+                                         "from": "bridge", "reason": reason})
 
     def hold(self, line, reqs, method):
         """A client message the Doctor cannot take now: keep it for flush_held(), or refuse it
@@ -6139,10 +6179,7 @@ class Proxy:
                         pending.pop(m["id"], None)
             out.append(line)
         if out:
-            data = b"".join(out)
-            self.st["messagesOut"] += len(out)
-            self.st["bytesOut"] += len(data)
-            self.send_client(data)
+            self.send_client(b"".join(out))
 
     def special(self, msg):
         """The seed's non-JSON-RPC Doctor lines: never forwarded (stdout carries MCP only)."""
@@ -6264,6 +6301,10 @@ class Proxy:
                 self.to_child.clear()
 
     def send_client(self, data):
+        """Everything the client gets goes through here, relayed or bridge.py's own (each
+        message one line): the one place that counts messagesOut and bytesOut."""
+        self.st["messagesOut"] += data.count(b"\n")
+        self.st["bytesOut"] += len(data)
         if not self.client_gone:
             if not self.to_client:                 # the usual case: write first, buffer the rest
                 try:
@@ -6399,10 +6440,14 @@ class Proxy:
                             registered[fd] = mask
                 for fd, _ev in poller.poll(self.timers(now) * 1000):
                     self.on_ready(fd)
-                if self.obs is not None and monotonic() >= next_stats:
+                if monotonic() >= next_stats:
                     next_stats = monotonic() + self.stats_every
-                    self.obs.publish("bridge:stats", self.stats())
+                    self.publish_stats()
         finally:
+            for _action, _params, done in self.ctl:  # commands that came too late
+                if done is not None:
+                    done.outcome = {"ok": False, "error": "bridge.py has stopped"}
+                    done.set()
             if self.obs is not None:
                 self.obs.stop()
             self.finish()
@@ -6508,7 +6553,7 @@ class Proxy:
     def start_observability(self):
         cfg = self.cfg["observability"]
         if not cfg["enabled"]:
-            return
+            return self.log("info", "observability: disabled (observability.enabled, BRIDGE_OBS_ENABLED)")
         obs = ObservabilityServer(cfg["host"], cfg["port"], token=cfg["token"],
                                   allowed_origins=tuple(cfg["allowed_origins"]), control=self.control,
                                   log=lambda text: self.log("info", text))
@@ -6547,6 +6592,10 @@ WS_GUID = "258EAFA5-E914-47DA-95CA-C5AB0DC85B11"
 OBS_MAX_MESSAGE = 1 << 20  # a larger client message is closed with 1009
 OBS_MAX_CONNECTIONS = 64
 OBS_HISTORY = 200  # recent events replayed to each new /events client
+OBS_HEAD_TIMEOUT = 10.0  # seconds for a whole request head: a client dribbling bytes is dropped
+# What one client may send a second before its reader thread sleeps out the second: reading,
+# unmasking and decoding frames is CPU work that would otherwise take the relay thread's turn.
+OBS_FRAMES_PER_SEC, OBS_BYTES_PER_SEC = 1000, 2 << 20
 
 
 def ws_frame(opcode, payload=b""):
@@ -6592,6 +6641,7 @@ class ObsConnection:
         self.path, self.buf, self.writer = None, bytearray(), None
         self.out, self.cond = collections.deque(), threading.Condition()
         self.closing = False  # a close frame (or the end) is queued: nothing may follow it
+        self.accepted = time.monotonic()  # until `path` is set, the request head is still coming
 
     def push(self, frame, close=False):
         """Queue a frame without blocking; False when the queue is full (the client is slow)."""
@@ -6651,7 +6701,6 @@ class ObsConnection:
         import socket
         import threading
         try:
-            self.sock.settimeout(10)  # for the request head only
             if self.handshake():
                 self.sock.settimeout(None)
                 self.writer = threading.Thread(target=self.write_loop, daemon=True)
@@ -6664,6 +6713,10 @@ class ObsConnection:
             self.push(ws_close_frame(e.code, e.reason), close=True)
         except (OSError, EOFError):
             pass
+        except Exception as e:  # a bug here must end this client only, never the proxy, and say so
+            self.server.log("observability: internal error on %s %s: %r" % (self.addr, self.path, e))
+            if self.path is not None:
+                self.push(ws_close_frame(1011, "internal error"), close=True)
         finally:
             self.server.detach(self)
             self.push(None, close=True)
@@ -6699,14 +6752,25 @@ class ObsConnection:
         import base64
         import binascii
         import hashlib
+        import socket
         from urllib.parse import parse_qs, urlsplit
+        deadline = self.accepted + self.server.head_timeout
         while b"\r\n\r\n" not in self.buf:
             if len(self.buf) > 16384:
                 return self.http(431, "request head too large")
-            chunk = self.sock.recv(4096)
+            left = deadline - time.monotonic()    # one deadline for the whole head, not per recv
+            if left <= 0:
+                self.sock.settimeout(5)
+                return self.http(408, "request head not complete within %g s" % self.server.head_timeout)
+            self.sock.settimeout(left)
+            try:
+                chunk = self.sock.recv(4096)
+            except socket.timeout:
+                continue
             if not chunk:
                 return False
             self.buf += chunk
+        self.sock.settimeout(10)  # for the answer to the head
         head, _, rest = bytes(self.buf).partition(b"\r\n\r\n")
         self.buf = bytearray(rest)  # a client may send its first frame right behind the head
         lines = head.decode("latin-1").split("\r\n")
@@ -6716,8 +6780,10 @@ class ObsConnection:
             headers[name.strip().lower()] = value.strip()
             if not sep or not name.strip():
                 return self.http(400, "malformed header line")
-        if len(parts) != 3 or not parts[2].startswith("HTTP/1."):
-            return self.http(400, "malformed request line")
+        if len(parts) != 3 or not re.match(r"HTTP/1\.[1-9]$", parts[2]):
+            return self.http(400, "malformed request line (HTTP/1.1 required)")
+        if not headers.get("host"):
+            return self.http(400, "no Host header")
         url = urlsplit(parts[1])
         refused = self.server.refuse(headers, parse_qs(url.query))
         if refused:
@@ -6752,7 +6818,13 @@ class ObsConnection:
         """Read frames until a close (RFC 6455 sections 5.2-5.5); WsFail on any violation."""
         import codecs
         message, kind, decoder = None, 0, None
+        window, frames_in, bytes_in = time.monotonic() + 1.0, 0, 0
         while not self.closing:
+            if frames_in >= OBS_FRAMES_PER_SEC or bytes_in >= OBS_BYTES_PER_SEC:
+                time.sleep(max(0.0, window - time.monotonic()))   # over budget: TCP slows the sender
+            now = time.monotonic()
+            if now >= window:
+                window, frames_in, bytes_in = now + 1.0, 0, 0
             b0, b1 = self.recv(2)
             fin, opcode, n = b0 & 0x80, b0 & 0x0F, b1 & 0x7F
             if b0 & 0x70:
@@ -6765,6 +6837,9 @@ class ObsConnection:
                 raise WsFail(1002, "control frames must be unfragmented and at most 125 bytes")
             if n >= 126:
                 n = int.from_bytes(self.recv(2 if n == 126 else 8), "big")
+                if n >> 63:
+                    raise WsFail(1002, "the most significant bit of a 64-bit length must be 0")
+            frames_in, bytes_in = frames_in + 1, bytes_in + n
             if opcode < 8 and (opcode == 0) != (message is not None):
                 raise WsFail(1002, "continuation frame without a message" if opcode == 0
                              else "new message inside a fragmented one")
@@ -6785,6 +6860,9 @@ class ObsConnection:
             try:  # incremental: fails as soon as the prefix can no longer be UTF-8
                 if decoder:
                     decoder.decode(data, final=bool(fin))
+                    pending = decoder.getstate()[0]
+                    if pending[:1] == b"\xed" and pending[1:2] >= b"\xa0":
+                        raise UnicodeDecodeError("utf-8", pending, 0, 2, "a surrogate")  # Python waits
             except UnicodeDecodeError:
                 raise WsFail(1007, "invalid UTF-8 in a text message")
             if fin:
@@ -6817,13 +6895,13 @@ class ObservabilityServer:
     token is set; a foreign browser Origin gets 403 (README: "Observability")."""
 
     def __init__(self, host, port, token=None, allowed_origins=(), control=None, log=None,
-                 max_queue=1000, enabled=True):
+                 max_queue=1000, enabled=True, head_timeout=OBS_HEAD_TIMEOUT):
         import collections
         import threading
         self.host, self.port, self.token = host or "127.0.0.1", int(port), token or None
         self.allowed = {o.lower().rstrip("/") for o in allowed_origins or ()}
         self.control, self.max_queue, self.enabled = control, max(1, int(max_queue)), enabled
-        self.log, self.max_message = log or warn, OBS_MAX_MESSAGE
+        self.log, self.max_message, self.head_timeout = log or warn, OBS_MAX_MESSAGE, head_timeout
         self.listener, self.origins = None, ()
         self.lock, self.conns, self.events = threading.Lock(), set(), set()
         self.history = collections.deque(maxlen=OBS_HISTORY)
@@ -6880,6 +6958,10 @@ class ObservabilityServer:
             conn = ObsConnection(self, sock, addr)
             with self.lock:
                 full = len(self.conns) >= OBS_MAX_CONNECTIONS
+                heads = [c for c in self.conns if c.path is None]
+                if full and heads:      # make room by dropping the oldest unfinished request head:
+                    full = False        # a real client sends its head at once, a slowloris never
+                    min(heads, key=lambda c: c.accepted).shutdown(socket.SHUT_RDWR)
                 self.conns.add(conn)
             if full:
                 self.conns.discard(conn)
@@ -6938,7 +7020,7 @@ class ObservabilityServer:
         """Run one /control message through the control callback; always returns an ack."""
         try:
             msg = json.loads(text)
-        except ValueError as e:
+        except (ValueError, RecursionError) as e:     # RecursionError: absurdly deep nesting
             msg = "invalid JSON: %s" % e
         if not isinstance(msg, dict):
             return {"type": "ack", "id": None, "ok": False,

@@ -34,7 +34,7 @@ class Harness:
     control actions change, publishing the events the core publishes."""
 
     def __init__(self, bridge=None, host="127.0.0.1", port=0, token=None, allowed_origins=(),
-                 max_queue=1000, interval=None, on_action=None):
+                 max_queue=1000, interval=None, on_action=None, **server_options):
         self.bridge = bridge or load_bridge()
         self.actions, self.logs = [], []
         self.generation, self.restarts, self.messages, self.paused = 1, 0, 0, False
@@ -43,7 +43,7 @@ class Harness:
         self.stopped = threading.Event()
         self.server = self.bridge.ObservabilityServer(
             host, port, token=token, allowed_origins=allowed_origins, control=self.control,
-            log=self.logs.append, max_queue=max_queue)
+            log=self.logs.append, max_queue=max_queue, **server_options)
 
     @property
     def port(self):

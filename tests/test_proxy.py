@@ -780,8 +780,12 @@ def test_mcp_events_carry_method_id_size_latency_and_redacted_params(session):
     s = session(harness=True, config={"proxy": {"event_params_max": 64, "stats_interval_sec": 0.2}})
     s.call("echo", text=secret + " and a long tail " * 20)
     s.recv()
-    stats = s.wait_event("bridge:stats", 2)[-1]["data"]                  # periodic, without asking
-    assert stats["messagesIn"] == 1 and stats["messagesOut"] == 1 and stats["state"] == "ready"
+    end = time.time() + 10                                                # periodic, without asking
+    while not [e for e in s.event_list("bridge:stats") if e["data"]["messagesOut"] == 1]:
+        assert time.time() < end, s.event_list("bridge:stats")
+        time.sleep(0.05)
+    stats = [e for e in s.event_list("bridge:stats") if e["data"]["messagesOut"] == 1][0]["data"]
+    assert stats["messagesIn"] == 1 and stats["state"] == "ready"
     req = [e["data"] for e in s.wait_event("mcp:request") if e["data"]["method"] == "tools/call"][0]
     resp = s.wait_event("mcp:response")[0]["data"]
     assert req["id"] == 101 and req["size"] > 300 and secret not in req["params"]

@@ -708,3 +708,84 @@ def test_connection_limit(harness):
     while http_request(harness.port, "/")[0] != 200:
         assert time.time() < deadline
         time.sleep(0.05)
+
+
+# ---- review findings: hostile clients ----
+
+def test_absurdly_deep_json_on_control_gets_an_ack(harness):
+    ws = WsClient(harness.port, "/control")
+    ws.send_frame(1, "[" * 100000 + "]" * 100000)
+    ack = ws.recv_json()
+    assert ack["ok"] is False and ack["error"].startswith("invalid JSON")
+    assert ws.command("bridge:stats", id="after")["ok"]                  # the connection stays usable
+
+
+def test_request_heads_have_one_deadline_and_unfinished_ones_make_room(make_harness):
+    harness = make_harness(head_timeout=1.0)
+    dribbler = socket.create_connection(("127.0.0.1", harness.port), timeout=10)
+    began = time.time()
+    dribbler.sendall(b"GET / HTTP/1.1\r\n")
+    while time.time() - began < 8:             # one byte every 0.3 s: each recv alone is quick
+        time.sleep(0.3)
+        try:
+            dribbler.sendall(b"X")
+        except OSError:                        # the server gave up on the head and closed
+            break
+    assert time.time() - began < 5
+    dribbler.close()
+    # 64 unfinished heads cannot lock a dashboard out: the oldest makes room for a new client
+    harness.server.head_timeout = 60
+    hogs = [socket.create_connection(("127.0.0.1", harness.port)) for _ in range(64)]
+    for hog in hogs:
+        hog.sendall(b"GET / HTTP/1.1\r\n")
+    time.sleep(0.2)
+    assert http_request(harness.port, "/")[0] == 200
+    for hog in hogs:
+        hog.close()
+
+
+def test_a_client_that_floods_is_slowed_down(harness):
+    """Frames cost the reader thread CPU the relay needs: past 2 MiB (or 1000 frames) a second,
+    the reader sleeps out the second, so a flooding client waits, not the relay."""
+    ws = WsClient(harness.port, "/events")
+    began = time.time()
+    for _ in range(5):
+        ws.send_frame(2, b"x" * (1 << 20))                               # 5 MiB, ignored on /events
+    ws.send_frame(9, b"are you there")
+    while True:
+        fin, opcode, payload = ws.recv_frame()
+        if opcode == 10:
+            break
+    assert payload == b"are you there" and time.time() - began >= 1.5
+
+
+def test_handshake_needs_http11_and_a_host(harness):
+    for request in (b"GET /events HTTP/1.0\r\nHost: x\r\n", b"GET /events HTTP/1.1\r\n"):
+        sock = socket.create_connection(("127.0.0.1", harness.port), timeout=5)
+        sock.sendall(request + b"".join(b"%s: %s\r\n" % (k.encode(), v.encode())
+                                        for k, v in upgrade_headers().items()) + b"\r\n")
+        assert sock.recv(4096).startswith(b"HTTP/1.1 400 "), request
+        sock.close()
+
+
+def test_64_bit_length_with_the_top_bit_set_is_a_protocol_error(harness):
+    ws = WsClient(harness.port, "/events")
+    ws.sock.sendall(bytes([0x81, 0x80 | 127]) + struct.pack("!Q", 1 << 63) + os.urandom(4))
+    ws.expect_close(1002)
+
+
+def test_utf8_surrogate_prefix_fails_at_once(harness):
+    ws = WsClient(harness.port, "/control")
+    ws.send_frame(1, b"ok\xed\xa0", fin=False)                          # U+D800..: never valid UTF-8
+    ws.sock.settimeout(3)
+    ws.expect_close(1007)
+
+
+def test_origin_is_checked_with_a_token_too_and_rebinding_is_refused(make_harness):
+    harness = make_harness(token="tok-" + "k" * 20)
+    port, query = harness.port, "?token=tok-" + "k" * 20
+    assert http_request(port, "/events" + query, headers=upgrade_headers(
+        Origin="https://evil.example"))[0] == 403
+    loopback = make_harness()                  # no token: the Host header proves nothing
+    assert http_request(loopback.port, "/control", headers=upgrade_headers(
+        Origin="http://evil.example:%d" % loopback.port, Host="evil.example:%d" % loopback.port))[0] == 403

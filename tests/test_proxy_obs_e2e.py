@@ -20,10 +20,15 @@ pytestmark = pytest.mark.skipif(
 class ProxyRun:
     """`bridge.py proxy -- fixture` with pipes; stderr collected by a thread."""
 
-    def __init__(self, tmp_path, **env):
+    def __init__(self, tmp_path, config=None, server_args=(), argv_extra=(), **env):
+        options = []
+        if config is not None:
+            (tmp_path / "cfg.json").write_text(json.dumps(config))
+            options = ["--config", str(tmp_path / "cfg.json")]
         self.proc = subprocess.Popen(
-            [PYTHON, str(BRIDGE), "proxy", "--root", str(tmp_path), "--", PYTHON,
-             str(FIXTURES / "mcp_server.py"), "--log", str(tmp_path / "server.jsonl")],
+            [PYTHON, str(BRIDGE), "proxy", "--root", str(tmp_path)] + options + ["--", PYTHON,
+             str(FIXTURES / "mcp_server.py"), "--log", str(tmp_path / "server.jsonl")]
+            + list(server_args) + list(argv_extra),
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path,
             env=clean_env(**dict({"BRIDGE_OBS_PORT": "0", "BRIDGE_RESTART_COOLDOWN": "100"},
                                  **env)))
@@ -69,6 +74,15 @@ class ProxyRun:
                 self.proc.kill()
                 raise
         return self.proc.returncode
+
+
+def wait_dashboards(control, count=1):
+    """Until `count` /events clients are attached: each handshake finishes on a thread of its
+    own, and the proxy builds mcp:* events only while a dashboard watches."""
+    deadline = time.time() + 10
+    while control.command("bridge:stats", id="wait")["result"]["dashboardClients"] != count:
+        assert time.time() < deadline
+        time.sleep(0.05)
 
 
 def next_event(ws, wanted):
@@ -148,3 +162,171 @@ def test_non_loopback_without_token_is_refused_but_relay_works(tmp_path):
     finally:
         assert run.close() == 0
     assert any("refusing to listen" in line and "BRIDGE_OBS_TOKEN" in line for line in run.err)
+
+
+# ---- review findings, through the real proxy ----
+
+def test_acks_report_the_outcome(tmp_path):
+    run = ProxyRun(tmp_path, server_args=["--ignore-term", "--ignore-eof"],
+                   config={"proxy": {"close_grace_sec": 0.2, "kill_after_sec": 3}})
+    try:
+        control = WsClient(run.port(), "/control")
+        first = control.command("bridge:pause", id="p1")
+        assert first["ok"] and first["result"]["paused"] is True and first["result"]["changed"] is True
+        again = control.command("bridge:pause", id="p2")
+        assert again["ok"] and again["result"]["changed"] is False
+        assert control.command("bridge:resume", id="r")["result"]["changed"] is True
+        killed = control.command("doctor:kill", id="k1")
+        assert killed["ok"] and killed["result"] == {"changed": True, "generation": 1, "state": "killed"}
+        assert control.command("doctor:kill", id="k2")["result"]["changed"] is False
+        started = control.command("doctor:restart", id="s")
+        assert started["ok"] and started["result"]["generation"] == 2
+        run.request(1, "ping")
+        assert run.response()["id"] == 1
+        restarted = control.command("doctor:restart", id="s2")
+        assert restarted["result"]["restarting"] == 2 and restarted["result"]["generation"] == 3
+        assert control.command("bridge:shutdown", id="bye")["ok"]
+        late = control.command("doctor:restart", id="late")   # the Doctor ignores TERM: still stopping
+        assert late["ok"] is False and "shutting down" in late["error"]
+    finally:
+        assert run.close() == 0, "".join(run.err)
+
+
+def test_bridge_replies_are_counted_and_published(tmp_path):
+    run = ProxyRun(tmp_path)
+    try:
+        port = run.port()
+        events, control = WsClient(port, "/events"), WsClient(port, "/control")
+        wait_dashboards(control)
+        run.request(1, "tools/call", {"name": "echo", "arguments": {"text": "hi"}})
+        run.request(2, "tools/call", {"name": "slow", "arguments": {"sec": 30}})   # still owed at the crash
+        assert run.response()["id"] == 1
+        run.request(3, "tools/call", {"name": "crash", "arguments": {"code": 3}})
+        got = sorted(run.response()["id"] for _ in range(2))
+        assert got == [2, 3]
+        stats = control.command("bridge:stats", id="s")["result"]
+        assert stats["messagesOut"] == 3, stats                # the relayed answer and two of bridge.py's
+        answered = {}
+        while len(answered) < 3:
+            event = next_event(events, "mcp:response")
+            answered[event["data"]["id"]] = event["data"]
+        assert answered[2].get("from") == "bridge" and answered[2]["reason"] == "crashed" and answered[2]["error"], answered
+    finally:
+        assert run.close() == 0, "".join(run.err)
+
+
+def test_secrets_given_to_the_server_in_doctor_env_are_redacted(tmp_path):
+    secret = "cfgS3cretValue0912ab"
+    run = ProxyRun(tmp_path, config={"doctor": {"env": {"UPSTREAM_API_TOKEN": secret}}})
+    try:
+        events = WsClient(run.port(), "/events")
+        wait_dashboards(WsClient(run.port(), "/control"))
+        run.request(1, "tools/call", {"name": "stderr", "arguments": {"text": "token %s\n" % secret}})
+        assert run.response()["id"] == 1
+        run.request(2, "tools/call", {"name": "echo", "arguments": {"text": secret}})
+        assert run.response()["result"]["content"][0]["text"] == secret    # the relay is untouched
+        request = next_event(events, "mcp:request")
+        while request["data"]["id"] != 2:
+            request = next_event(events, "mcp:request")
+        assert secret not in json.dumps(request) and "[REDACTED]" in request["data"]["params"]
+    finally:
+        assert run.close() == 0
+    err = "".join(run.err)
+    assert "[doctor] token [REDACTED]" in err and secret not in err
+
+
+def test_lifecycle_events_are_redacted_and_fatal_is_published(tmp_path):
+    secret = "ghp_" + "Z" * 36
+    run = ProxyRun(tmp_path, argv_extra=["--exit-at-start", "4", "--token", secret],
+                   config={"lifecycle": {"maxRestarts": 1, "cooldown": 10}})
+    events = WsClient(run.port(), "/events")
+    seen = []
+    try:
+        while not seen or seen[-1]["type"] != "doctor:fatal":
+            seen.append(events.recv_json())
+    except EOFError:
+        pass
+    assert run.proc.wait(20) == 1
+    assert [e for e in seen if e["type"] == "doctor:fatal"], seen
+    starting = [e for e in seen if e["type"] == "doctor:starting"]
+    assert starting and all(secret not in json.dumps(e) for e in seen)
+    assert "[REDACTED]" in json.dumps(starting[0]["data"]["argv"])
+
+
+def test_observability_disabled_leaves_the_relay(tmp_path):
+    run = ProxyRun(tmp_path, BRIDGE_OBS_ENABLED="false")
+    try:
+        run.request(1, "ping")
+        assert run.response()["id"] == 1
+    finally:
+        assert run.close() == 0
+    err = "".join(run.err)
+    assert "observability: disabled" in err and "dashboard on" not in err
+
+
+def test_stats_every_five_seconds_by_default(tmp_path):
+    run = ProxyRun(tmp_path)
+    try:
+        events = WsClient(run.port(), "/events")
+        first = next_event(events, "bridge:stats")
+        second = next_event(events, "bridge:stats")
+        assert 4500 <= second["ts"] - first["ts"] <= 7000
+        assert set(second["data"]) >= {"uptime", "doctorRestarts", "doctorUptime", "messagesIn",
+                                       "messagesOut", "bytesIn", "bytesOut", "dashboardClients"}
+    finally:
+        assert run.close() == 0
+
+
+def test_a_dashboard_that_never_reads_is_dropped_and_the_relay_goes_on(tmp_path):
+    from test_proxy_obs import raw_events_client
+    run = ProxyRun(tmp_path, config={"proxy": {"events_per_sec_max": 1000000, "event_params_max": 8192}})
+    try:
+        port = run.port()
+        stuck = raw_events_client(port)
+        control = WsClient(port, "/control")
+        wait_dashboards(control)
+        blob = "y" * 4000
+        for start in range(0, 3000, 500):      # 3,000 events of 4 KB for a client that reads none
+            for i in range(start, start + 500):
+                run.request(i, "tools/call", {"name": "echo", "arguments": {"text": blob}})
+            for _ in range(500):
+                assert "result" in run.response()
+        deadline = time.time() + 10
+        while time.time() < deadline and control.command("bridge:stats", id="t")["result"]["dashboardClients"]:
+            time.sleep(0.1)
+        assert control.command("bridge:stats", id="u")["result"]["dashboardClients"] == 0
+        assert any("slow client" in line for line in run.err)
+        stuck.close()
+    finally:
+        assert run.close() == 0, "".join(run.err)
+
+
+def test_dashboard_drives_the_real_proxy_in_headless_chromium(tmp_path):
+    from test_proxy_obs import Browser, find_browser
+    exe = find_browser()
+    if not exe:
+        pytest.skip("no Chromium found (apt-get install chromium, or set BRIDGE_TEST_CHROMIUM)")
+    run = ProxyRun(tmp_path)
+    (tmp_path / "chromium").mkdir()
+    browser = Browser(exe, "http://127.0.0.1:%d/" % run.port(), tmp_path / "chromium")
+    try:
+        text = "document.getElementById(%r).textContent"
+        click = "document.querySelector('button[data-action=\"%s\"]').click()"
+        browser.wait_for(text % "conn" + " === 'events live, control live'", "both sockets live")
+        browser.wait_for(text % "generation" + " === '1'", "the generation")
+        run.request(0, "ping")                  # its first answer makes the server ready
+        assert run.response()["id"] == 0
+        browser.wait_for(text % "state" + " === 'ready'", "the ready state")
+        browser.evaluate(click % "bridge:pause")     # shown at once: the proxy publishes stats after a command
+        browser.wait_for(text % "state" + " === 'paused'", "the paused state", timeout=4)
+        browser.evaluate(click % "bridge:resume")
+        browser.wait_for(text % "state" + " === 'ready'", "the ready state", timeout=4)
+        browser.evaluate(click % "doctor:restart")
+        browser.wait_for(text % "ack" + ".includes('doctor:restart: ok')", "the ack")
+        browser.wait_for(text % "generation" + " === '2'", "the new generation")
+        browser.wait_for(text % "restarts" + " === '1'", "the restart count", timeout=4)
+        run.request(1, "tools/call", {"name": "echo", "arguments": {"text": "after the click"}})
+        assert run.response()["result"]["content"][0]["text"] == "after the click"
+    finally:
+        browser.close()
+        assert run.close() == 0, "".join(run.err)
