@@ -210,9 +210,25 @@ def read_json_file(path, what="file"):
     except UnicodeDecodeError as exc:
         raise BridgeError("%s %s is not UTF-8 (byte %d)" % (what, path, exc.start))
     try:
-        return json.loads(text)
+        return parse_json(text)
     except json.JSONDecodeError as exc:
         raise BridgeError("%s %s: line %d column %d: %s" % (what, path, exc.lineno, exc.colno, exc.msg))
+    except ValueError as exc:
+        raise BridgeError("%s %s: %s" % (what, path, exc))
+
+
+def parse_json(data):
+    """json.loads for input bridge.py did not write: every failure is a ValueError.
+
+    A line nested a few thousand levels deep (6 KB of `[`) exhausts Python's recursion
+    limit inside the decoder. That line is as malformed as any other, so it raises
+    ValueError too: readers that skip a malformed line skip it, instead of dying with
+    RecursionError. (MemoryError is not caught: it is the machine's problem, not the line's.)
+    """
+    try:
+        return json.loads(data)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
 
 
 def is_safe_name(text):
@@ -296,7 +312,7 @@ def scan_jsonl(path, start=0):
                 break
             number += 1
             try:
-                yield JsonlLine(number, json.loads(raw), None, raw)
+                yield JsonlLine(number, parse_json(raw), None, raw)
             except ValueError as exc:
                 yield JsonlLine(number, None, "line %d: %s" % (number, exc), raw)
 
@@ -407,7 +423,7 @@ def _parse_lock_meta(text):
     if not text:
         return None
     try:
-        meta = json.loads(text)
+        meta = parse_json(text)
     except ValueError:
         return {"unreadable": text[:200]}
     return meta if isinstance(meta, dict) else {"unreadable": text[:200]}
@@ -3501,7 +3517,7 @@ def egress_emit(data, host_flag="", repo_root=None, debug=None):
     except OSError from writing (the caller swallows it too).
     """
     try:
-        payload = json.loads(data.decode("utf-8", "replace"))
+        payload = parse_json(data.decode("utf-8", "replace"))
     except ValueError as exc:
         return "payload is not JSON: %s" % exc
     if not isinstance(payload, dict):
@@ -3779,12 +3795,46 @@ _INDEX_MAX_KEYS = 20000
 
 
 def _load_index(bdir):
+    """The cache in .seam-index.json, or {} (a full rescan) when any part of it is not
+    what _save_index writes: one wrong-typed entry means the file is not ours to trust."""
     try:
         with open(os.path.join(bdir, SEAM_INDEX), "rb") as handle:
-            index = json.loads(handle.read(8 << 20))
+            index = parse_json(handle.read(8 << 20))
     except (OSError, ValueError):
         return {}
-    return index if isinstance(index, dict) else {}
+    return index if _index_ok(index) else {}
+
+
+def _is_int(value):
+    return type(value) is int  # not bool, which JSON true would give
+
+
+def _mark_shaped(mark):
+    return (isinstance(mark, list) and len(mark) == 3 and _is_int(mark[0]) and _is_int(mark[1])
+            and mark[1] >= 0 and isinstance(mark[2], str))
+
+
+def _index_ok(index):
+    """True when every entry of a loaded index has the types its readers use."""
+    if not isinstance(index, dict):
+        return False
+    inbox = index.get("inbox", [])
+    if not (isinstance(inbox, list) and all(
+            isinstance(p, list) and len(p) == 2 and _is_int(p[0]) and p[0] > 0 and _mark_shaped(p[1])
+            for p in inbox)):
+        return False
+    replies = index.get("replies")
+    if replies is not None and not (
+            isinstance(replies, dict) and _is_int(replies.get("floor"))
+            and _mark_shaped(replies.get("mark")) and isinstance(replies.get("keys"), list)
+            and all(isinstance(e, list) and len(e) == 3 and _is_int(e[0]) and isinstance(e[1], str)
+                    and isinstance(e[2], bool) for e in replies["keys"])):
+        return False
+    trim = index.get("replies_trim")
+    return trim is None or (
+        isinstance(trim, dict) and _mark_shaped(trim.get("mark")) and _is_int(trim.get("floor"))
+        and _is_int(trim.get("lines")) and isinstance(trim.get("targets"), list)
+        and all(isinstance(t, str) for t in trim["targets"]))
 
 
 def _save_index(bdir, index):
@@ -3810,8 +3860,7 @@ def _mark(handle, st, offset):
 
 
 def _mark_ok(handle, st, mark):
-    if not (isinstance(mark, list) and len(mark) == 3 and mark[0] == st.st_ino
-            and isinstance(mark[1], int) and 0 <= mark[1] <= st.st_size):
+    if not (_mark_shaped(mark) and mark[0] == st.st_ino and mark[1] <= st.st_size):
         return False
     return _mark(handle, st, mark[1])[2] == mark[2]
 
@@ -3826,8 +3875,7 @@ def read_inbox(bdir, start, index):
     with handle:
         st = os.fstat(handle.fileno())
         base_line, base_offset = 0, 0
-        points = [p for p in index.get("inbox") or () if isinstance(p, list) and len(p) == 2
-                  and isinstance(p[0], int) and 0 < p[0] <= start]
+        points = [p for p in index.get("inbox") or () if p[0] <= start]  # shapes: _index_ok
         for line, mark in sorted(points, key=lambda p: -p[0]):
             if _mark_ok(handle, st, mark):
                 base_line, base_offset = line, mark[1]
@@ -3842,7 +3890,7 @@ def read_inbox(bdir, start, index):
             number += 1
             offset += len(raw)
             try:
-                out.append((number, json.loads(raw)))
+                out.append((number, parse_json(raw)))
             except ValueError:
                 out.append((number, None))
         new = [[line, mark] for line, mark in points if line not in (first_line, number)]
@@ -3875,10 +3923,8 @@ def load_reply_keys(bdir, lines, floor, index):
         st = os.fstat(handle.fileno())
         cache = index.get("replies")
         entries = []
-        if (isinstance(cache, dict) and isinstance(cache.get("floor"), int) and cache["floor"] <= floor
-                and isinstance(cache.get("keys"), list) and _mark_ok(handle, st, cache.get("mark"))):
-            entries = [e for e in cache["keys"] if isinstance(e, list) and len(e) == 3
-                       and isinstance(e[0], int) and e[0] > floor]
+        if cache and cache["floor"] <= floor and _mark_ok(handle, st, cache["mark"]):
+            entries = [e for e in cache["keys"] if e[0] > floor]  # shapes checked by _index_ok
             handle.seek(cache["mark"][1])
         else:
             handle.seek(0)
@@ -3897,7 +3943,7 @@ def load_reply_keys(bdir, lines, floor, index):
             start = data.rfind(b"\n", 0, match.start()) + 1
             seen = data.find(b"\n", match.end()) + 1
             try:
-                entry = _reply_entry(json.loads(data[start:seen]))
+                entry = _reply_entry(parse_json(data[start:seen]))
             except ValueError:
                 continue
             if entry is not None and entry[0] > floor:
@@ -4012,11 +4058,8 @@ def trim_replies(bdir):
     if slugs is None:
         return False
     index = _load_index(bdir)
-    note = index.get("replies_trim")
-    if not (isinstance(note, dict) and isinstance(note.get("floor"), int)
-            and isinstance(note.get("lines"), int) and isinstance(note.get("targets"), list)):
-        note = None
-    else:
+    note = index.get("replies_trim")  # shapes checked by _index_ok
+    if note:
         slugs |= set(t for t in note["targets"] if is_safe_name(t))
     floor = min(read_cursor(bdir, slug) for slug in slugs)
     if floor <= 0:
@@ -4087,7 +4130,7 @@ def _replies_to_keep(bdir, slugs, floor, head, tail, look):
     nothing: it counts as line 0. Notes the floor and targets in `look`."""
     def fields(raw):
         try:
-            rec = go_fields(json.loads(raw), REPLY_FIELDS)
+            rec = go_fields(parse_json(raw), REPLY_FIELDS)
         except ValueError:
             return 0, None
         if not isinstance(rec, dict):
@@ -4285,7 +4328,7 @@ def inbox_check(data, host="", repo_root=None, slug=None, session_id=None):
     session's workflows, else {}. Never blocks twice in a row (stop_hook_active);
     the CLI turns any failure into {} so a broken seam never traps the agent."""
     try:
-        payload = json.loads(data.decode("utf-8", "replace")) if data.strip() else {}
+        payload = parse_json(data.decode("utf-8", "replace")) if data.strip() else {}
     except ValueError:
         payload = {}
     payload = go_fields(payload, STOP_FIELDS) if isinstance(payload, dict) else {}
@@ -4328,7 +4371,7 @@ def _heartbeat(bdir, slug):
     """The parsed fo.<slug>.json heartbeat, or None (a malformed ts fails it whole)."""
     try:
         with open(os.path.join(bdir, "fo.%s.json" % slug), "rb") as handle:
-            beat = json.loads(handle.read(1 << 20))
+            beat = parse_json(handle.read(1 << 20))
     except (OSError, ValueError):
         return None
     if not isinstance(beat, dict):
@@ -4359,7 +4402,7 @@ def _markers(bdir):
         path = os.path.join(sessions, name)
         try:
             with open(path, "rb") as handle:
-                marker = json.loads(handle.read(65536))
+                marker = parse_json(handle.read(65536))
             mtime = os.stat(path).st_mtime
         except (OSError, ValueError):
             continue
@@ -4427,7 +4470,7 @@ def _open_gates(bdir, head, tail):
     """Lines of `head` to keep through a trim: each undecided open gate's latest line."""
     def ident(raw):
         try:
-            rec = go_fields(json.loads(raw), INITIATE_FIELDS)
+            rec = go_fields(parse_json(raw), INITIATE_FIELDS)
         except ValueError:
             return None, None
         return (rec.get("id") if isinstance(rec, dict) and isinstance(rec.get("id"), str)

@@ -1349,3 +1349,82 @@ def test_wake_redacts_codex_stderr_in_event_and_output(repo, tmp_path):
     assert_no_secret(repo, result.stdout, result.stderr)
     event = records(bdir / "wake-events.jsonl")[-1]
     assert event["status"] == "failed" and "auth failed for" in event["error"]
+
+
+# ---- hostile nesting and a foreign index (review: RecursionError, unhashable keys) ---
+
+DEEP = "[" * 5000 + "]" * 5000  # past Python's recursion limit inside json.loads
+
+
+def test_deeply_nested_lines_are_skipped_like_malformed_ones(repo, tmp_path):
+    bdir = write_inbox(repo, INBOX3[0], '{"id":"i2","target_set":%s}' % DEEP, INBOX3[2])
+    heartbeat(repo, "alpha", "s1", "codex")
+    (bdir / "fo.beta.json").write_text('{"session_id":"s2","x":%s}\n' % DEEP)
+    (bdir / "fo-replies.jsonl").write_text('{"in_reply_to_line":1,"x":%s}\n' % DEEP)
+    (bdir / "sessions").mkdir()
+    (bdir / "sessions/deep.json").write_text('{"workflow":"alpha","x":%s}' % DEEP)
+    code, out, err = seam("inbox", "drain", "--slug", "alpha", "--session-id", "s1", cwd=repo)
+    assert (code, err) == (0, "") and [r["line"] for r in out["records"]] == [1, 3], out
+    assert out["high_water"] == 3
+    _, out, _ = seam("inbox", "check", cwd=repo, input=json.dumps({"session_id": "s1"}))
+    assert out["decision"] == "block" and "2 queued" in out["reason"]
+    code, out, _ = seam("inbox", "ack", "--slug", "alpha", "--line", "2", "--id", "i2", "--kind",
+                        "tell", "--status", "answered", cwd=repo)
+    assert code == 1 and out["error"] == "inbox line 2 is not a valid intent record"
+    code, out, _ = seam("inbox", "ack", "--slug", "alpha", "--line", "3", "--id", "i3", "--kind",
+                        "decision", "--status", "applied", cwd=repo)
+    assert code == 0 and out["appended"] is True
+    env, log = wake_env(tmp_path)
+    code, out, err = seam("wake", "--codex-bin", str(SEAM / "codex"), cwd=repo, env=env)
+    assert (code, out["status"], out["lines"], err) == (0, "woke", [1], ""), out
+    # a deep line in fo-initiate.jsonl when a trim reads it back
+    (bdir / "fo-initiate.jsonl").write_text(DEEP + "\n" + "".join(json.dumps(
+        {"schema": 1, "id": "g%d" % i, "ts": "2026-07-03T11:00:00Z", "kind": "gate-review",
+         "headline": "h", "status": "open"}) + "\n" for i in range(2000)))
+    code, out, err = seam("initiate", "--kind", "status", "--id", "s", "--headline", "h", cwd=repo)
+    assert (code, out["queued"], err) == (0, True, ""), out
+    # and in a hook payload: observe-only, silent
+    emit("claude", '{"cwd":%s,"hook_event_name":"Stop","detail":%s}' % (json.dumps(str(repo)), DEEP),
+         cwd=repo)
+
+
+def _set(path, value):
+    """A mutation of a real index: set the entry at `path` (keys and list indexes) to `value`."""
+    def mutate(index):
+        node = index
+        for key in path[:-1]:
+            node = node[key]
+        node[path[-1]] = value
+        return json.dumps(index)
+    return mutate
+
+
+@pytest.mark.parametrize("mutate", [
+    lambda index: DEEP,
+    _set(("replies", "keys", 0, 1), ["unhashable"]),
+    _set(("replies", "keys", 0, 0), True),
+    _set(("replies", "floor"), "0"),
+    _set(("inbox", 0, 1, 1), "0"),
+    _set(("inbox",), {"1": 2}),
+    _set(("replies_trim",), {"mark": [1, 0, ""], "floor": 1, "lines": "many", "targets": []}),
+    _set(("replies_trim",), {"mark": [1, 0, ""], "floor": 1, "lines": 3, "targets": [["alpha"]]}),
+], ids=["deep", "unhashable-key", "bool-line", "str-floor", "str-offset", "inbox-dict",
+        "str-lines", "list-target"])
+def test_a_wrong_typed_index_means_a_full_rescan(repo, mutate):
+    bdir = write_inbox(repo, *INBOX3)
+    heartbeat(repo, "alpha", "s1")
+    drain = ("inbox", "drain", "--slug", "alpha", "--session-id", "s1")
+    code, first, _ = seam(*drain, cwd=repo)
+    assert code == 0 and first["count"] == 2
+    seam(*drain, cwd=repo)  # now the index holds the acting acks too
+    index = mutate(json.loads((bdir / SEAM_INDEX).read_text()))
+    (bdir / SEAM_INDEX).write_text(index)
+    for _ in range(2):
+        code, out, err = seam(*drain, cwd=repo)
+        assert (code, err, out["records"]) == (0, "", first["records"]), out
+        _, out, err = seam("inbox", "check", cwd=repo, input=json.dumps({"session_id": "s1"}))
+        assert out["decision"] == "block" and err == ""
+    seam("inbox", "ack", "--slug", "alpha", "--line", "1", "--id", "i1", "--kind", "tell",
+         "--status", "answered", cwd=repo)
+    (bdir / SEAM_INDEX).write_text(index)
+    assert [r["line"] for r in seam(*drain, cwd=repo)[1]["records"]] == [3]
