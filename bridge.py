@@ -267,9 +267,56 @@ def append_text(path, text, follow_symlinks=False):
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         fd = os.open(path, flags, 0o644)
     try:
-        _write_all(fd, data)
+        append_whole(fd, data, path)
     finally:
         os.close(fd)
+
+
+def append_whole(fd, data, path):
+    """Append `data` (bytes) to `fd`, opened with O_APPEND, with one write(); raise an
+    OSError naming `path` when not all of it was written, leaving no torn fragment.
+
+    A write cut short (a full disk, a file size limit) leaves part of a record without
+    its newline, and the next record appended would be glued onto it: both lost to every
+    reader. So the fragment is cut off again (ftruncate) when the file is still what it
+    was plus the fragment; when another appender has written since and the fragment is
+    still the file's last line, it is ended with a newline (one malformed line). The
+    rest is never written by a second write(): another appender's record could land
+    between the two halves.
+    """
+    before = os.fstat(fd).st_size
+    try:
+        written = os.write(fd, data)
+    except OSError as exc:
+        raise OSError(exc.errno, exc.strerror, path) from None
+    if written == len(data):
+        return
+    _end_fragment(fd, path, before, written)
+    import errno
+    raise OSError(errno.EIO, "short write, %d of %d bytes (is the disk full?); the part written "
+                  "was removed" % (written, len(data)), path)
+
+
+def _end_fragment(fd, path, before, written):
+    """Undo a short append of `written` bytes to `fd` (see append_whole); best effort."""
+    try:
+        size = os.fstat(fd).st_size
+        if size == before + written:
+            os.ftruncate(fd, before)
+            return
+        # Someone appended too. Our fragment is the last line only if the file does not
+        # end with a newline (every other writer appends whole lines); fd is write-only.
+        last = b""
+        check = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0))
+        try:
+            if os.fstat(check).st_ino == os.fstat(fd).st_ino:
+                last = os.pread(check, 1, size - 1)
+        finally:
+            os.close(check)
+        if last != b"\n":
+            os.write(fd, b"\n")
+    except OSError:
+        pass  # nothing more can be done here; the caller reports the failed write
 
 
 def append_jsonl(path, record, follow_symlinks=False):
@@ -3358,7 +3405,7 @@ def seam_append(path, data, wait=2.0):
             except FileNotFoundError:
                 current = False
             if current:
-                _write_all(fd, data)
+                append_whole(fd, data, path)
                 return
         finally:
             os.close(fd)

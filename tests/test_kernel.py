@@ -334,3 +334,44 @@ def test_negative_numbers_in_config_are_refused(tmp_path):
     with pytest.raises(bridge.BridgeError) as err:
         bridge.load_config(tmp_path, env={})
     assert "worker_lock_ttl_sec must be a number >= 0" in err.value.message
+
+
+def test_append_short_write_cuts_or_ends_its_fragment(tmp_path):
+    """A write cut short (here: a file size limit) leaves no fragment a later record could be
+    glued to: cut off when nobody appended since, ended with a newline when someone did."""
+    target = tmp_path / "log.jsonl"
+    script = textwrap.dedent("""
+        import os, resource, signal, sys
+        sys.path.insert(0, sys.argv[1])
+        import bridge
+        path, mode = sys.argv[2], sys.argv[3]
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        real_write = os.write
+        def write(fd, data):
+            # another appender lands first, then the write is cut short (a disk that
+            # filled up then; a size limit would refuse the newline too, so simulated)
+            if len(data) > 10:
+                other = os.open(path, os.O_WRONLY | os.O_APPEND)
+                real_write(other, b'{"other":1}\\n')
+                os.close(other)
+                return real_write(fd, data[:13])
+            return real_write(fd, data)
+        if mode == "other-before":
+            os.write = write
+        else:
+            size = os.path.getsize(path)
+            resource.setrlimit(resource.RLIMIT_FSIZE, (size + 25, size + 25))
+        try:
+            bridge.append_jsonl(path, {"record": "x" * 100})
+        except OSError as exc:
+            print("error:", exc.filename, exc.strerror)
+    """)
+    for mode, expected in (("alone", b'{"first":1}\n'),
+                           ("other-before", b'{"first":1}\n{"other":1}\n{"record":"xx\n')):
+        target.write_bytes(b'{"first":1}\n')
+        out = subprocess.run([PYTHON, "-c", script, str(BRIDGE.parent), str(target), mode],
+                             capture_output=True, text=True, timeout=60)
+        assert out.stdout.startswith("error: %s short write" % target), (out.stdout, out.stderr)
+        assert target.read_bytes() == expected, mode
+    bridge.append_jsonl(target, {"next": 1})
+    assert target.read_bytes().endswith(b'\n{"next":1}\n')

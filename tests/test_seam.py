@@ -1428,3 +1428,48 @@ def test_a_wrong_typed_index_means_a_full_rescan(repo, mutate):
          "--status", "answered", cwd=repo)
     (bdir / SEAM_INDEX).write_text(index)
     assert [r["line"] for r in seam(*drain, cwd=repo)[1]["records"]] == [3]
+
+
+# ---- a failed append leaves no torn fragment (review: full disk mid-append) ---------
+
+def run_size_limited(limit, *args, cwd, input=None, env=None):
+    """Run bridge.py with a file size limit of `limit` bytes (RLIMIT_FSIZE): a write past it
+    is cut short there, as on a full disk (SIGXFSZ ignored, so write() reports it)."""
+    import resource
+    import signal
+
+    def limit_size():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    return subprocess.run([PYTHON, str(BRIDGE), *args], cwd=cwd, input=input, text=True,
+                          capture_output=True, env=env or clean_env(), preexec_fn=limit_size,
+                          timeout=60)
+
+
+def test_a_short_append_leaves_nothing_for_the_next_record_to_be_glued_to(repo):
+    bdir = write_inbox(repo, *INBOX3)
+    history = write_replies(bdir, [reply(n, rid="h%d" % n) for n in range(1, 40)])
+    before = (bdir / "fo-replies.jsonl").read_bytes()
+    ack = ("inbox", "ack", "--slug", "alpha", "--line", "3", "--id", "i3", "--kind", "decision",
+           "--status", "applied")
+    result = run_size_limited(len(before) + 40, *ack, cwd=repo)
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result
+    out = json.loads(result.stdout)
+    assert out["appended"] is False and "fo-replies.jsonl" in out["error"], out
+    assert "short write" in out["error"]
+    assert (bdir / "fo-replies.jsonl").read_bytes() == before  # the fragment was cut off
+    code, out, _ = seam(*ack, cwd=repo)
+    assert code == 0 and out["appended"] is True
+    lines = records(bdir / "fo-replies.jsonl")  # every line parses: nothing glued
+    assert len(lines) == len(history) + 1 and lines[-1]["in_reply_to_id"] == "i3"
+    assert [r["line"] for r in seam("inbox", "drain", "--slug", "alpha", cwd=repo)[1]["records"]] == [1]
+    # a hook's event: dropped whole, silently, and the next one lands intact
+    emit("claude", payload("claude_session_start.json", repo), cwd=repo)
+    events = (bdir / "events.jsonl").read_bytes()
+    result = run_size_limited(len(events) + 30, "egress", "emit", "--host", "claude", cwd=repo,
+                              input=payload("claude_session_start.json", repo),
+                              env=clean_env(BRIDGE_DEBUG=1))
+    assert (result.returncode, result.stdout) == (0, "") and "short write" in result.stderr
+    assert (bdir / "events.jsonl").read_bytes() == events
+    emit("claude", payload("claude_session_start.json", repo), cwd=repo)
+    assert len(records(bdir / "events.jsonl")) == 2
