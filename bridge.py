@@ -409,10 +409,24 @@ def count_complete_lines(path):
 
 # ---- locks ------------------------------------------------------------------
 
-def _read_small(path):
+def _read_small(path, follow=True):
+    """The first 64 KiB of a small file, decoded and stripped; None when it cannot be read.
+
+    follow=False (state other processes may plant, such as cursors): a symlink, or
+    anything but a regular file (a FIFO would block the reader), reads as None."""
     try:
-        with open(path, "rb") as handle:
-            return handle.read(65536).decode("utf-8", "replace").strip()
+        if follow:
+            with open(path, "rb") as handle:
+                return handle.read(65536).decode("utf-8", "replace").strip()
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+                     | getattr(os, "O_CLOEXEC", 0))
+        try:
+            import stat
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return None
+            return os.read(fd, 65536).decode("utf-8", "replace").strip()
+        finally:
+            os.close(fd)
     except OSError:
         return None
 
@@ -692,11 +706,18 @@ def acquire_flock(path, timeout=5.0, interval=0.05):
 
     Returns the open fd (release with release_flock) or None on timeout. Compatible
     with `flock(1)` users of the same file. For short critical sections; long-held
-    locks with metadata use FileLock.
+    locks with metadata use FileLock. A symlink at `path` is an OSError naming it.
     """
     import fcntl
     os.makedirs(os.path.dirname(os.fspath(path)) or ".", exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
+                     | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    except OSError as exc:
+        import errno
+        if exc.errno == errno.ELOOP:  # a planted symlink would make us create or lock a file elsewhere
+            raise OSError(exc.errno, "is a symlink; a lock file is never followed", os.fspath(path))
+        raise
     if flock_within(fd, fcntl.LOCK_EX, timeout, interval):
         return fd
     os.close(fd)
@@ -3472,29 +3493,51 @@ def read_cursor(bdir, slug):
 
     Missing, unreadable, negative or non-numeric means 0. When the slug has no
     cursor file yet, the legacy shared `.inbox-cursor` is read instead (drain
-    and commit then adopt it into the slug's file).
+    and commit then adopt it into the slug's file). A symlink is never followed:
+    it reads as missing.
     """
     if not is_safe_name(slug):
         return 0
-    text = _read_small(os.path.join(bdir, ".inbox-cursor." + slug))
+    text = _read_small(os.path.join(bdir, ".inbox-cursor." + slug), follow=False)
     if text is None:
-        text = _read_small(os.path.join(bdir, ".inbox-cursor"))
+        text = _read_small(os.path.join(bdir, ".inbox-cursor"), follow=False)
     if text and text.isascii() and text.isdigit():
         return int(text)
     return 0
 
 
-def adopt_cursor(bdir, slug):
-    """Copy the legacy `.inbox-cursor` into `.inbox-cursor.<slug>` if the latter is missing."""
+def cursor_lock(bdir, slug, timeout=10.0):
+    """Take `slug`'s cursor lock (an fd for release_flock), or None after `timeout` s.
+
+    Named `.cursor-lock.<slug>`, not `.inbox-cursor.<slug>.lock`: Go collects cursor
+    files by the prefix `.inbox-cursor.` (truncateReplies' floor), and would read a lock
+    file as the cursor of a slug "<slug>.lock" at 0, which stops its trim for good."""
+    return acquire_flock(os.path.join(bdir, ".cursor-lock." + slug), timeout=timeout)
+
+
+def adopt_cursor(bdir, slug, locked=False):
+    """Copy the legacy `.inbox-cursor` into `.inbox-cursor.<slug>` if the latter is missing
+    (Go's adoptCursor).
+
+    Under the slug's cursor lock (taken here unless `locked`), so a commit cannot land
+    between the check and the write, which would lower the cursor it wrote. Neither file
+    is followed if it is a symlink. Without the lock in 10 s (a commit is writing the
+    slug's own cursor) nothing is adopted.
+    """
     target = os.path.join(bdir, ".inbox-cursor." + slug)
     legacy = os.path.join(bdir, ".inbox-cursor")
-    if os.path.lexists(target) or not os.path.isfile(legacy):
+    if os.path.lexists(target) or not os.path.lexists(legacy):
+        return  # the common case, decided without the lock
+    lock = None if locked else cursor_lock(bdir, slug)
+    if lock is None and not locked:
         return
     try:
-        with open(legacy, "rb") as handle:
-            atomic_write(target, handle.read(4096), mode=0o644)
-    except OSError:
-        pass  # nothing adopted: the cursor reads the legacy file anyway
+        text = _read_small(legacy, follow=False)
+        if text is not None and not os.path.lexists(target):
+            atomic_write(target, text + "\n", mode=0o644)
+    finally:
+        if lock is not None:
+            release_flock(lock)
 
 
 def one_line_summary(text, limit):
@@ -4140,7 +4183,8 @@ def trim_replies(bdir):
 def _floor_slugs(bdir):
     """The slugs whose cursors bound a replies trim, or None without any cursor file.
 
-    `.inbox-cursor.<slug>.lock` (inbox commit's lock) is not a cursor file."""
+    `.inbox-cursor.<slug>.lock` (inbox commit's lock before it was renamed) is not a
+    cursor file."""
     try:
         names = os.listdir(bdir)
     except OSError:
@@ -4344,11 +4388,16 @@ def inbox_commit(root, slug, cursor_text):
                           else "--cursor must be a line count, got %r" % cursor_text)
     wanted = int(cursor_text)
     bdir = bridge_dir(root, create=True)
-    lock = acquire_flock(os.path.join(bdir, ".inbox-cursor.%s.lock" % slug), timeout=10.0)
+    lock = cursor_lock(bdir, slug)
     if lock is None:
-        raise SeamFailure("another commit for %s holds its cursor lock" % slug)
+        raise SeamFailure("another commit for %s holds its cursor lock %s" % (
+            slug, os.path.join(bdir, ".cursor-lock." + slug)))
     try:
-        adopt_cursor(bdir, slug)
+        try:  # the lock name older versions used: Go would read it as a cursor (cursor_lock)
+            os.unlink(os.path.join(bdir, ".inbox-cursor.%s.lock" % slug))
+        except OSError:
+            pass
+        adopt_cursor(bdir, slug, locked=True)
         current = read_cursor(bdir, slug)
         lines = count_complete_lines(os.path.join(bdir, "inbox.jsonl"))
         if wanted > lines:

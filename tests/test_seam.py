@@ -1473,3 +1473,62 @@ def test_a_short_append_leaves_nothing_for_the_next_record_to_be_glued_to(repo):
     assert (bdir / "events.jsonl").read_bytes() == events
     emit("claude", payload("claude_session_start.json", repo), cwd=repo)
     assert len(records(bdir / "events.jsonl")) == 2
+
+
+# ---- cursor locks and the legacy cursor: never followed, never lowered ---------------
+
+def test_symlinked_cursor_lock_and_legacy_cursor_are_never_followed(repo, tmp_path):
+    bdir = write_inbox(repo, *(INBOX3 * 2))
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "private").write_text("4\n")
+    (bdir / ".inbox-cursor").symlink_to(outside / "private")
+    (bdir / ".cursor-lock.alpha").symlink_to(outside / "created-by-commit")
+    code, out, _ = seam("inbox", "drain", "--slug", "alpha", cwd=repo)
+    assert code == 1 and str(bdir / ".cursor-lock.alpha") in out["error"], out
+    assert "symlink" in out["error"]
+    (bdir / ".cursor-lock.alpha").unlink()
+    code, out, _ = seam("inbox", "drain", "--slug", "alpha", cwd=repo)
+    assert code == 0 and out["cursor"] == 0 and out["count"] == 4  # the outside "4" is not read
+    assert not (bdir / ".inbox-cursor.alpha").exists()
+    (bdir / ".cursor-lock.alpha").unlink()
+    (bdir / ".cursor-lock.alpha").symlink_to(outside / "created-by-commit")
+    code, out, _ = seam("inbox", "commit", "--slug", "alpha", "--cursor", "1", cwd=repo)
+    assert code == 1 and str(bdir / ".cursor-lock.alpha") in out["error"], out
+    assert sorted(p.name for p in outside.iterdir()) == ["private"]
+    assert not (bdir / ".inbox-cursor.alpha").exists()
+
+
+def test_commit_lock_is_not_named_like_a_cursor_for_go(repo):
+    """Go's truncateReplies collects `.inbox-cursor.*` files: a lock file there would read as a
+    slug "alpha.lock" at cursor 0 and stop Go's trim for good. Old lock files are removed."""
+    bdir = write_inbox(repo, *INBOX3)
+    (bdir / ".inbox-cursor.alpha.lock").write_text("")
+    assert seam("inbox", "commit", "--slug", "alpha", "--cursor", "2", cwd=repo)[1] == {"cursor": 2}
+    assert sorted(p.name for p in bdir.glob(".inbox-cursor.*")) == [".inbox-cursor.alpha"]
+
+
+def test_drain_adopts_the_legacy_cursor_under_the_cursor_lock(repo):
+    """A commit holding the cursor lock is waited for, and the cursor it wrote is not replaced by
+    the (lower) legacy cursor that drain adopts."""
+    bdir = write_inbox(repo, *(INBOX3 + INBOX3[:2]))
+    (bdir / ".inbox-cursor").write_text("1\n")
+    holder = subprocess.Popen(
+        [PYTHON, "-c", "import fcntl,os,sys;fd=os.open(sys.argv[1],os.O_RDWR|os.O_CREAT);"
+         "fcntl.flock(fd,fcntl.LOCK_EX);print('locked',flush=True);sys.stdin.readline();"
+         "open(sys.argv[2],'w').write('5\\n');fcntl.flock(fd,fcntl.LOCK_UN)",
+         str(bdir / ".cursor-lock.alpha"), str(bdir / ".inbox-cursor.alpha")],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "locked\n"
+        drain = subprocess.Popen([PYTHON, str(BRIDGE), "inbox", "drain", "--slug", "alpha"], cwd=repo,
+                                 env=clean_env(), stdout=subprocess.PIPE, text=True)
+        time.sleep(0.5)  # drain is now waiting for the lock
+        holder.stdin.write("go\n")
+        holder.stdin.flush()
+        out = json.loads(drain.communicate(timeout=30)[0])
+    finally:
+        holder.kill()
+        holder.wait()
+    assert out["cursor"] == 5 and out["count"] == 0, out
+    assert (bdir / ".inbox-cursor.alpha").read_text() == "5\n"
