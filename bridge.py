@@ -3380,11 +3380,26 @@ def clean_slugs(values):
 
 
 def seam_root(repo_root=None, start=None):
-    """The root whose `_bridge/` a verb uses (decision 3)."""
+    """The root whose `_bridge/` a verb uses (decision 3).
+
+    A --repo-root that is not an existing directory is an error naming it: creating
+    `_bridge/` there would make the whole path, and a verb would answer success for a
+    root nobody reads (a typo, or a checkout that moved)."""
     if repo_root:
-        return os.path.abspath(repo_root)
+        root = os.path.abspath(repo_root)
+        if not os.path.isdir(root):
+            raise SeamFailure("--repo-root %s %s" % (
+                root, "is not a directory" if os.path.lexists(root) else "does not exist"))
+        return root
     start = os.path.abspath(start or os.getcwd())
     return git_toplevel(start) or start
+
+
+def write_failure(action, path, exc):
+    """`ACTION PATH: reason` for an OSError, naming the file the verb was writing even when
+    the error does not (a full disk mid-write carries no filename; an atomic write's error
+    names its temporary file)."""
+    return "%s %s: %s" % (action, path, getattr(exc, "strerror", None) or exc)
 
 
 def bridge_dir(root, create=False):
@@ -3396,7 +3411,7 @@ def bridge_dir(root, create=False):
         try:
             os.makedirs(path, exist_ok=True)
         except OSError as exc:
-            raise SeamFailure("cannot create %s: %s" % (path, exc.strerror or exc))
+            raise SeamFailure(write_failure("cannot create", path, exc))
     return path
 
 
@@ -4263,11 +4278,14 @@ def inbox_drain(root, slug, host="", session_id=None, members=None):
     if host:
         beat["host"] = host
     beat.update(ts=utc_iso(), state="idle")
+    errors = []  # write failures: reported, and exit 1, but the records still go out
+    path = os.path.join(bdir, "fo.%s.json" % slug)
     try:
-        write_state(os.path.join(bdir, "fo.%s.json" % slug), beat)
+        write_state(path, beat)
         out["heartbeat"] = True
     except OSError as exc:
-        out["error"] = "heartbeat not written: %s" % (exc.strerror or exc)
+        errors.append(write_failure("heartbeat not written:", path, exc))
+        out["error"] = "; ".join(errors)
     if not os.path.exists(os.path.join(bdir, "inbox.jsonl")):
         out["status"] = "no-inbox"
         return out
@@ -4290,11 +4308,12 @@ def inbox_drain(root, slug, host="", session_id=None, members=None):
                                                  ("session_id", session_id), ("host", host))))
     out["count"] = len(out["records"])
     if acks:
+        path = os.path.join(bdir, "fo-replies.jsonl")
         try:
-            seam_append(os.path.join(bdir, "fo-replies.jsonl"),
-                        b"".join(go_line(ack) for ack in acks))
+            seam_append(path, b"".join(go_line(ack) for ack in acks))
         except OSError as exc:
-            out["error"] = "acting acks not written: %s" % (exc.strerror or exc)
+            errors.append(write_failure("acting acks not written:", path, exc))
+            out["error"] = "; ".join(errors)
         else:
             _trim_replies_after_append(bdir)
     return out
@@ -4306,7 +4325,7 @@ def _trim_replies_after_append(bdir):
     try:
         trim_replies(bdir)
     except OSError as exc:
-        warn("fo-replies.jsonl not trimmed: %s" % (exc.strerror or exc))
+        warn(write_failure("not trimmed:", os.path.join(bdir, "fo-replies.jsonl"), exc))
 
 
 def inbox_ack(root, opts):
@@ -4371,10 +4390,11 @@ def inbox_ack(root, opts):
         ("field", free["field"]), ("value", free["value"]),
         ("verdict", free["verdict"]), ("request_id", opts.get("request-id", "")),
         ("session_id", session_id), ("host", host)))
+    path = os.path.join(bdir, "fo-replies.jsonl")
     try:
-        seam_append(os.path.join(bdir, "fo-replies.jsonl"), go_line(reply))
+        seam_append(path, go_line(reply))
     except OSError as exc:
-        raise SeamFailure("cannot append to fo-replies.jsonl: %s" % (exc.strerror or exc))
+        raise SeamFailure(write_failure("cannot append to", path, exc))
     _trim_replies_after_append(bdir)
     return {"appended": True, "kind": reply["kind"], "target": slug, "line": line}
 
@@ -4404,8 +4424,12 @@ def inbox_commit(root, slug, cursor_text):
             raise SeamFailure("--cursor %d is past the inbox's %d complete lines (an over-advanced "
                               "cursor loses intent)" % (wanted, lines))
         new = max(wanted, current)
-        if new != current or not os.path.exists(os.path.join(bdir, ".inbox-cursor." + slug)):
-            atomic_write(os.path.join(bdir, ".inbox-cursor." + slug), "%d\n" % new, mode=0o644)
+        path = os.path.join(bdir, ".inbox-cursor." + slug)
+        if new != current or not os.path.exists(path):
+            try:
+                atomic_write(path, "%d\n" % new, mode=0o644)
+            except OSError as exc:
+                raise SeamFailure(write_failure("cannot write", path, exc), {"cursor": current})
         return {"cursor": new}
     finally:
         release_flock(lock)
@@ -4423,12 +4447,23 @@ def inbox_check(data, host="", repo_root=None, slug=None, session_id=None):
     """The Claude Stop hook: {"decision":"block",...} when intent is queued for this
     session's workflows, else {}. Never blocks twice in a row (stop_hook_active);
     the CLI turns any failure into {} so a broken seam never traps the agent."""
+    # Go decodes the payload into a struct, and its check answers {} when that fails:
+    # not JSON, not an object, or a field of the wrong type ("true" or 1 for
+    # stop_hook_active must not make the hook block a stop it was told to allow).
     try:
         payload = parse_json(data.decode("utf-8", "replace")) if data.strip() else {}
     except ValueError:
-        payload = {}
-    payload = go_fields(payload, STOP_FIELDS) if isinstance(payload, dict) else {}
-    if payload.get("stop_hook_active") is True:
+        return {}
+    if payload is None:
+        payload = {}  # Go decodes null into the zero struct
+    if not isinstance(payload, dict):
+        return {}
+    payload = go_fields(payload, STOP_FIELDS)
+    active = payload.get("stop_hook_active")
+    if any(payload.get(k) is not None and not isinstance(payload.get(k), str) for k in ("cwd", "session_id")) \
+            or (active is not None and not isinstance(active, bool)):
+        return {}
+    if active:
         return {}
     host = (host or "claude").strip().lower()
     root = seam_root(repo_root, _payload_str(payload, "cwd") or None)
@@ -4550,15 +4585,21 @@ def initiate(root, opts):
     if request_id:
         rec["request_id"] = request_id
     rec["status"] = "open"
-    path = os.path.join(bridge_dir(root, create=True), "fo-initiate.jsonl")
+    try:
+        path = os.path.join(bridge_dir(root, create=True), "fo-initiate.jsonl")
+    except SeamFailure as exc:
+        raise SeamFailure("initiation: " + exc.message, out)
     try:
         seam_append(path, go_line(rec))
+    except OSError as exc:
+        raise SeamFailure(write_failure("initiation: cannot write", path, exc), out)
+    out["queued"] = True
+    try:  # the card is queued: a failed trim only leaves the file longer
         if count_complete_lines(path) > INITIATE_MAX_LINES:
             seam_trim(path, INITIATE_MAX_LINES, INITIATE_KEEP_LINES,
                       lambda head, tail: _open_gates(os.path.dirname(path), head, tail))
     except OSError as exc:
-        raise SeamFailure("initiation: cannot write %s: %s" % (path, exc.strerror or exc), out)
-    out["queued"] = True
+        warn(write_failure("initiation: not trimmed:", path, exc))
     return out
 
 
@@ -4623,10 +4664,13 @@ def alert_permission(root, opts):
         rec["prefix_rule"] = rule
     rec["status"] = "open"
     try:
-        seam_append(os.path.join(bridge_dir(root, create=True), "fo-alerts.jsonl"), go_line(rec))
-    except (OSError, SeamFailure) as exc:
-        raise SeamFailure("permission alert: cannot write: %s" % (
-            getattr(exc, "strerror", None) or exc), out)
+        path = os.path.join(bridge_dir(root, create=True), "fo-alerts.jsonl")
+    except SeamFailure as exc:
+        raise SeamFailure("permission alert: " + exc.message, out)
+    try:
+        seam_append(path, go_line(rec))
+    except OSError as exc:
+        raise SeamFailure(write_failure("permission alert: cannot write", path, exc), out)
     out["queued"] = True
     return out
 
@@ -4646,10 +4690,11 @@ def feed(root, opts):
             raise SeamFailure("feed: --%s %r must match [A-Za-z0-9._-]+" % (key, value))
         rec[key] = value
     rec["text"] = text
+    path = os.path.join(bridge_dir(root, create=True), "fo-feed.jsonl")
     try:
-        seam_append(os.path.join(bridge_dir(root, create=True), "fo-feed.jsonl"), go_line(rec))
+        seam_append(path, go_line(rec))
     except OSError as exc:
-        raise SeamFailure("feed: cannot write fo-feed.jsonl: %s" % (exc.strerror or exc))
+        raise SeamFailure(write_failure("feed: cannot write", path, exc))
     return {"appended": True, "verb": verb}
 
 
@@ -4771,7 +4816,7 @@ def _wake_event(bdir, status, lines, targets, session, message="", error=""):
     try:
         seam_append(os.path.join(bdir, "wake-events.jsonl"), go_line(rec))
     except OSError as exc:
-        warn("wake: cannot append to wake-events.jsonl: %s" % (exc.strerror or exc))
+        warn(write_failure("wake: cannot append to", os.path.join(bdir, "wake-events.jsonl"), exc))
 
 
 # =============================================================================
@@ -8806,6 +8851,7 @@ def _run_seam_verb(key, rest):
     except SeamFailure as exc:
         _seam_print(failed(exc.message))
         return EXIT_OK if key in ("initiate", "alert", "feed") else EXIT_USAGE
+    root = None
     try:
         root = seam_root(opts.get("repo-root"))
         if key == "inbox drain":
@@ -8813,7 +8859,9 @@ def _run_seam_verb(key, rest):
             out = inbox_drain(root, opts.get("slug", ""), host, opts.get("session-id"),
                               _csv(opts.get("members")))
             _seam_print(out)
-            return EXIT_FAILED if out["status"] == "failed" else EXIT_OK
+            # a heartbeat or acting acks not written: the records still go out, but the
+            # exit says something is wrong with _bridge/ (out["error"] names the file)
+            return EXIT_FAILED if out["status"] == "failed" or out.get("error") else EXIT_OK
         if key == "inbox ack":
             _seam_print(inbox_ack(root, opts))
         elif key == "inbox commit":
@@ -8836,13 +8884,15 @@ def _run_seam_verb(key, rest):
                     "partial": EXIT_FAILED}.get(out["status"], EXIT_OK)
         return EXIT_OK
     except (SeamFailure, BridgeError, OSError) as exc:
-        message = getattr(exc, "message", None) or "%s: %s" % (
-            getattr(exc, "filename", "") or "", getattr(exc, "strerror", None) or exc)
+        message = getattr(exc, "message", None)
+        if not message:  # an OSError no verb wrapped: name its file, or at least the verb
+            message = "%s: %s" % (getattr(exc, "filename", None) or key + " failed",
+                                  getattr(exc, "strerror", None) or exc)
         answer = dict(getattr(exc, "answer", None) or failed(message))
         answer["error"] = message
-        if key == "inbox commit" and opts.get("slug") and is_safe_name(opts["slug"]):
-            answer["cursor"] = read_cursor(os.path.join(seam_root(opts.get("repo-root")), SEAM_DIR),
-                                           opts["slug"])
+        if key == "inbox commit" and root and "cursor" not in (getattr(exc, "answer", None) or {}) \
+                and is_safe_name(opts.get("slug")):
+            answer["cursor"] = read_cursor(os.path.join(root, SEAM_DIR), opts["slug"])
         _seam_print(answer)
         return EXIT_OK if key in ("initiate", "alert", "feed") else EXIT_FAILED
 

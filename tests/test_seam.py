@@ -960,9 +960,9 @@ def test_truncate_replies_hostile_files(repo, tmp_path):
     snapshot = outside.read_bytes()
     code, out, _ = seam("inbox", "ack", "--slug", "alpha", "--line", "1", "--id", "i1", "--kind",
                         "tell", "--status", "answered", cwd=repo)
-    assert code == 1 and "cannot append to fo-replies.jsonl" in out["error"]
+    assert code == 1 and "cannot append to %s:" % (bdir / "fo-replies.jsonl") in out["error"]
     code, out, _ = seam("inbox", "drain", "--slug", "alpha", cwd=repo)
-    assert code == 0 and "acting acks not written" in out["error"]
+    assert code == 1 and "acting acks not written: %s:" % (bdir / "fo-replies.jsonl") in out["error"]
     assert outside.read_bytes() == snapshot and (bdir / "fo-replies.jsonl").is_symlink()
     assert sorted(p.name for p in bdir.iterdir() if p.name.endswith(".tmp")) == []
 
@@ -1264,11 +1264,11 @@ def test_symlinked_state_files_are_replaced_or_refused_never_followed(repo, tmp_
         (bdir / name).symlink_to(target)
         targets[name] = target
     code, out, _ = seam("inbox", "drain", "--slug", "alpha", cwd=repo)
-    assert code == 0 and out["heartbeat"] is True and "acting acks not written" in out["error"]
+    assert code == 1 and out["heartbeat"] is True and out["count"] == 2 and "acting acks not written" in out["error"]
     assert not (bdir / "fo.alpha.json").is_symlink()
     code, out, _ = seam("inbox", "ack", "--slug", "alpha", "--line", "1", "--id", "i1", "--kind",
                         "tell", "--status", "answered", cwd=repo)
-    assert code == 1 and "cannot append to fo-replies.jsonl" in out["error"]
+    assert code == 1 and "cannot append to %s:" % (bdir / "fo-replies.jsonl") in out["error"]
     assert seam("inbox", "commit", "--slug", "alpha", "--cursor", "2", cwd=repo)[1] == {"cursor": 2}
     assert (bdir / ".inbox-cursor.alpha").read_text() == "2\n"
     assert all(t.read_text() == "precious\n" for t in targets.values())
@@ -1532,3 +1532,67 @@ def test_drain_adopts_the_legacy_cursor_under_the_cursor_lock(repo):
         holder.wait()
     assert out["cursor"] == 5 and out["count"] == 0, out
     assert (bdir / ".inbox-cursor.alpha").read_text() == "5\n"
+
+
+# ---- check decodes as Go does; a missing root; errors name the file ------------------
+
+@pytest.mark.parametrize("data", [
+    {"session_id": "sess-1", "stop_hook_active": "true"},
+    {"session_id": "sess-1", "stop_hook_active": 1},
+    {"session_id": "sess-1", "stop_hook_active": "false"},
+    {"session_id": ["sess-1"]},
+    {"session_id": "sess-1", "cwd": 7},
+    ["sess-1"],
+    "not json at all",
+], ids=["str-true", "int-1", "str-false", "list-session", "int-cwd", "array", "not-json"])
+def test_check_answers_empty_when_go_could_not_decode_the_stop_payload(repo, data):
+    write_inbox(repo, *INBOX3)
+    heartbeat(repo, "alpha", "sess-1")
+    text = data if isinstance(data, str) else json.dumps(data)
+    for extra in ((), ("--slug", "alpha")):
+        code, out, err = seam("inbox", "check", "--repo-root", str(repo), *extra, cwd=repo, input=text)
+        assert (code, out, err) == (0, {}, "")
+    # the same payload with the right types blocks
+    code, out, _ = seam("inbox", "check", "--repo-root", str(repo), cwd=repo,
+                        input=json.dumps({"session_id": "sess-1", "stop_hook_active": False, "cwd": None}))
+    assert out["decision"] == "block"
+
+
+def test_a_repo_root_that_does_not_exist_is_an_error_naming_it(repo, tmp_path):
+    missing = tmp_path / "no" / "such" / "root"
+    args = {
+        ("inbox", "drain", "--slug", "alpha"): 1,
+        ("inbox", "ack", "--slug", "alpha", "--line", "1", "--id", "i1", "--kind", "tell",
+         "--status", "answered"): 1,
+        ("inbox", "commit", "--slug", "alpha", "--cursor", "1"): 1,
+        ("initiate", "--kind", "status", "--id", "s1", "--headline", "h"): 0,
+        ("alert", "permission", "--reason", "r"): 0,
+        ("feed", "--verb", "dispatch", "--text", "t"): 0,
+        ("wake", "--host", "codex"): 1,
+    }
+    for argv, exit_code in args.items():
+        code, out, err = seam(*argv, "--repo-root", str(missing), cwd=repo)
+        assert code == exit_code and out["error"] == "--repo-root %s does not exist" % missing, (argv, out)
+        assert err == ""
+    (tmp_path / "file").write_text("")
+    code, out, _ = seam("feed", "--verb", "dispatch", "--text", "t", "--repo-root", str(tmp_path / "file"))
+    assert out["error"] == "--repo-root %s is not a directory" % (tmp_path / "file")
+    emit("claude", payload("claude_session_start.json", repo), repo, None, "--repo-root", str(missing))
+    assert seam("inbox", "check", "--repo-root", str(missing), cwd=repo, input="{}")[1] == {}
+    assert not (tmp_path / "no").exists() and not (repo / "_bridge").exists()
+
+
+def test_write_failures_name_the_file_and_drain_does_not_say_ok_silently(repo):
+    bdir = write_inbox(repo, *INBOX3)
+    result = run_size_limited(1, "inbox", "commit", "--slug", "alpha", "--cursor", "2", cwd=repo)
+    out = json.loads(result.stdout)
+    assert result.returncode == 1 and out["cursor"] == 0, out
+    assert out["error"].startswith("cannot write %s: " % (bdir / ".inbox-cursor.alpha")), out
+    result = run_size_limited(20, "inbox", "drain", "--slug", "alpha", "--session-id", "s1", cwd=repo)
+    out = json.loads(result.stdout)
+    assert result.returncode == 1 and out["status"] == "ok" and out["heartbeat"] is False, out
+    assert [r["line"] for r in out["records"]] == [1, 3]  # still delivered: nothing was recorded
+    assert "heartbeat not written: %s: " % (bdir / "fo.alpha.json") in out["error"]
+    assert "acting acks not written: %s: " % (bdir / "fo-replies.jsonl") in out["error"]
+    assert not (bdir / "fo.alpha.json").exists()
+    assert seam("inbox", "drain", "--slug", "alpha", cwd=repo)[0] == 0
