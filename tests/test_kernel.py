@@ -375,3 +375,39 @@ def test_append_short_write_cuts_or_ends_its_fragment(tmp_path):
         assert target.read_bytes() == expected, mode
     bridge.append_jsonl(target, {"next": 1})
     assert target.read_bytes().endswith(b'\n{"next":1}\n')
+
+
+def test_token_rule_literal_prefixes_match_the_regex_parser():
+    """The redactor skips (and never compiles) a token rule whose literal prefix is not in the
+    text: that prefix must really start every match of the rule."""
+    try:
+        import re._parser as sre_parse  # Python 3.11+
+    except ImportError:
+        import sre_parse
+    for pattern, _ in bridge._TOKEN_RULES:
+        prefix = bridge._literal_prefix(pattern)
+        assert prefix, pattern
+        parsed = list(sre_parse.parse(pattern))
+        ops = parsed[:len(prefix)]
+        assert [(str(op).upper(), chr(arg)) for op, arg in ops] == [("LITERAL", ch) for ch in prefix], pattern
+    assert bridge._literal_prefix("ab?c") == "a" and bridge._literal_prefix("ab{2}") == "a"
+    assert bridge._literal_prefix("ab+") == "ab" and bridge._literal_prefix(r"SG\.x") == "SG"
+
+
+def test_redacting_a_short_id_compiles_only_the_rules_its_text_can_match(tmp_path):
+    """A hook redacts a few short ids: it must not pay for compiling every rule."""
+    code = textwrap.dedent("""
+        import sys
+        sys.path.insert(0, sys.argv[1])
+        import bridge
+        r = bridge.Redactor((), env={"GITHUB_TOKEN": "ghp_" + "a1B2" * 9})
+        clean = r.redact("8f1c2d3e-9a0b-4c5d-8e7f-0123456789ab")
+        compiled = sorted(str(k) for k in bridge._COMPILED)
+        leak = r.redact("id ghp_" + "a1B2" * 9)
+        print(clean == "8f1c2d3e-9a0b-4c5d-8e7f-0123456789ab", "[REDACTED]" in leak,
+              "kv_gates" in compiled, "kv" in compiled, sum(k.startswith("('token'") for k in compiled),
+              "urllib.parse" in sys.modules, "base64" in sys.modules)
+    """)
+    out = subprocess.run([PYTHON, "-I", "-S", "-c", code, str(BRIDGE.parent)], capture_output=True,
+                         text=True, timeout=60)
+    assert out.stdout.split() == ["True", "True", "False", "False", "1", "False", "False"], out
