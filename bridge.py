@@ -3212,6 +3212,14 @@ REPLIES_MAX_LINES, REPLIES_KEEP_LINES = 2000, 1000
 # Intent kind -> the kind of the reply that acknowledges it (ackKindFor).
 ACK_KINDS = {"tell": "reply", "conn": "conn-ack", "decision": "decision-ack",
              "permission-decision": "permission-ack"}
+# Ack kind -> the statuses Bridge's reader accepts for it (reference 5.1; any other is
+# dropped by Bridge, so `inbox ack` refuses it rather than write an invisible ack).
+ACK_STATUSES = {
+    "reply": ("answered", "rejected", "blocked", "acting"),
+    "conn-ack": ("accepted", "released", "rejected", "blocked", "acting"),
+    "decision-ack": ("applied", "rejected", "blocked", "acting"),
+    "permission-ack": ("accepted", "denied", "rejected", "blocked", "acting"),
+}
 
 # Pi's native lifecycle names -> the canonical (Claude) hook names.
 PI_EVENTS = {
@@ -3398,6 +3406,31 @@ def _days_from_civil(year, month, day):
 def is_safe_session_id(text):
     """A session id that may become a `codex exec resume` argv word: safe, no leading -."""
     return is_safe_name(text) and not text.startswith("-")
+
+
+def id_flag(opts, flag, argv=False, pair=False):
+    """The trimmed value of an id-like --flag ("" when absent), checked as decision 4 says:
+    [A-Za-z0-9._-]+, never . or .. (and with argv=True, for a session id, no leading -;
+    pair=True also allows Go's derived `workflow/entity` form of two such ids). Raises a
+    SeamFailure naming the flag and the first character that is not allowed, without
+    echoing the value (free text passed by mistake may hold a secret)."""
+    value = opts.get(flag, "").strip()
+    if not value:
+        return value
+    parts = value.split("/", 1) if pair else [value]
+    for part in parts:
+        rule = "[A-Za-z0-9._-]+%s" % (" (or two such ids joined by /)" if pair else "")
+        if part in (".", "..", ""):
+            raise SeamFailure("--%s must match %s, and no part may be %r" % (flag, rule, part))
+        if not is_safe_name(part):
+            first_slash = value.find("/") if pair else -1
+            at, bad = next((i, ch) for i, ch in enumerate(value) if i != first_slash and not (
+                ch.isascii() and (ch.isalnum() or ch in "._-")))
+            raise SeamFailure("--%s must match %s: %r at position %d is not allowed" % (
+                flag, rule, bad, at + 1))
+    if argv and value.startswith("-"):
+        raise SeamFailure("--%s may not start with - (a session id can reach an argv)" % flag)
+    return value
 
 
 def clean_slugs(values):
@@ -3630,7 +3663,9 @@ def _payload_str(obj, key):
 
 
 def _actor_id(host, payload):
-    """actorIDFor: who the event is about, or "" when no safe id is available."""
+    """actorIDFor: who the event is about, or "" when no safe id is available.
+
+    `payload` needs only actor_id, session_id and agent_id (egress passes them redacted)."""
     explicit = _payload_str(payload, "actor_id")
     if explicit:
         return explicit if is_safe_name(explicit) else ""
@@ -3666,6 +3701,8 @@ def egress_emit(data, host_flag="", repo_root=None, debug=None):
     cwd = _payload_str(payload, "cwd") or os.getcwd()
     if not host or not event or not cwd:
         return "nothing to record: host, event and cwd are required"
+    if not is_safe_name(host):
+        return "nothing to record: host %r is not an id" % host
     cwd = os.path.abspath(cwd)
     if not os.path.isdir(cwd):
         return "cwd %s is not a directory" % cwd
@@ -3674,29 +3711,31 @@ def egress_emit(data, host_flag="", repo_root=None, debug=None):
     detail = payload.get("detail")
     detail = go_fields(detail, DETAIL_FIELDS) if isinstance(detail, dict) else {}
     ts = _payload_str(payload, "timestamp") or _payload_str(payload, "ts")
-    agent_type = _payload_str(payload, "agent_type")
-    source = _payload_str(detail, "source") or _payload_str(payload, "source")
-    # Free text from the host is redacted, but only when present; a valid RFC 3339
-    # time cannot hold a secret, so the common payload skips the redactor for ts.
-    ts_free = bool(ts) and parse_rfc3339(ts) is None
-    if ts_free or agent_type or source:
-        redactor = _seam_redactor(root)
-        if ts_free:
-            ts = redactor.redact(ts)
-        if agent_type:
-            agent_type = redactor.redact(agent_type)
-        if source:
-            source = redactor.redact(source)
-    ts = ts or utc_iso()
-    actor = _actor_id(host, payload)
+    # Every string written from the payload goes through the redactor (a valid RFC 3339
+    # time cannot hold a secret, and skipping it keeps ":" out of the common hook's text,
+    # so the key=value rules are not even compiled). An id the redactor would change is
+    # blanked: "[REDACTED]" is no id (Go blanks an unsafe actor_id alike).
+    fields = {"event": event, "session_id": _payload_str(payload, "session_id"),
+              "agent_id": _payload_str(payload, "agent_id"),
+              "actor_id": _payload_str(payload, "actor_id"),
+              "agent_type": _payload_str(payload, "agent_type"),
+              "tool": _payload_str(detail, "tool") or _payload_str(payload, "tool_name"),
+              "source": _payload_str(detail, "source") or _payload_str(payload, "source"),
+              "ts": ts if ts and parse_rfc3339(ts) is None else "", "host": host}
+    redactor = _seam_redactor(root)
+    clean = redact_fields(redactor, fields)
+    for key in ("session_id", "agent_id", "actor_id", "host"):
+        if clean[key] != fields[key]:
+            clean[key] = ""
+    if not clean["host"]:
+        return "nothing to record: host %r is redacted" % host
+    ts = clean["ts"] or ts or utc_iso()
+    actor = _actor_id(host, clean)
     record = {
-        "timestamp": ts, "ts": ts, "host": host, "event": event,
-        "session_id": _payload_str(payload, "session_id"),
-        "agent_id": _payload_str(payload, "agent_id"),
-        "agent_type": agent_type,
-        "actor_id": actor,
-        "detail": {"tool": _payload_str(detail, "tool") or _payload_str(payload, "tool_name"),
-                   "source": source},
+        "timestamp": ts, "ts": ts, "host": host, "event": clean["event"],
+        "session_id": clean["session_id"], "agent_id": clean["agent_id"],
+        "agent_type": clean["agent_type"], "actor_id": actor,
+        "detail": {"tool": clean["tool"], "source": clean["source"]},
     }
     events = os.path.join(bdir, "events.jsonl")
     seam_append(events, go_line(record))
@@ -3710,8 +3749,21 @@ def egress_emit(data, host_flag="", repo_root=None, debug=None):
     done = "event appended"
     marker = _marker_for(host, hook_event, payload, detail, actor, cwd)
     if marker:
+        marker.update(session_id=clean["session_id"], agent_id=clean["agent_id"])
+        names = {"entity": marker["entity"], "workflow": marker["workflow"]}
+        if redact_fields(redactor, names) != names:
+            return done + "; no marker: its entity or workflow name is redacted"
         done += "; " + write_marker(bdir, marker)
     return done
+
+
+def redact_fields(redactor, fields):
+    """`fields` ({name: str}) with every value redacted, in one pass over them all when
+    none changes (the common case: one redactor call, not one per field)."""
+    joined = "\n".join(fields.values())
+    if redactor.redact(joined) == joined:
+        return fields
+    return {name: redactor.redact(value) for name, value in fields.items()}
 
 
 def _marker_for(host, hook_event, payload, detail, actor, cwd):
@@ -4298,10 +4350,13 @@ def inbox_drain(root, slug, host="", session_id=None, members=None):
     if not is_safe_name(slug):
         out.update(status="failed", records=None, error="invalid or missing --slug")
         return out
-    if session_id is None:
-        session_id = _session_from_env(host)
-    if session_id and not is_safe_session_id(session_id):
-        out.update(status="failed", error="invalid session id %r" % session_id)
+    try:
+        host = id_flag({"host": host}, "host")
+        if session_id is None:
+            session_id = _session_from_env(host)
+        id_flag({"session-id": session_id}, "session-id", argv=True)
+    except SeamFailure as exc:
+        out.update(status="failed", error=exc.message)
         return out
     bdir = bridge_dir(root, create=True)
     beat = {"session_id": session_id}
@@ -4365,9 +4420,10 @@ def inbox_ack(root, opts):
     (--id or --ts), and they must match what is on that line; otherwise
     nothing is written and the error says which part disagrees.
     """
-    slug, host = opts.get("slug", ""), opts.get("host", "").strip().lower()
+    slug = opts.get("slug", "")
     if not is_safe_name(slug):
         raise SeamFailure("invalid or missing --slug")
+    host = id_flag(opts, "host").lower()
     line_text = opts.get("line", "")
     if not (line_text.isascii() and line_text.isdigit() and int(line_text) > 0):
         raise SeamFailure("--line must be a positive integer, got %r" % line_text)
@@ -4378,16 +4434,25 @@ def inbox_ack(root, opts):
     status = opts.get("status", "").strip()
     if not status:
         raise SeamFailure("--status is required")
+    if status not in ACK_STATUSES[ACK_KINDS[kind]]:
+        raise SeamFailure("--status %s is not one Bridge accepts for a %s (want %s)" % (
+            status if is_safe_name(status) else "(not a status word)", ACK_KINDS[kind],
+            "|".join(ACK_STATUSES[ACK_KINDS[kind]])))
     rid, rts = opts.get("id", ""), opts.get("ts", "")
     if not rid and not rts:
         raise SeamFailure("ack has no correlator: pass --id (from the drained record) or --ts")
-    if rid and not is_safe_name(rid):
-        raise SeamFailure("--id %r must match [A-Za-z0-9._-]+" % rid)
+    # An intent id is an opaque correlator (reference 2.1): it is only compared with the
+    # inbox line's id, never used as a path or an argv word, so any id Bridge wrote can be
+    # acked. Only a control character is refused: no id is written with one.
+    bad = next((ch for ch in rid if ord(ch) < 0x20 or 0x7f <= ord(ch) <= 0x9f), None)
+    if bad is not None:
+        raise SeamFailure("--id holds a control character (U+%04X); pass the id exactly as "
+                          "drain printed it" % ord(bad))
     if rts and parse_rfc3339(rts) is None:
         raise SeamFailure("--ts %r is not an RFC 3339 time" % rts)
-    session_id = opts["session-id"] if "session-id" in opts else _session_from_env(host)
-    if session_id and not is_safe_session_id(session_id):
-        raise SeamFailure("invalid session id %r" % session_id)
+    session_id = (opts["session-id"] if "session-id" in opts else _session_from_env(host)).strip()
+    id_flag({"session-id": session_id}, "session-id", argv=True)
+    request_id = id_flag(opts, "request-id")
     bdir = bridge_dir(root)
     rec = None
     for item in scan_jsonl(os.path.join(bdir, "inbox.jsonl"), line - 1):
@@ -4400,25 +4465,25 @@ def inbox_ack(root, opts):
     if rec is False:
         raise SeamFailure("inbox line %d is not a valid intent record" % line)
     if rid and rec["id"] != rid:
-        raise SeamFailure("--id %s does not match inbox line %d (id %r)" % (rid, line, rec["id"]))
+        raise SeamFailure("--id %r does not match inbox line %d (id %r)" % (rid, line, rec["id"]))
     if rts and render_rfc3339_nano(parse_rfc3339(rts)) != render_rfc3339_nano(rec["_ts"]):
         raise SeamFailure("--ts %s does not match inbox line %d (ts %r)" % (rts, line, rec["ts"]))
     if rec["kind"] != kind:
         raise SeamFailure("--kind %s does not match inbox line %d (kind %r)" % (kind, line, rec["kind"]))
-    # Free text is redacted before it is written; the fields replyKey and the
-    # status check match on (line, id, ts, kind, target, status) and the ids
-    # (request_id, session_id, host) are kept byte-identical.
+    # Free text is redacted before it is written, and before --text is flattened to one
+    # line (a private key pasted without its END line is recognised by its lines). The
+    # fields replyKey and Bridge match on (line, id, ts, kind, target, status) and the ids
+    # (checked above) are kept byte-identical.
     free = {name: opts.get(name, "") for name in ("text", "entity", "field", "value", "verdict")}
+    if any(free.values()):
+        free = redact_fields(_seam_redactor(root), free)
     if free["text"]:
         free["text"] = free["text"].replace("\r", " ").replace("\n", " ").strip()
-    if any(free.values()):
-        redactor = _seam_redactor(root)
-        free = {name: redactor.redact(value) if value else value for name, value in free.items()}
     granted = opts.get("granted")
     reply = reply_record(ACK_KINDS[kind], slug, line, kind, status, rid, rts, (
         ("text", free["text"]), ("granted", granted), ("entity", free["entity"]),
         ("field", free["field"]), ("value", free["value"]),
-        ("verdict", free["verdict"]), ("request_id", opts.get("request-id", "")),
+        ("verdict", free["verdict"]), ("request_id", request_id),
         ("session_id", session_id), ("host", host)))
     path = os.path.join(bdir, "fo-replies.jsonl")
     try:
@@ -4597,18 +4662,21 @@ def initiate(root, opts):
     out = {"id": rid, "request_id": request_id, "queued": False}
     if not rid:
         raise SeamFailure("initiation: id is required", out)
-    if not is_safe_name(rid):
-        raise SeamFailure("initiation: id %r must match [A-Za-z0-9._-]+" % rid, out)
     if kind not in INITIATE_KINDS:
         raise SeamFailure("initiation: kind must be one of status|reco|gate-review", out)
     if not headline:
         raise SeamFailure("initiation: headline is required", out)
     rec = {"schema": 1, "id": rid, "ts": utc_iso(), "kind": kind}
-    for key, flag in (("workflow", "workflow"), ("entity", "entity"), ("ship_id", "ship-id"),
-                      ("host", "host"), ("session_id", "session-id")):
-        value = opts.get(flag, "").strip()
-        if value:
-            rec[key] = value.lower() if key == "host" else value
+    try:
+        id_flag(opts, "id")  # the fold key (and the default request_id)
+        id_flag(opts, "request-id")
+        for key, flag in (("workflow", "workflow"), ("entity", "entity"), ("ship_id", "ship-id"),
+                          ("host", "host"), ("session_id", "session-id")):
+            value = id_flag(opts, flag, argv=key == "session_id", pair=key == "ship_id")
+            if value:
+                rec[key] = value.lower() if key == "host" else value
+    except SeamFailure as exc:
+        raise SeamFailure("initiation: " + exc.message, out)
     rec["headline"] = headline
     if body:
         rec["body"] = body
@@ -4673,23 +4741,29 @@ def alert_permission(root, opts):
     """Append a non-blocking permission interrupt to fo-alerts.jsonl."""
     rid = opts.get("id", "").strip() or "perm_" + random_hex(16)
     out = {"id": rid, "request_id": rid, "queued": False}
-    if not is_safe_name(rid):
-        raise SeamFailure("permission alert: id %r must match [A-Za-z0-9._-]+" % rid, out)
+    ids = {}
+    try:
+        id_flag(opts, "id")
+        for key in ("workflow", "entity", "host", "session_id"):
+            ids[key] = id_flag(opts, key.replace("_", "-"), argv=key == "session_id")
+    except SeamFailure as exc:
+        raise SeamFailure("permission alert: " + exc.message, out)
     redactor = _seam_redactor(root)
     reason = one_line_summary(redactor.redact(opts.get("reason", "")), 240)
     if not reason:
         raise SeamFailure("permission alert: reason is required", out)
     rec = {"schema": 1, "id": rid, "ts": utc_iso(), "kind": "permission-request",
            "severity": "blocked"}
-    for key in ("workflow", "entity", "host", "session_id"):
-        value = opts.get(key.replace("_", "-"), "").strip()
+    for key, value in ids.items():
         if value:
             rec[key] = value.lower() if key == "host" else value
     rec["reason"] = reason
     command = one_line_summary(redactor.redact(opts.get("command", "")), 500)
     if command:
         rec["command"] = command
-    rule = [part.strip() for part in opts.get("prefix-rule", "").split(",") if part.strip()]
+    # free text: redacted whole, before it is split (a secret may span a comma)
+    rule = [part.strip() for part in redactor.redact(opts.get("prefix-rule", "")).split(",")
+            if part.strip()]
     if rule:
         rec["prefix_rule"] = rule
     rec["status"] = "open"
@@ -4715,10 +4789,10 @@ def feed(root, opts):
         raise SeamFailure("feed: --text is required")
     rec = {"ts": utc_iso(), "verb": verb}
     for key in ("entity", "workflow", "stage"):
-        value = opts.get(key, "").strip()
-        if value and not is_safe_name(value):
-            raise SeamFailure("feed: --%s %r must match [A-Za-z0-9._-]+" % (key, value))
-        rec[key] = value
+        try:
+            rec[key] = id_flag(opts, key)
+        except SeamFailure as exc:
+            raise SeamFailure("feed: " + exc.message)
     rec["text"] = text
     path = os.path.join(bridge_dir(root, create=True), "fo-feed.jsonl")
     try:
@@ -8743,7 +8817,7 @@ SEAM_EXAMPLES = {
               "python3 scripts/bridge.py egress emit --host claude",
     "inbox drain": "python3 scripts/bridge.py inbox drain --slug fo-main",
     "inbox ack": ("python3 scripts/bridge.py inbox ack --slug fo-main --line 3 --kind tell "
-                  "--status done --id msg-17 --text 'shipped'"),
+                  "--status answered --id msg-17 --text 'shipped'"),
     "inbox commit": "python3 scripts/bridge.py inbox commit --slug fo-main --cursor 3",
     "inbox check": "echo '{\"stop_hook_active\":false}' | python3 scripts/bridge.py inbox check --slug fo-main",
     "initiate": ("python3 scripts/bridge.py initiate --kind status --id st-1 "

@@ -455,11 +455,12 @@ def test_ack_is_compact_single_line_and_maps_kind(repo):
                 {"id": "d", "ts": "2026-07-02T11:58:00Z", "kind": "decision", "target": "a"},
                 {"id": "p", "ts": "2026-07-02T11:58:00Z", "kind": "permission-decision", "target": "a"})
     kinds = []
-    for line, (rid, kind) in enumerate([("t", "tell"), ("c", "conn"), ("d", "decision"),
-                                        ("p", "permission-decision")], 1):
+    for line, (rid, kind, status) in enumerate([("t", "tell", "answered"), ("c", "conn", "accepted"),
+                                                ("d", "decision", "applied"),
+                                                ("p", "permission-decision", "denied")], 1):
         extra = ["--granted"] if kind == "conn" else []
         code, out, _ = seam("inbox", "ack", "--slug", "a", "--line", str(line), "--id", rid, "--ts",
-                            "2026-07-02T11:58:00Z", "--kind", kind, "--status", "accepted",
+                            "2026-07-02T11:58:00Z", "--kind", kind, "--status", status,
                             "--text", "line one\nline\ttwo\r", *extra, cwd=repo,
                             env=clean_env(CLAUDE_CODE_SESSION_ID="cc-1"))
         assert code == 0, out
@@ -496,10 +497,10 @@ def test_ack_session_env_and_host(repo):
      "--kind decision does not match"),
     (["--slug", "alpha", "--line", "7", "--kind", "tell", "--status", "answered", "--id", "i1"],
      "does not exist"),
-    (["--slug", "alpha", "--line", "1", "--kind", "tell", "--status", "x", "--ts", "noon"],
+    (["--slug", "alpha", "--line", "1", "--kind", "tell", "--status", "answered", "--ts", "noon"],
      "not an RFC 3339 time"),
-    (["--slug", "alpha", "--line", "1", "--kind", "tell", "--status", "x", "--id", "i1",
-      "--session-id", "-rf"], "invalid session id"),
+    (["--slug", "alpha", "--line", "1", "--kind", "tell", "--status", "answered", "--id", "i1",
+      "--session-id", "-rf"], "--session-id may not start with -"),
     (["--slug", "alpha", "--bogus", "1"], "unknown flag: --bogus"),
 ])
 def test_ack_guards_write_nothing(repo, args, error):
@@ -1596,3 +1597,125 @@ def test_write_failures_name_the_file_and_drain_does_not_say_ok_silently(repo):
     assert "acting acks not written: %s: " % (bdir / "fo-replies.jsonl") in out["error"]
     assert not (bdir / "fo.alpha.json").exists()
     assert seam("inbox", "drain", "--slug", "alpha", cwd=repo)[0] == 0
+
+
+# ---- ids: opaque intent ids, id-like flags, secrets in every field -------------------
+
+def test_any_intent_id_bridge_wrote_can_be_acked(repo):
+    """An intent id is an opaque correlator (reference 2.1): compared, never a path or argv."""
+    rid = "bi:2026/07/14#1 ü"
+    write_inbox(repo, {"id": rid, "ts": "2026-07-14T18:03:00Z", "kind": "tell", "text": "ping",
+                       "target": "alpha"})
+    heartbeat(repo, "alpha", "sess-1")
+    _, out, _ = seam("inbox", "drain", "--slug", "alpha", "--session-id", "sess-1", cwd=repo)
+    assert out["records"][0]["id"] == rid
+    code, out, _ = seam("inbox", "ack", "--slug", "alpha", "--line", "1", "--id", rid, "--kind", "tell",
+                        "--status", "answered", cwd=repo)
+    assert code == 0 and out["appended"] is True, out
+    assert records(repo / "_bridge/fo-replies.jsonl")[-1]["in_reply_to_id"] == rid
+    assert seam("inbox", "drain", "--slug", "alpha", "--session-id", "sess-1", cwd=repo)[1]["count"] == 0
+    assert seam("inbox", "check", cwd=repo, input=payload("claude_stop.json", repo))[1] == {}
+    for bad in ("i1\nforged", "i1\x01", "i1\x85"):
+        code, out, _ = seam("inbox", "ack", "--slug", "alpha", "--line", "1", "--id", bad, "--kind",
+                            "tell", "--status", "answered", cwd=repo)
+        assert code == 1 and out["error"].startswith("--id holds a control character (U+"), out
+
+
+@pytest.mark.parametrize("argv,flag", [
+    (("initiate", "--kind", "status", "--id", "s1", "--headline", "h", "--workflow", "../etc"), "--workflow"),
+    (("initiate", "--kind", "status", "--id", "s1", "--headline", "h", "--entity", "a b"), "--entity"),
+    (("initiate", "--kind", "status", "--id", "s1", "--headline", "h", "--ship-id", "wf/../x"), "--ship-id"),
+    (("initiate", "--kind", "status", "--id", "s1", "--headline", "h", "--ship-id", "a/b/c"), "--ship-id"),
+    (("initiate", "--kind", "status", "--id", "s1", "--headline", "h", "--session-id=-x"), "--session-id"),
+    (("initiate", "--kind", "status", "--id", "s1", "--headline", "h", "--request-id", "r=1"), "--request-id"),
+    (("initiate", "--kind", "status", "--id", "s1", "--headline", "h", "--host", "claude x"), "--host"),
+    (("alert", "permission", "--reason", "r", "--workflow", "password=hunter2"), "--workflow"),
+    (("alert", "permission", "--reason", "r", "--entity", "."), "--entity"),
+    (("alert", "permission", "--reason", "r", "--session-id", "-rf"), "--session-id"),
+    (("alert", "permission", "--reason", "r", "--host", "a/b"), "--host"),
+    (("inbox", "ack", "--slug", "alpha", "--line", "1", "--id", "i1", "--kind", "tell", "--status",
+      "answered", "--request-id", "req 1"), "--request-id"),
+    (("inbox", "ack", "--slug", "alpha", "--line", "1", "--id", "i1", "--kind", "tell", "--status",
+      "answered", "--host", "claude;x"), "--host"),
+    (("inbox", "drain", "--slug", "alpha", "--host", "claude x"), "--host"),
+    (("inbox", "drain", "--slug", "alpha", "--session-id", "a/b"), "--session-id"),
+])
+def test_id_flags_are_checked_like_feed_naming_the_flag(repo, argv, flag):
+    write_inbox(repo, *INBOX3)
+    before = files_under(repo / "_bridge")
+    code, out, err = seam(*argv, cwd=repo)
+    assert flag in out["error"] and err == "", out
+    assert ("must match" in out["error"] or "may not start with -" in out["error"]), out
+    assert code == (0 if argv[0] in ("initiate", "alert") else 1)
+    assert out.get("queued", out.get("appended", out.get("status") != "failed")) is False
+    assert files_under(repo / "_bridge") == before  # nothing written
+
+
+def test_ship_id_takes_gos_workflow_entity_form_and_ack_status_is_checked(repo):
+    code, out, _ = seam("initiate", "--kind", "gate-review", "--id", "g1", "--headline", "h",
+                        "--ship-id", "prq/ship-a", cwd=repo)
+    assert out["queued"] is True and records(repo / "_bridge/fo-initiate.jsonl")[0]["ship_id"] == "prq/ship-a"
+    write_inbox(repo, *INBOX3)
+    for kind, line, rid, status in (("tell", 1, "i1", "applied"), ("decision", 3, "i3", "answered"),
+                                    ("tell", 1, "i1", "done")):
+        code, out, _ = seam("inbox", "ack", "--slug", "alpha", "--line", str(line), "--id", rid,
+                            "--kind", kind, "--status", status, cwd=repo)
+        assert code == 1 and "--status %s is not one Bridge accepts" % status in out["error"], out
+    code, out, _ = seam("inbox", "ack", "--slug", "alpha", "--line", "1", "--id", "i1", "--kind", "tell",
+                        "--status", "password=hunter2", cwd=repo)
+    assert code == 1 and "hunter2" not in out["error"]
+    assert not (repo / "_bridge/fo-replies.jsonl").exists()
+
+
+def test_no_secret_reaches_disk_through_any_seam_field(repo):
+    """Secrets passed in id-like flags are refused (nothing written); free text is redacted;
+    every string egress emit writes from a hook payload is redacted, ids blanked."""
+    write_inbox(repo, *INBOX3)
+    env = secret_env(GITHUB_TOKEN=GHP)
+    outputs = []
+
+    def run(*args, input=None):
+        result = run_bridge(*args, cwd=repo, env=env, input=input)
+        assert "Traceback" not in result.stderr
+        outputs.extend((result.stdout, result.stderr))
+        return result
+
+    run("inbox", "drain", "--slug", "alpha", "--host", "claude " + GHP, "--session-id", "s1")
+    run("inbox", "ack", "--slug", "alpha", "--line", "1", "--id", "i1", "--kind", "tell",
+        "--status", "answered " + GHP, "--request-id", "req-" + ENV_SECRET, "--host", "claude " + GHP)
+    run("initiate", "--kind", "status", "--id", "st1", "--headline", "h", "--workflow", "wf " + GHP,
+        "--entity", GHP + "/", "--session-id", "password=hunter2hunter2")
+    run("initiate", "--kind", "status", "--id", "st2", "--headline", "h " + GHP, "--body", ENV_SECRET)
+    run("alert", "permission", "--reason", "r", "--prefix-rule", "curl,-H,Authorization: Bearer " + GHP,
+        "--command", "deploy --token " + ENV_SECRET)
+    run("feed", "--verb", "dispatch", "--text", "t " + GHP, "--entity", ENV_SECRET + "!")
+    hook = {"cwd": str(repo), "hook_event_name": "Stop password=hunter2hunter2", "session_id": GHP,
+            "agent_id": "AKIAIOSFODNN7EXAMPLE", "tool_name": "Bash sk-proj-" + "a1B2c3D4" * 6,
+            "actor_id": ENV_SECRET}
+    assert run("egress", "emit", "--host", "claude", input=json.dumps(hook)).stdout == ""
+    hook.update(host="codex " + GHP)
+    run("egress", "emit", input=json.dumps(hook))
+    assert_no_secret(repo, *outputs)
+    for path in (repo / "_bridge").rglob("*"):
+        if path.is_file():
+            data = path.read_text()
+            assert "hunter2hunter2" not in data and "AKIAIOSFODNN7EXAMPLE" not in data, path
+            assert "a1B2c3D4" * 6 not in data, path
+    (event,) = records(repo / "_bridge/events.jsonl")  # the payload host was not an id: no event
+    assert (event["session_id"], event["agent_id"], event["actor_id"]) == ("", "", "")
+    assert event["event"] == "Stop password=[REDACTED]" and event["detail"]["tool"].startswith("Bash ")
+    alert = records(repo / "_bridge/fo-alerts.jsonl")[0]
+    assert alert["prefix_rule"][:2] == ["curl", "-H"] and "[REDACTED]" in alert["prefix_rule"][2]
+    assert [r["id"] for r in records(repo / "_bridge/fo-initiate.jsonl")] == ["st2"]
+
+
+def test_ack_text_is_redacted_before_it_is_flattened(repo):
+    write_inbox(repo, *INBOX3)
+    body = ["MIIEow" + "QIBAAKCAQEAx9" * 4] + ["Qk" + "x7Yb3" * 12 + str(n) for n in range(5)]
+    key = "-----BEGIN RSA PRIVATE KEY-----\n" + "\n".join(body)  # pasted without its END line
+    code, out, _ = seam("inbox", "ack", "--slug", "alpha", "--line", "1", "--id", "i1", "--kind", "tell",
+                        "--status", "answered", "--text", "here: " + key + "\nthanks", cwd=repo)
+    assert code == 0
+    text = records(repo / "_bridge/fo-replies.jsonl")[0]["text"]
+    assert "\n" not in text and "BEGIN RSA PRIVATE KEY" in text and "[REDACTED]" in text
+    assert not any(line[:20] in text for line in body), text
