@@ -757,10 +757,9 @@ CONFIG_DEFAULTS = {
     "seam": {
         # how the Stop-hook reason and the wake prompt tell an agent to run bridge.py
         "command": "python3 scripts/bridge.py",
-        # `wake --host codex`: argv run per parked session ({session_id} replaced),
-        # the prompt on stdin; killed (with its process group) after the timeout
+        # `wake --host codex`: argv started per parked session ({session_id} replaced),
+        # the prompt on stdin; not waited for (as Go's wake)
         "wake_command": ["codex", "exec", "resume", "{session_id}", "-"],
-        "wake_timeout_sec": 1800,
     },
     # ---- end seam ----
 
@@ -4804,27 +4803,82 @@ def feed(root, opts):
 
 # ---- wake: resume parked Codex sessions --------------------------------------------
 
-def wake_codex(root, members=None, codex_bin=None):
-    """Resume each parked Codex FO session that has undelivered intent.
+WAKE_LOCK = ".wake-lock.codex"
+WAKE_LOCK_STALE_SEC = 300
+# bridge.py's own record of the resumes it started, so one Codex session is never resumed
+# twice at once. No Go glob reads this name (Go's are fo.*.json, sessions/*.json and the
+# .inbox-cursor.* files).
+WAKE_RESUMES = ".wake-resumes.codex"
 
-    Holds the exclusive wake lock for the whole pass (a crashed holder's flock
-    is released by the kernel, so a stale lock reclaims itself), runs the wake
-    command per session and waits for it with a timeout, so one session is never
-    resumed twice at once. Never moves a cursor: delivery is the FO's drain + ack.
+
+def wake_codex(root, members=None, codex_bin=None):
+    """Start a resume of each parked Codex FO session that has undelivered intent.
+
+    Go's protocol, so Go's wake and this one exclude each other: the lock is
+    `_bridge/.wake-lock.codex`, created exclusively (mode 0600, "<pid>\n") and removed
+    when the pass ends; one older than 5 minutes is stale and reclaimed once. Each
+    resume is started, not awaited (a Codex turn may take an hour), in its own session
+    with its prompt on stdin and its output discarded. The resumes started are
+    remembered in .wake-resumes.codex, and a session whose resume still runs is not
+    resumed again. Never moves a cursor: delivery is the FO's drain + ack.
     """
     config = load_config(root)
     bdir = bridge_dir(root)
     if not os.path.isfile(os.path.join(bdir, "inbox.jsonl")):
         return {"status": "noop", "message": "no pending inbox records"}
-    lock = FileLock(os.path.join(bdir, ".wake-lock.codex"),
-                    ttl_sec=float(config_get(config, "seam.wake_timeout_sec", 1800)) + 300,
-                    meta={"purpose": "bridge.py wake --host codex"})
-    if not lock.acquire():
+    lock = _wake_lock(bdir)
+    if lock is None:
         return {"status": "locked", "message": "another bridge ingress wake is running"}
     try:
         return _wake_pass(root, bdir, config, members, codex_bin)
     finally:
-        lock.release()
+        _wake_unlock(bdir, lock)
+
+
+def _wake_lock(bdir):
+    """Go's wake lock: an fd of the exclusively created lock file, or None when another
+    wake holds it. Raises SeamFailure naming the file when it cannot be created at all."""
+    path = os.path.join(bdir, WAKE_LOCK)
+    flags = (os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+             | getattr(os, "O_CLOEXEC", 0))
+    for attempt in range(2):
+        try:
+            fd = os.open(path, flags, 0o600)
+        except FileExistsError:
+            try:
+                age = time.time() - os.lstat(path).st_mtime
+            except OSError:
+                return None  # as Go: a lock we cannot stat is held
+            if attempt or age <= WAKE_LOCK_STALE_SEC:
+                return None
+            try:  # stale (its wake died): reclaim it, once
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                raise SeamFailure(write_failure("cannot remove the stale wake lock", path, exc))
+            continue
+        except OSError as exc:
+            raise SeamFailure(write_failure("cannot create the wake lock", path, exc))
+        try:
+            append_whole(fd, b"%d\n" % os.getpid(), path)
+        except OSError as exc:
+            _wake_unlock(bdir, fd)
+            raise SeamFailure(write_failure("cannot write the wake lock", path, exc))
+        return fd
+    return None
+
+
+def _wake_unlock(bdir, fd):
+    """Remove the wake lock, unless it is no longer ours (reclaimed as stale meanwhile)."""
+    path = os.path.join(bdir, WAKE_LOCK)
+    try:
+        if os.lstat(path).st_ino == os.fstat(fd).st_ino:
+            os.unlink(path)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def _wake_pass(root, bdir, config, members, codex_bin):
@@ -4848,11 +4902,17 @@ def _wake_pass(root, bdir, config, members, codex_bin):
         return {"status": "skipped-no-session", "lines": all_lines, "targets": sorted(pending),
                 "message": "no resumable Codex session id"}
     template = config_get(config, "seam.wake_command") or ["codex", "exec", "resume", "{session_id}", "-"]
-    timeout = float(config_get(config, "seam.wake_timeout_sec", 1800))
     command = _seam_command(root)
-    woke, failures = 0, []
+    resumes = _wake_resumes(bdir)
+    woke, running, failures = 0, [], []
     for session, slugs in groups.items():
         lines = sorted({line for slug in slugs for line in pending[slug]})
+        if session in resumes:
+            running.append(session)
+            _wake_event(bdir, "skipped-running", lines, slugs, session,
+                        message="the resume started by an earlier wake (pid %d) is still running"
+                        % resumes[session]["pid"])
+            continue
         argv = [part.replace("{session_id}", session) for part in template]
         if codex_bin:
             argv[0] = codex_bin
@@ -4863,26 +4923,86 @@ def _wake_pass(root, bdir, config, members, codex_bin):
                   "For each slug run `%s inbox drain --host codex --slug SLUG`, act on each "
                   "record, ack it with `%s inbox ack ...`, then `%s inbox commit ...`.\n" % (
                       ",".join(map(str, lines)), ",".join(slugs), inbox, command, command, command))
-        result = run_command(argv, cwd=root, stdin_data=prompt, timeout=timeout, kill_grace=5.0)
-        if result.ok:
-            woke += 1
-            _wake_event(bdir, "woke", lines, slugs, session)
-        else:
-            error = result.describe()
-            tail = result.stderr.strip().splitlines()[-1:] if result.stderr else []
-            if tail:  # codex's own output may echo secrets: redact before it is kept
-                error += ": " + tail[0][:300]
-            error = _seam_redactor(root).redact(error)
+        try:
+            pid = _start_resume(argv, root, prompt)
+        except OSError as exc:
+            error = _seam_redactor(root).redact("cannot start %s: %s" % (
+                argv[0], getattr(exc, "strerror", None) or exc))
             failures.append(error)
             _wake_event(bdir, "failed", lines, slugs, session, error=error)
-    status = "woke" if not failures else ("partial" if woke else "failed")
+            continue
+        woke += 1
+        resumes[session] = process_identity(pid)
+        _wake_event(bdir, "woke", lines, slugs, session)
+    _save_wake_resumes(bdir, resumes)
+    if failures:
+        status = "partial" if woke or running else "failed"
+    else:
+        status = "woke" if woke else "running"
     out = {"status": status, "lines": all_lines, "sessions": len(groups),
            "targets": sorted(pending),
-           "message": {"woke": "resumed Codex FO session", "partial": "some Codex sessions failed to resume",
+           "message": {"woke": "resumed Codex FO session",
+                       "running": "the Codex FO session's resume started by an earlier wake is still running",
+                       "partial": "some Codex sessions failed to resume",
                        "failed": "no Codex session resumed"}[status]}
+    if running:
+        out["running"] = running
     if failures:
         out["error"] = "; ".join(failures)
     return out
+
+
+def _start_resume(argv, cwd, prompt):
+    """Start `argv` detached, as Go's wake does: its own session, the prompt on stdin
+    from a temporary file spacedock-bridge-wake-*.txt (removed once the child holds it
+    open), stdout and stderr to /dev/null; not waited for. Returns its pid."""
+    import subprocess
+    import tempfile
+    fd, path = tempfile.mkstemp(prefix="spacedock-bridge-wake-", suffix=".txt")
+    try:
+        try:
+            _write_all(fd, prompt.encode("utf-8"))
+            os.lseek(fd, 0, os.SEEK_SET)
+            child = subprocess.Popen(argv, cwd=cwd, stdin=fd, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL, start_new_session=True)
+        finally:
+            os.unlink(path)
+    finally:
+        os.close(fd)
+    return child.pid  # not awaited: once this short-lived process exits, init reaps it
+
+
+def _wake_resumes(bdir):
+    """{session id: process_identity} of the resumes started by earlier wakes that still
+    run (verified: same host and boot, the pid alive and started when it was recorded,
+    so a recycled pid does not count, nor a zombie)."""
+    try:
+        with open(os.path.join(bdir, WAKE_RESUMES), "rb") as handle:
+            saved = parse_json(handle.read(1 << 20))
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(saved, dict):
+        return {}
+    me = os.uname().nodename
+    running = {}
+    for session, meta in saved.items():
+        if not (isinstance(meta, dict) and meta.get("host") == me and _is_int(meta.get("pid"))
+                and meta["pid"] > 0 and meta.get("start_ticks")) or holder_is_dead(meta):
+            continue
+        stat = _read_small("/proc/%d/stat" % meta["pid"])
+        if stat and ")" in stat and stat.rsplit(")", 1)[1].split()[:1] == ["Z"]:
+            continue  # exited, not yet reaped
+        running[session] = meta
+    return running
+
+
+def _save_wake_resumes(bdir, resumes):
+    path = os.path.join(bdir, WAKE_RESUMES)
+    try:
+        if resumes or os.path.lexists(path):
+            write_state(path, resumes)
+    except OSError as exc:  # the resumes are started: losing the record only loses the guard
+        warn(write_failure("wake: cannot record the resumes started in", path, exc))
 
 
 def _resumable_session(bdir, slug):

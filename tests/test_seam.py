@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import BRIDGE, FIXTURES, PYTHON, clean_env, make_git_repo, run_bridge
+from conftest import BRIDGE, FIXTURES, PYTHON, clean_env, make_git_repo, process_running, run_bridge
 
 SEAM = FIXTURES / "seam"
 SEAM_INDEX = ".seam-index.json"
@@ -741,7 +741,38 @@ def test_feed_appends_narration(repo):
 
 def wake_env(tmp_path, mode="ok"):
     log = tmp_path / "codex.log"
-    return clean_env(FAKE_CODEX_MODE=mode, FAKE_CODEX_LOG=log), log
+    tmp = tmp_path / "tmp"
+    tmp.mkdir(exist_ok=True)  # where the prompt files go (and must not stay)
+    return clean_env(FAKE_CODEX_MODE=mode, FAKE_CODEX_LOG=log, TMPDIR=tmp), log
+
+
+def resumes_logged(log, count, timeout=30):
+    """The fake codex's log once `count` resumes have written their entry: wake starts them
+    and does not wait, so they write after it answers."""
+    deadline = time.monotonic() + timeout
+    while True:
+        text = log.read_text() if log.exists() else ""
+        if text.count("\n--\n") >= count or time.monotonic() > deadline:
+            assert text.count("\n--\n") == count, text
+            return text
+        time.sleep(0.05)
+
+
+def resume_pids(text):
+    return [int(line.split()[1]) for line in text.splitlines() if line.startswith("pid: ")]
+
+
+@pytest.fixture
+def stop_resumes():
+    """Kill the (hanging) stand-ins a test started, each in its own session."""
+    logs = []
+    yield logs.append
+    for log in logs:
+        for pid in resume_pids(log.read_text() if log.exists() else ""):
+            try:
+                os.killpg(pid, 9)
+            except OSError:
+                pass
 
 
 def test_wake_resumes_heartbeat_session_without_moving_cursor(repo, tmp_path):
@@ -753,7 +784,7 @@ def test_wake_resumes_heartbeat_session_without_moving_cursor(repo, tmp_path):
     code, out, _ = seam("wake", "--host", "codex", "--codex-bin", str(SEAM / "codex"), cwd=repo, env=env)
     assert code == 0 and out == {"status": "woke", "lines": [1, 2], "sessions": 1, "targets": ["a", "b"],
                                  "message": "resumed Codex FO session"}
-    text = log.read_text()
+    text = resumes_logged(log, 1)
     assert text.count("argv: exec resume session-a -") == 1
     assert "Pending physical inbox lines for this session: 1,2" in text
     assert "Addressed workflow slugs: a,b" in text and str(bdir / "inbox.jsonl") in text
@@ -777,7 +808,7 @@ def test_wake_noop_when_delivered_by_cursor_or_terminal_ack(repo, tmp_path):
              "--status", "blocked", cwd=repo)
     code, out, _ = seam("wake", "--codex-bin", str(SEAM / "codex"), cwd=repo, env=env)
     assert (code, out) == (0, {"status": "noop", "message": "no pending inbox records"})
-    assert log.read_text().count("argv:") == 1
+    assert resumes_logged(log, 1).count("argv:") == 1
 
 
 def test_wake_marker_and_event_fallbacks_and_no_session(repo, tmp_path):
@@ -792,47 +823,109 @@ def test_wake_marker_and_event_fallbacks_and_no_session(repo, tmp_path):
     emit("codex", payload("codex_session_start.json", repo, session_id="from-event",
                           ts="2026-07-01T00:00:00Z"), cwd=repo)
     code, out, _ = seam("wake", "--members", "a", "--codex-bin", str(SEAM / "codex"), cwd=repo, env=env)
-    assert out["status"] == "woke" and "resume from-event -" in log.read_text()
+    assert out["status"] == "woke" and "resume from-event -" in resumes_logged(log, 1)
     (bdir / "sessions").mkdir(exist_ok=True)
     (bdir / "sessions/m.json").write_text(json.dumps({"session_id": "from-marker", "workflow": "a"}))
     seam("wake", "--members", "a", "--codex-bin", str(SEAM / "codex"), cwd=repo, env=env)
-    assert "resume from-marker -" in log.read_text() and "-evil" not in log.read_text()
+    text = resumes_logged(log, 2)
+    assert "resume from-marker -" in text and "-evil" not in text
 
 
-def test_wake_failure_and_hang_are_recorded(repo, tmp_path):
-    bdir = write_inbox(repo, {"id": "w1", "ts": "2026-07-02T11:00:00Z", "kind": "tell", "target": "a"})
+def test_wake_starts_resumes_detached_and_never_resumes_a_running_one_again(repo, tmp_path, stop_resumes):
+    """As Go: each resume is started, not awaited (a Codex turn may take an hour), in its own
+    session, the prompt on stdin from a temp file that is then removed, output to /dev/null.
+    A session whose resume still runs is not resumed again; a dead or recycled pid does not count."""
+    bdir = write_inbox(repo, {"id": "w1", "ts": "2026-07-02T11:00:00Z", "kind": "tell", "target": "a"},
+                       {"id": "w2", "ts": "2026-07-02T11:01:00Z", "kind": "tell", "target": "b"})
     heartbeat(repo, "a", "session-a", "codex")
-    env, _ = wake_env(tmp_path, "fail")
-    code, out, _ = seam("wake", "--codex-bin", str(SEAM / "codex"), cwd=repo, env=env)
-    assert code == 1 and out["status"] == "failed" and "no rollout found" in out["error"]
-    (repo / "bridge.config.json").write_text(json.dumps({"seam": {"wake_timeout_sec": 1}}))
-    env, _ = wake_env(tmp_path, "hang")
+    heartbeat(repo, "b", "session-b", "codex")
+    env, log = wake_env(tmp_path, "hang")
+    stop_resumes(log)
     started = time.monotonic()
     code, out, _ = seam("wake", "--codex-bin", str(SEAM / "codex"), cwd=repo, env=env)
-    assert code == 1 and "timed out" in out["error"] and time.monotonic() - started < 30
-    assert [e["status"] for e in records(bdir / "wake-events.jsonl")] == ["failed", "failed"]
-
-
-def test_wake_lock_is_exclusive_and_reclaims_after_crash(repo, tmp_path):
-    write_inbox(repo, {"id": "w1", "ts": "2026-07-02T11:00:00Z", "kind": "tell", "target": "a"})
-    heartbeat(repo, "a", "session-a", "codex")
-    (repo / "bridge.config.json").write_text(json.dumps({"seam": {"wake_timeout_sec": 20}}))
-    env, log = wake_env(tmp_path, "hang")
-    first = subprocess.Popen([PYTHON, str(BRIDGE), "wake", "--codex-bin", str(SEAM / "codex")],
-                             cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert time.monotonic() - started < 10  # two resumes of 300 s each: not waited for
+    assert (code, out["status"], out["sessions"]) == (0, "woke", 2), out
+    pids = resume_pids(resumes_logged(log, 2))
+    for pid in pids:
+        assert os.getsid(pid) == pid  # its own session (and process group)
+        assert os.readlink("/proc/%d/fd/1" % pid) == "/dev/null" == os.readlink("/proc/%d/fd/2" % pid)
+    assert list((tmp_path / "tmp").iterdir()) == []  # the prompt files are gone
+    assert not (bdir / ".wake-lock.codex").exists()
+    # the resumes still run: a second wake starts none, and says so
+    code, out, _ = seam("wake", "--codex-bin", str(SEAM / "codex"), cwd=repo, env=env)
+    assert (code, out["status"], sorted(out["running"])) == (0, "running", ["session-a", "session-b"]), out
+    assert [e["status"] for e in records(bdir / "wake-events.jsonl")][-2:] == ["skipped-running"] * 2
+    os.killpg(pids[0], 9)  # session-a's resume ends
     for _ in range(200):
-        if log.exists():
+        if not process_running(pids[0]):
             break
         time.sleep(0.05)
     code, out, _ = seam("wake", "--codex-bin", str(SEAM / "codex"), cwd=repo, env=env)
-    assert code == 3 and out["status"] == "locked"
-    first.kill()  # a crashed holder: its flock dies with it
-    first.wait()
-    fake_pid = int(log.read_text().split("pid: ")[1].split()[0])
-    os.killpg(fake_pid, 9)  # the orphaned stand-in (its own process group)
-    env, _ = wake_env(tmp_path, "ok")
+    assert (code, out["status"], out["running"]) == (0, "woke", ["session-b"]), out
+    assert resumes_logged(log, 3).count("resume session-a -") == 2
+    # a recorded pid that now belongs to another process (here: this test) is not a resume
+    resumes = json.loads((bdir / ".wake-resumes.codex").read_text())
+    resumes["session-b"]["pid"] = os.getpid()
+    (bdir / ".wake-resumes.codex").write_text(json.dumps(resumes))
     code, out, _ = seam("wake", "--codex-bin", str(SEAM / "codex"), cwd=repo, env=env)
-    assert code == 0 and out["status"] == "woke"
+    assert out["running"] == ["session-a"] and resumes_logged(log, 4).count("resume session-b -") == 2
+
+
+def test_wake_counts_resumes_that_cannot_start(repo, tmp_path, stop_resumes):
+    bdir = write_inbox(repo, {"id": "w1", "ts": "2026-07-02T11:00:00Z", "kind": "tell", "target": "a"},
+                       {"id": "w2", "ts": "2026-07-02T11:01:00Z", "kind": "tell", "target": "b"})
+    heartbeat(repo, "a", "session-a", "codex")
+    heartbeat(repo, "b", "session-b", "codex")
+    env, log = wake_env(tmp_path)
+    code, out, _ = seam("wake", "--codex-bin", str(tmp_path / "no-codex"), cwd=repo, env=env)
+    assert (code, out["status"]) == (1, "failed") and out["error"].startswith(
+        "cannot start %s: No such file" % (tmp_path / "no-codex")), out
+    # one session's command exists, the other's does not: partial
+    (tmp_path / "bin-session-a").symlink_to(SEAM / "codex")
+    (repo / "bridge.config.json").write_text(json.dumps({"seam": {"wake_command": [
+        str(tmp_path / "bin-{session_id}"), "exec", "resume", "{session_id}", "-"]}}))
+    code, out, _ = seam("wake", cwd=repo, env=env)
+    assert (code, out["status"]) == (1, "partial") and "bin-session-b" in out["error"], out
+    assert "resume session-a -" in resumes_logged(log, 1)
+    assert [e["status"] for e in records(bdir / "wake-events.jsonl")] == ["failed", "failed", "woke", "failed"]
+    assert list((tmp_path / "tmp").iterdir()) == []
+
+
+def test_wake_lock_follows_gos_protocol(repo, tmp_path, stop_resumes):
+    """`_bridge/.wake-lock.codex`: created exclusively, mode 0600, "<pid>\\n", removed when the
+    pass ends; a fresh one (Go's wake holds it) answers locked; one older than 5 minutes is
+    reclaimed. The first wake is held mid-pass by a FIFO in place of its heartbeat."""
+    bdir = write_inbox(repo, {"id": "w1", "ts": "2026-07-02T11:00:00Z", "kind": "tell", "target": "a"})
+    os.mkfifo(bdir / "fo.a.json")
+    env, log = wake_env(tmp_path)
+    first = subprocess.Popen([PYTHON, str(BRIDGE), "wake", "--codex-bin", str(SEAM / "codex")],
+                             cwd=repo, env=env, stdout=subprocess.PIPE, text=True)
+    lock = bdir / ".wake-lock.codex"
+    try:
+        for _ in range(400):
+            if lock.exists() and lock.read_text():
+                break
+            time.sleep(0.05)
+        assert lock.read_text() == "%d\n" % first.pid and (lock.stat().st_mode & 0o777) == 0o600
+        code, out, _ = seam("wake", "--codex-bin", str(SEAM / "codex"), cwd=repo, env=env)
+        assert (code, out) == (3, {"status": "locked", "message": "another bridge ingress wake is running"})
+    finally:
+        with open(bdir / "fo.a.json", "w") as fifo:  # let the first wake go on
+            fifo.write(json.dumps({"session_id": "session-a", "ts": "2026-07-02T11:00:00Z"}))
+    out = json.loads(first.communicate(timeout=30)[0])
+    assert out["status"] == "woke" and not lock.exists()
+    (bdir / "fo.a.json").unlink()
+    heartbeat(repo, "a", "session-b", "codex")
+    # a lock as Go's wake leaves it while it runs: fresh, so honoured
+    lock.write_text("99999\n")
+    lock.chmod(0o600)
+    code, out, _ = seam("wake", "--codex-bin", str(SEAM / "codex"), cwd=repo, env=env)
+    assert code == 3 and out["status"] == "locked" and lock.read_text() == "99999\n"
+    # older than 5 minutes: its wake died; reclaimed, and removed after the pass
+    os.utime(lock, (time.time() - 301, time.time() - 301))
+    code, out, _ = seam("wake", "--codex-bin", str(SEAM / "codex"), cwd=repo, env=env)
+    assert (code, out["status"]) == (0, "woke") and not lock.exists()
+    assert "resume session-b -" in resumes_logged(log, 2)
 
 
 def test_wake_rejects_other_hosts(repo):
@@ -1135,7 +1228,7 @@ def test_initiate_and_event_keys_match_case_insensitively(repo, tmp_path):
         {"HOST": "codex", "Session_ID": "from-upper", "TS": "2026-07-01T00:00:00Z"}) + "\n")
     env, log = wake_env(tmp_path)
     _, out, _ = seam("wake", "--members", "a", "--codex-bin", str(SEAM / "codex"), cwd=repo, env=env)
-    assert out["status"] == "woke" and "resume from-upper -" in log.read_text()
+    assert out["status"] == "woke" and "resume from-upper -" in resumes_logged(log, 1)
 
 
 # ---- CLI surface -------------------------------------------------------------------
@@ -1336,7 +1429,7 @@ def test_emit_redacts_timestamp_agent_type_and_source(repo):
     assert records(repo / "_bridge/events.jsonl")[-1]["ts"] == "2026-07-09T00:00:00.5+02:00"
 
 
-def test_wake_redacts_codex_stderr_in_event_and_output(repo, tmp_path):
+def test_wake_redacts_its_start_errors_and_never_keeps_codex_output(repo, tmp_path):
     bdir = write_inbox(repo, {"id": "w1", "ts": "2026-07-02T11:00:00Z", "kind": "tell", "target": "a"})
     heartbeat(repo, "a", "session-a", "codex")
     fake = tmp_path / "codex"
@@ -1344,12 +1437,18 @@ def test_wake_redacts_codex_stderr_in_event_and_output(repo, tmp_path):
                     "echo \"auth failed for %s with $SEAMTEST_API_TOKEN\" >&2\nexit 3\n" % GHP)
     fake.chmod(0o755)
     result = run_bridge("wake", "--host", "codex", "--codex-bin", fake, cwd=repo, env=secret_env())
+    assert (result.returncode, json.loads(result.stdout)["status"]) == (0, "woke"), result
+    missing = tmp_path / GHP / ENV_SECRET  # a start error names the command: redacted
+    time.sleep(0.5)  # the resume above has ended (its output went to /dev/null)
+    result = run_bridge("wake", "--host", "codex", "--codex-bin", missing, cwd=repo, env=secret_env())
     assert result.returncode == 1 and "Traceback" not in result.stderr, result
     out = json.loads(result.stdout)
-    assert out["status"] == "failed" and "auth failed for" in out["error"]
+    assert out["status"] == "failed" and out["error"].startswith("cannot start ") and "[REDACTED]" in out["error"]
     assert_no_secret(repo, result.stdout, result.stderr)
+    assert "auth failed" not in "".join(p.read_text() for p in bdir.rglob("*") if p.is_file())
     event = records(bdir / "wake-events.jsonl")[-1]
-    assert event["status"] == "failed" and "auth failed for" in event["error"]
+    assert event["status"] == "failed" and event["error"] == out["error"]
+
 
 
 # ---- hostile nesting and a foreign index (review: RecursionError, unhashable keys) ---
