@@ -9121,19 +9121,34 @@ def _run_seam_verb(key, rest):
         return EXIT_OK if key in ("initiate", "alert", "feed") else EXIT_FAILED
 
 
+def _quiet_stderr():
+    """Swap stderr for a sink unless BRIDGE_DEBUG is set; returns what to restore.
+
+    The hook verbs say nothing on stderr, whatever the kernel warns about on the way
+    (an unknown key in bridge.config.json would otherwise speak on every tool call)."""
+    if debug_enabled():
+        return None
+    import io  # loaded at interpreter start: free
+    saved, sys.stderr = sys.stderr, io.StringIO()
+    return saved
+
+
 def _cmd_egress_emit(rest):
     """Observe-only: read the payload, record it, print nothing, exit 0."""
-    debug = debug_enabled()
     if "-h" in rest or "--help" in rest:
         sys.stdout.write("usage: bridge.py %s\n" % SEAM_USAGE["egress"])
         return EXIT_OK
+    saved = _quiet_stderr()
     try:
         opts = parse_go_flags(rest, _SEAM_FLAGS["egress"])
         data = sys.stdin.buffer.read()
         done = egress_emit(data, opts.get("host", ""), opts.get("repo-root"))
     except Exception as exc:  # the host must never see us fail
         done = "not recorded: %s: %s" % (type(exc).__name__, exc)
-    if debug:
+    finally:
+        if saved is not None:
+            sys.stderr = saved
+    if saved is None:
         warn("egress emit: %s" % done)
     return EXIT_OK
 
@@ -9141,14 +9156,18 @@ def _cmd_egress_emit(rest):
 def _cmd_inbox_check(rest):
     """The Stop hook: prints {"decision":"block",...} or {}, always exits 0."""
     answer = {}
+    saved = _quiet_stderr()
     try:
         opts = parse_go_flags(rest, _SEAM_FLAGS["inbox check"])
         data = sys.stdin.buffer.read() if not sys.stdin.isatty() else b""
         answer = inbox_check(data, opts.get("host", ""), opts.get("repo-root"),
                              opts.get("slug"), opts.get("session-id"))
     except Exception as exc:
-        if debug_enabled():
+        if saved is None:
             warn("inbox check: %s: %s" % (type(exc).__name__, exc))
+    finally:
+        if saved is not None:
+            sys.stderr = saved
     try:
         _seam_print(answer)
     except (OSError, ValueError):

@@ -1818,3 +1818,19 @@ def test_ack_text_is_redacted_before_it_is_flattened(repo):
     text = records(repo / "_bridge/fo-replies.jsonl")[0]["text"]
     assert "\n" not in text and "BEGIN RSA PRIVATE KEY" in text and "[REDACTED]" in text
     assert not any(line[:20] in text for line in body), text
+
+
+def test_hook_verbs_stay_silent_on_stderr_whatever_the_config_warns(repo):
+    """A config key nothing reads (such as the removed seam.wake_timeout_sec) is warned about by
+    the verbs people run, never by the hooks, which run on every tool call."""
+    (repo / "bridge.config.json").write_text(json.dumps({"seam": {"wake_timeout_sec": 1800}}))
+    write_inbox(repo, *INBOX3)
+    heartbeat(repo, "alpha", "ses-1")
+    emit("claude", payload("claude_session_start.json", repo), cwd=repo)  # asserts stderr == ""
+    code, out, err = seam("inbox", "check", cwd=repo, input=payload("claude_stop.json", repo, session_id="ses-1"))
+    assert (code, err, out["decision"]) == (0, "", "block")
+    result = run_bridge("egress", "emit", "--host", "claude", cwd=repo, env=clean_env(BRIDGE_DEBUG=1),
+                        input=payload("claude_session_start.json", repo))
+    assert "unknown config key 'seam.wake_timeout_sec'" in result.stderr and result.stdout == ""
+    code, _, err = seam("feed", "--verb", "dispatch", "--text", "t", cwd=repo)
+    assert code == 0 and "unknown config key 'seam.wake_timeout_sec'" in err
