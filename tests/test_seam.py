@@ -1326,7 +1326,39 @@ def test_readme_hook_commands_work_as_documented(repo):
                                 cwd=repo / "sub" / "deep")
         assert (result.returncode, result.stdout, result.stderr) == (0, "", ""), (event, result)
     events = records(repo / "_bridge" / "events.jsonl")
-    assert [e["host"] for e in events] == ["claude"] * 6 + ["codex"] * 4
+    assert [e["host"] for e in events] == ["claude"] * 6 + ["codex"] * 6
+    assert list(codex["hooks"]) == ["SessionStart", "UserPromptSubmit", "PostToolUse", "SubagentStart",
+                                    "SubagentStop", "Stop"]  # the reference's hooks/codex-hooks.json
+
+
+def test_readme_codex_hook_finds_bridge_py_only_within_the_git_repository(tmp_path):
+    """A scripts/bridge.py above the repository (or above the working directory when there is no
+    repository) is never run; without one in the repository the hook does nothing, silently."""
+    import re
+    readme = (BRIDGE.parent / "README.md").read_text()
+    section = readme[readme.index("<!-- section:seam -->"):readme.index("<!-- end section:seam -->")]
+    command = json.loads(re.findall(r"```json\n(.*?)```", section, re.S)[1])["hooks"]["Stop"][0]["hooks"][0]["command"]
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "scripts" / "bridge.py").write_text(
+        "open(%r, 'w').write('ran')\n" % str(tmp_path / "outer-ran"))
+    repo = make_git_repo(tmp_path / "repo")
+    plain = tmp_path / "plain" / "sub"  # no repository at all
+    for cwd in (repo, repo / "sub" / "deep", plain, tmp_path / "wt"):
+        cwd.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "wt" / ".git").write_text("gitdir: /nowhere\n")  # a linked worktree's .git file
+    for cwd in (repo, repo / "sub" / "deep", plain, tmp_path / "wt"):
+        result = subprocess.run(["sh", "-c", command], input=payload("codex_session_start.json", cwd),
+                                text=True, capture_output=True, env=clean_env(), cwd=cwd)
+        assert (result.returncode, result.stdout, result.stderr) == (0, "", ""), (cwd, result)
+    assert not (tmp_path / "outer-ran").exists()
+    assert not list(tmp_path.rglob("_bridge"))
+    (repo / "scripts").mkdir()
+    (repo / "scripts" / "bridge.py").write_bytes(BRIDGE.read_bytes())
+    result = subprocess.run(["sh", "-c", command], input=payload("codex_session_start.json", repo / "sub"),
+                            text=True, capture_output=True, env=clean_env(), cwd=repo / "sub" / "deep")
+    assert (result.returncode, result.stdout, result.stderr) == (0, "", "")
+    assert [e["host"] for e in records(repo / "_bridge" / "events.jsonl")] == ["codex"]
+    assert (repo / "scripts" / "__pycache__").is_dir() and not (tmp_path / "outer-ran").exists()
 
 
 def test_emit_never_waits_on_a_wedged_lock_holder(repo):
