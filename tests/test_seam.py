@@ -1866,3 +1866,89 @@ def test_hook_verbs_stay_silent_on_stderr_whatever_the_config_warns(repo):
     assert "unknown config key 'seam.wake_timeout_sec'" in result.stderr and result.stdout == ""
     code, _, err = seam("feed", "--verb", "dispatch", "--text", "t", cwd=repo)
     assert code == 0 and "unknown config key 'seam.wake_timeout_sec'" in err
+
+
+# ---- reference section 8 behaviours that had no test (conformance review) ------------
+
+def test_alert_normalizes_one_line_summaries_within_their_limits(repo):
+    """bridgealert NormalizesOneLineSummaries: reason and command become one line (runs of
+    whitespace and control characters -> one space), cut at 240 / 500 UTF-8 bytes."""
+    code, out, _ = seam("alert", "permission", "--reason", "  sandbox\nblocked\t\tgit \r\n status \x07 ",
+                        "--command", "git\tstatus\n--short", cwd=repo)
+    assert code == 0 and out["queued"] is True
+    rec = records(repo / "_bridge/fo-alerts.jsonl")[0]
+    assert (rec["reason"], rec["command"]) == ("sandbox blocked git status", "git status --short")
+    seam("alert", "permission", "--reason", "r" * 300, "--command", "c" * 600, cwd=repo)
+    rec = records(repo / "_bridge/fo-alerts.jsonl")[1]
+    assert (len(rec["reason"]), len(rec["command"])) == (240, 500)
+    seam("alert", "permission", "--reason", "\u00e9" * 200, "--command", "x\n" * 400, cwd=repo)
+    rec = records(repo / "_bridge/fo-alerts.jsonl")[2]
+    assert 240 <= len(rec["reason"].encode()) <= 243 and "\n" not in rec["command"]
+    assert len(rec["command"].encode()) <= 500 and rec["command"].startswith("x x x")
+
+
+def verb_runs(tmp_path):
+    """Every verb that writes `_bridge/`, run without --repo-root (argv, input, env)."""
+    env, _ = wake_env(tmp_path)
+    return [
+        (("inbox", "drain", "--slug", "alpha", "--session-id", "s1"), None, None),
+        (("inbox", "ack", "--slug", "alpha", "--line", "1", "--id", "i1", "--kind", "tell", "--status",
+          "answered"), None, None),
+        (("inbox", "commit", "--slug", "alpha", "--cursor", "1"), None, None),
+        (("initiate", "--kind", "status", "--id", "st1", "--headline", "h"), None, None),
+        (("alert", "permission", "--reason", "r"), None, None),
+        (("feed", "--verb", "dispatch", "--text", "t"), None, None),
+        (("wake", "--host", "codex", "--members", "beta", "--codex-bin", str(SEAM / "codex")), None, env),
+    ]
+
+
+def test_every_verb_anchors_at_the_git_root_from_a_subdirectory_and_a_linked_worktree(repo, tmp_path):
+    """bridgeinitiate AnchorsAtRepoRoot, for every verb (decision 3): no --repo-root, run from
+    below the root, `_bridge/` is the git root's; a linked worktree is its own root."""
+    from conftest import git
+    worktree = tmp_path / "linked"
+    git(repo, "worktree", "add", "-q", "-b", "side", str(worktree))
+    for root in (repo, worktree):
+        write_inbox(root, *INBOX3)
+        heartbeat(root, "beta", "th-2", "codex")
+        below = root / "sub" / "deep"
+        below.mkdir(parents=True)
+        for argv, data, env in verb_runs(tmp_path):
+            code, out, err = seam(*argv, cwd=below, input=data, env=env)
+            assert code == 0 and err == "", (root, argv, out)
+        code, out, _ = seam("inbox", "check", cwd=below, input=json.dumps({"session_id": "th-2"}))
+        assert out["decision"] == "block" and "workflow(s): beta." in out["reason"]
+        emit("codex", payload("codex_session_start.json", below), cwd=below)
+        names = {p.name for p in (root / "_bridge").iterdir()}
+        assert {"fo.alpha.json", "fo-replies.jsonl", ".inbox-cursor.alpha", "fo-initiate.jsonl",
+                "fo-alerts.jsonl", "fo-feed.jsonl", "wake-events.jsonl", "events.jsonl"} <= names, names
+        assert [p for p in root.rglob("_bridge") if p != root / "_bridge"] == []
+    resumes_logged(tmp_path / "codex.log", 2)
+    # the main checkout got only its own records
+    assert len(records(repo / "_bridge/fo-feed.jsonl")) == len(records(worktree / "_bridge/fo-feed.jsonl")) == 1
+
+
+def test_wake_ignores_a_stale_retired_wake_cursor(repo, tmp_path):
+    """TestWakeRetriesAlreadyStartedUndeliveredLines: the retired .wake-cursor.codex says lines 1
+    and 2 were already started; they are undelivered, so wake resumes them anyway."""
+    bdir = write_inbox(repo, {"id": "w1", "ts": "2026-07-02T11:00:00Z", "kind": "tell", "target": "a"},
+                       {"id": "w2", "ts": "2026-07-02T11:01:00Z", "kind": "tell", "target": "a"})
+    heartbeat(repo, "a", "session-a", "codex")
+    (bdir / ".wake-cursor.codex").write_text("2\n")
+    env, log = wake_env(tmp_path)
+    code, out, _ = seam("wake", "--codex-bin", str(SEAM / "codex"), cwd=repo, env=env)
+    assert (code, out["status"], out["lines"]) == (0, "woke", [1, 2])
+    assert "Pending physical inbox lines for this session: 1,2" in resumes_logged(log, 1)
+    assert (bdir / ".wake-cursor.codex").read_text() == "2\n"  # neither read nor written
+
+
+def test_wake_without_an_inbox_prints_the_json_noop(repo, tmp_path):
+    """TestBridgeIngressWakeHiddenCLIPrintsJSONNoop: no inbox.jsonl, one JSON line, exit 0."""
+    env, log = wake_env(tmp_path)
+    result = run_bridge("wake", "--host", "codex", "--codex-bin", str(SEAM / "codex"), cwd=repo, env=env)
+    assert (result.returncode, result.stdout, result.stderr) == (
+        0, '{"status":"noop","message":"no pending inbox records"}\n', "")
+    heartbeat(repo, "a", "session-a", "codex")  # a heartbeat but still no inbox
+    result = run_bridge("wake", cwd=repo, env=env)
+    assert (result.returncode, json.loads(result.stdout)["status"]) == (0, "noop")
+    assert sorted(p.name for p in (repo / "_bridge").iterdir()) == ["fo.a.json"] and not log.exists()
