@@ -4926,15 +4926,16 @@ def _wake_pass(root, bdir, config, members, codex_bin):
         try:
             pid = _start_resume(argv, root, prompt)
         except OSError as exc:
-            error = _seam_redactor(root).redact("cannot start %s: %s" % (
-                argv[0], getattr(exc, "strerror", None) or exc))
+            where = exc.filename if exc.filename and exc.filename != argv[0] else None
+            error = _seam_redactor(root).redact("cannot start %s: %s%s" % (
+                argv[0], "%s: " % where if where else "", exc.strerror or exc))
             failures.append(error)
             _wake_event(bdir, "failed", lines, slugs, session, error=error)
             continue
         woke += 1
         resumes[session] = process_identity(pid)
+        _save_wake_resumes(bdir, resumes)  # at once: a wake killed now still guards this resume
         _wake_event(bdir, "woke", lines, slugs, session)
-    _save_wake_resumes(bdir, resumes)
     if failures:
         status = "partial" if woke or running else "failed"
     else:
@@ -4961,7 +4962,10 @@ def _start_resume(argv, cwd, prompt):
     fd, path = tempfile.mkstemp(prefix="spacedock-bridge-wake-", suffix=".txt")
     try:
         try:
-            _write_all(fd, prompt.encode("utf-8"))
+            try:
+                _write_all(fd, prompt.encode("utf-8"))
+            except OSError as exc:  # name the prompt file, not the command
+                raise OSError(exc.errno, exc.strerror, path) from None
             os.lseek(fd, 0, os.SEEK_SET)
             child = subprocess.Popen(argv, cwd=cwd, stdin=fd, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.DEVNULL, start_new_session=True)

@@ -1952,3 +1952,16 @@ def test_wake_without_an_inbox_prints_the_json_noop(repo, tmp_path):
     result = run_bridge("wake", cwd=repo, env=env)
     assert (result.returncode, json.loads(result.stdout)["status"]) == (0, "noop")
     assert sorted(p.name for p in (repo / "_bridge").iterdir()) == ["fo.a.json"] and not log.exists()
+
+
+def test_wake_names_the_prompt_file_it_could_not_write(repo, tmp_path):
+    write_inbox(repo, {"id": "w1", "ts": "2026-07-02T11:00:00Z", "kind": "tell", "target": "a"})
+    heartbeat(repo, "a", "session-a", "codex")
+    env, log = wake_env(tmp_path)
+    result = run_size_limited(16, "wake", "--codex-bin", str(SEAM / "codex"), cwd=repo, env=env)
+    out = json.loads(result.stdout)
+    assert (result.returncode, out["status"]) == (1, "failed"), result
+    assert out["error"].startswith("cannot start %s: %s" % (SEAM / "codex", tmp_path / "tmp" /
+                                                             "spacedock-bridge-wake-")), out
+    assert list((tmp_path / "tmp").iterdir()) == [] and not log.exists()
+    assert not (repo / "_bridge" / ".wake-lock.codex").exists()
