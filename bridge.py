@@ -4649,6 +4649,21 @@ INITIATE_KINDS = ("status", "reco", "gate-review")
 FEED_VERBS = ("dispatch", "advance", "complete")
 
 
+def append_record(root, name, rec, prefix, answer=None):
+    """Append `rec` (Go-encoded) to ROOT/_bridge/NAME, creating `_bridge/` as needed; returns
+    the file's path. A failure is a SeamFailure naming the file, in the verb's words (`prefix`),
+    carrying the verb's `answer`."""
+    try:
+        path = os.path.join(bridge_dir(root, create=True), name)
+    except SeamFailure as exc:
+        raise SeamFailure(prefix + exc.message, answer)
+    try:
+        seam_append(path, go_line(rec))
+    except OSError as exc:
+        raise SeamFailure(write_failure(prefix + "cannot write", path, exc), answer)
+    return path
+
+
 def initiate(root, opts):
     """Append a status / reco / gate-review card to fo-initiate.jsonl (folded by id)."""
     rid, kind = opts.get("id", "").strip(), opts.get("kind", "").strip()
@@ -4682,14 +4697,7 @@ def initiate(root, opts):
     if request_id:
         rec["request_id"] = request_id
     rec["status"] = "open"
-    try:
-        path = os.path.join(bridge_dir(root, create=True), "fo-initiate.jsonl")
-    except SeamFailure as exc:
-        raise SeamFailure("initiation: " + exc.message, out)
-    try:
-        seam_append(path, go_line(rec))
-    except OSError as exc:
-        raise SeamFailure(write_failure("initiation: cannot write", path, exc), out)
+    path = append_record(root, "fo-initiate.jsonl", rec, "initiation: ", out)
     out["queued"] = True
     try:  # the card is queued: a failed trim only leaves the file longer
         if count_complete_lines(path) > INITIATE_MAX_LINES:
@@ -4766,14 +4774,7 @@ def alert_permission(root, opts):
     if rule:
         rec["prefix_rule"] = rule
     rec["status"] = "open"
-    try:
-        path = os.path.join(bridge_dir(root, create=True), "fo-alerts.jsonl")
-    except SeamFailure as exc:
-        raise SeamFailure("permission alert: " + exc.message, out)
-    try:
-        seam_append(path, go_line(rec))
-    except OSError as exc:
-        raise SeamFailure(write_failure("permission alert: cannot write", path, exc), out)
+    append_record(root, "fo-alerts.jsonl", rec, "permission alert: ", out)
     out["queued"] = True
     return out
 
@@ -4793,11 +4794,7 @@ def feed(root, opts):
         except SeamFailure as exc:
             raise SeamFailure("feed: " + exc.message)
     rec["text"] = text
-    path = os.path.join(bridge_dir(root, create=True), "fo-feed.jsonl")
-    try:
-        seam_append(path, go_line(rec))
-    except OSError as exc:
-        raise SeamFailure(write_failure("feed: cannot write", path, exc))
+    append_record(root, "fo-feed.jsonl", rec, "feed: ")
     return {"appended": True, "verb": verb}
 
 
