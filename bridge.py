@@ -1131,6 +1131,21 @@ def _redaction_regexes():
     return _COMPILED
 
 
+_WORD_CHARS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_"
+
+
+def _at_word_start(text, ch):
+    """True if `ch` occurs in `text` with no [A-Za-z0-9_] before it: the only places a token
+    rule with a one-letter literal can match (each starts `c(?<![A-Za-z0-9_...]c)`; checked
+    by tests/test_kernel.py). A Python loop over the occurrences: for short texts only."""
+    at = text.find(ch)
+    while at >= 0:
+        if at == 0 or text[at - 1] not in _WORD_CHARS:
+            return True
+        at = text.find(ch, at + 1)
+    return False
+
+
 def _literal_prefix(pattern):
     """The literal text every match of a token rule starts with: its characters up to the
     first metacharacter (tests/test_kernel.py checks this against the regex parser)."""
@@ -1306,8 +1321,9 @@ class Redactor:
 
     def _tokens(self, text, spans):
         rx = self._rx
+        short = len(text) <= 4096
         for index, literal in enumerate(rx["token_literals"]):
-            if literal not in text:
+            if literal not in text or (short and len(literal) == 1 and not _at_word_start(text, literal)):
                 continue  # the rule cannot match: not even compiled
             back = _TOKEN_RULES[index][1]
             for m in rx["token", index].finditer(text):
