@@ -1321,10 +1321,14 @@ class Redactor:
 
     def _tokens(self, text, spans):
         rx = self._rx
-        short = len(text) <= 4096
+        # Prefilters for short texts (a hook's ids, one log line): a rule whose literal is not
+        # there is not even compiled. A long text gets every rule: their own literal-led scans
+        # are as fast as a prefilter's, which would only scan it twice.
+        short = len(text) <= 65536
         for index, literal in enumerate(rx["token_literals"]):
-            if literal not in text or (short and len(literal) == 1 and not _at_word_start(text, literal)):
-                continue  # the rule cannot match: not even compiled
+            if short and (literal not in text or (
+                    len(literal) == 1 and len(text) <= 4096 and not _at_word_start(text, literal))):
+                continue
             back = _TOKEN_RULES[index][1]
             for m in rx["token", index].finditer(text):
                 start, end = m.start() - back, m.end()
@@ -1441,11 +1445,12 @@ class Redactor:
                 if name.endswith("cookie"):    # every cookie in the header, not just the first
                     end = rx["line_rest"].match(text, begin).end()
                 spans.append((begin, end))
-        for m in _matches_at(low, rx["bearer"], text) if b"bearer" in low else ():
+        short = len(text) <= 65536  # see _tokens
+        for m in _matches_at(low, rx["bearer"], text) if not short or b"bearer" in low else ():
             value = m.group("v")
             if any(c.isdigit() for c in value) or (value.lower() != value and value.upper() != value):
                 spans.append(m.span("v"))
-        for m in _matches_at(low, rx["basic"], text) if b"basic" in low else ():
+        for m in _matches_at(low, rx["basic"], text) if not short or b"basic" in low else ():
             import base64
             import binascii
             try:

@@ -396,6 +396,13 @@ def test_token_rule_literal_prefixes_match_the_regex_parser():
             assert pattern[1:].startswith("(?<![A-Za-z0-9_") and pattern.index(prefix + ")") < 25, pattern
     assert bridge._literal_prefix("ab?c") == "a" and bridge._literal_prefix("ab{2}") == "a"
     assert bridge._literal_prefix("ab+") == "ab" and bridge._literal_prefix(r"SG\.x") == "SG"
+    # the prefilters serve short texts; a long one gets every rule, as before
+    token = "ghp_" + "a1B2" * 9
+    for text in (token, "id=" + token + " Bearer " + "q7Z" * 9,
+                 ("word " * 20000) + token + " Bearer " + "q7Z" * 9):
+        redacted = bridge.Redactor((), env={}).redact(text)
+        assert token not in redacted and "q7Z" * 9 not in redacted, len(text)
+    assert bridge.Redactor((), env={}).redact("x" + token) == "x" + token  # not at a word start
 
 
 def test_redacting_a_short_id_compiles_only_the_rules_its_text_can_match(tmp_path):
