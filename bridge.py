@@ -3214,7 +3214,8 @@ def unlock_worker(root, force=False):
 #      nearest enclosing git root of the payload's cwd or the working directory
 #      (a linked worktree is its own root).
 #   4. Slugs and ids match [A-Za-z0-9._-]+ and are never . or ..; session ids
-#      that reach an argv may not start with "-".
+#      that reach an argv may not start with "-". (An intent id is not such an
+#      id: it is an opaque correlator, only ever compared; see inbox_ack.)
 #   5. Records are appended with one write(); whole-file state (cursor,
 #      heartbeat, markers) is replaced atomically.
 #
