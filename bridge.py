@@ -9137,6 +9137,8 @@ def _run_seam_verb(key, rest):
                                   getattr(exc, "strerror", None) or exc)
         answer = dict(getattr(exc, "answer", None) or failed(message))
         answer["error"] = message
+        if key == "inbox drain":
+            answer["slug"] = opts.get("slug", "")  # as Go's failed drain answer
         if key == "inbox commit" and root and "cursor" not in (getattr(exc, "answer", None) or {}) \
                 and is_safe_name(opts.get("slug")):
             answer["cursor"] = read_cursor(os.path.join(root, SEAM_DIR), opts["slug"])
