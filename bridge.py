@@ -210,9 +210,25 @@ def read_json_file(path, what="file"):
     except UnicodeDecodeError as exc:
         raise BridgeError("%s %s is not UTF-8 (byte %d)" % (what, path, exc.start))
     try:
-        return json.loads(text)
+        return parse_json(text)
     except json.JSONDecodeError as exc:
         raise BridgeError("%s %s: line %d column %d: %s" % (what, path, exc.lineno, exc.colno, exc.msg))
+    except ValueError as exc:
+        raise BridgeError("%s %s: %s" % (what, path, exc))
+
+
+def parse_json(data):
+    """json.loads for input bridge.py did not write: every failure is a ValueError.
+
+    A line nested a few thousand levels deep (6 KB of `[`) exhausts Python's recursion
+    limit inside the decoder. That line is as malformed as any other, so it raises
+    ValueError too: readers that skip a malformed line skip it, instead of dying with
+    RecursionError. (MemoryError is not caught: it is the machine's problem, not the line's.)
+    """
+    try:
+        return json.loads(data)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
 
 
 def is_safe_name(text):
@@ -251,9 +267,56 @@ def append_text(path, text, follow_symlinks=False):
         os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
         fd = os.open(path, flags, 0o644)
     try:
-        _write_all(fd, data)
+        append_whole(fd, data, path)
     finally:
         os.close(fd)
+
+
+def append_whole(fd, data, path):
+    """Append `data` (bytes) to `fd`, opened with O_APPEND, with one write(); raise an
+    OSError naming `path` when not all of it was written, leaving no torn fragment.
+
+    A write cut short (a full disk, a file size limit) leaves part of a record without
+    its newline, and the next record appended would be glued onto it: both lost to every
+    reader. So the fragment is cut off again (ftruncate) when the file is still what it
+    was plus the fragment; when another appender has written since and the fragment is
+    still the file's last line, it is ended with a newline (one malformed line). The
+    rest is never written by a second write(): another appender's record could land
+    between the two halves.
+    """
+    before = os.fstat(fd).st_size
+    try:
+        written = os.write(fd, data)
+    except OSError as exc:
+        raise OSError(exc.errno, exc.strerror, path) from None
+    if written == len(data):
+        return
+    _end_fragment(fd, path, before, written)
+    import errno
+    raise OSError(errno.EIO, "short write, %d of %d bytes (is the disk full?); the part written "
+                  "was removed" % (written, len(data)), path)
+
+
+def _end_fragment(fd, path, before, written):
+    """Undo a short append of `written` bytes to `fd` (see append_whole); best effort."""
+    try:
+        size = os.fstat(fd).st_size
+        if size == before + written:
+            os.ftruncate(fd, before)
+            return
+        # Someone appended too. Our fragment is the last line only if the file does not
+        # end with a newline (every other writer appends whole lines); fd is write-only.
+        last = b""
+        check = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0))
+        try:
+            if os.fstat(check).st_ino == os.fstat(fd).st_ino:
+                last = os.pread(check, 1, size - 1)
+        finally:
+            os.close(check)
+        if last != b"\n":
+            os.write(fd, b"\n")
+    except OSError:
+        pass  # nothing more can be done here; the caller reports the failed write
 
 
 def append_jsonl(path, record, follow_symlinks=False):
@@ -296,7 +359,7 @@ def scan_jsonl(path, start=0):
                 break
             number += 1
             try:
-                yield JsonlLine(number, json.loads(raw), None, raw)
+                yield JsonlLine(number, parse_json(raw), None, raw)
             except ValueError as exc:
                 yield JsonlLine(number, None, "line %d: %s" % (number, exc), raw)
 
@@ -346,10 +409,24 @@ def count_complete_lines(path):
 
 # ---- locks ------------------------------------------------------------------
 
-def _read_small(path):
+def _read_small(path, follow=True):
+    """The first 64 KiB of a small file, decoded and stripped; None when it cannot be read.
+
+    follow=False (state other processes may plant, such as cursors): a symlink, or
+    anything but a regular file (a FIFO would block the reader), reads as None."""
     try:
-        with open(path, "rb") as handle:
-            return handle.read(65536).decode("utf-8", "replace").strip()
+        if follow:
+            with open(path, "rb") as handle:
+                return handle.read(65536).decode("utf-8", "replace").strip()
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+                     | getattr(os, "O_CLOEXEC", 0))
+        try:
+            import stat
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                return None
+            return os.read(fd, 65536).decode("utf-8", "replace").strip()
+        finally:
+            os.close(fd)
     except OSError:
         return None
 
@@ -407,7 +484,7 @@ def _parse_lock_meta(text):
     if not text:
         return None
     try:
-        meta = json.loads(text)
+        meta = parse_json(text)
     except ValueError:
         return {"unreadable": text[:200]}
     return meta if isinstance(meta, dict) else {"unreadable": text[:200]}
@@ -629,11 +706,18 @@ def acquire_flock(path, timeout=5.0, interval=0.05):
 
     Returns the open fd (release with release_flock) or None on timeout. Compatible
     with `flock(1)` users of the same file. For short critical sections; long-held
-    locks with metadata use FileLock.
+    locks with metadata use FileLock. A symlink at `path` is an OSError naming it.
     """
     import fcntl
     os.makedirs(os.path.dirname(os.fspath(path)) or ".", exist_ok=True)
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
+                     | getattr(os, "O_NOFOLLOW", 0), 0o644)
+    except OSError as exc:
+        import errno
+        if exc.errno == errno.ELOOP:  # a planted symlink would make us create or lock a file elsewhere
+            raise OSError(exc.errno, "is a symlink; a lock file is never followed", os.fspath(path))
+        raise
     if flock_within(fd, fcntl.LOCK_EX, timeout, interval):
         return fd
     os.close(fd)
@@ -673,10 +757,9 @@ CONFIG_DEFAULTS = {
     "seam": {
         # how the Stop-hook reason and the wake prompt tell an agent to run bridge.py
         "command": "python3 scripts/bridge.py",
-        # `wake --host codex`: argv run per parked session ({session_id} replaced),
-        # the prompt on stdin; killed (with its process group) after the timeout
+        # `wake --host codex`: argv started per parked session ({session_id} replaced),
+        # the prompt on stdin; not waited for (as Go's wake)
         "wake_command": ["codex", "exec", "resume", "{session_id}", "-"],
-        "wake_timeout_sec": 1800,
     },
     # ---- end seam ----
 
@@ -1004,33 +1087,73 @@ _ENV_NOT_SECRET_NAME = (r"^TOKENIZERS?_|TOKENS$|_TOKENS_|KEYBOARD|KEYRING|_KEY_?
                         r"|^SSH_AUTH_SOCK$|^GPG_KEY$")
 _ENV_MIN_LEN = 8
 
-_COMPILED = {}
+class _Regexes(dict):
+    """The built-in rules, each compiled on first use, once per process.
+
+    Compiling all of them costs ~4 ms, a third of a hook's whole run; a hook that redacts
+    a few short ids needs the few rules whose literal occurs in its text (see _tokens and
+    _context), so each is compiled only when a text first calls for it. ("token", i) is
+    _TOKEN_RULES[i]; "token_literals" the literal text each of them starts with.
+    """
+
+    def __missing__(self, key):
+        if isinstance(key, tuple):
+            value = re.compile(_TOKEN_RULES[key[1]][0])
+        else:
+            value = {
+                "token_literals": lambda: [_literal_prefix(rx) for rx, _ in _TOKEN_RULES],
+                "discord": lambda: re.compile(_DISCORD_RULE),
+                "url": lambda: re.compile(_URL_RULE),
+                "pem_header": lambda: re.compile(_PEM_HEADER),
+                "pem_tail": lambda: re.compile(_PEM_TAIL),
+                "kv_gates": lambda: [(kw, re.compile(gate + _KV_OP)) for kw, gate in _KV_GATES]
+                + [(b"--", re.compile(_FLAG_GATE)), (b"_KEY", re.compile(_UPPER_KEY_GATE))],
+                "kv": lambda: re.compile(_KV_RULE, re.I),
+                "secret_name": lambda: re.compile(_SECRET_NAME),
+                "code_value": lambda: re.compile(_CODE_VALUE),
+                "prose": lambda: re.compile(_PROSE),
+                "line_rest": lambda: re.compile(_LINE_REST),
+                "bearer": lambda: (re.compile(_BEARER_GATE), re.compile(_BEARER_RULE)),
+                "basic": lambda: (re.compile(_BASIC_GATE), re.compile(_BASIC_RULE)),
+                "env_name": lambda: re.compile(_ENV_SECRET_NAME, re.I),
+                "env_not_name": lambda: re.compile(_ENV_NOT_SECRET_NAME, re.I),
+                "env_plain": lambda: re.compile(
+                    r"[a-z]+|[A-Z]+|[0-9.,:_-]+|(?:\.{0,2}|~)/.*|[A-Za-z]:\\.*", re.S),
+            }[key]()
+        self[key] = value
+        return value
+
+
+_COMPILED = _Regexes()
 
 
 def _redaction_regexes():
-    """Compile the built-in rules once per process, on first use (most runs never redact)."""
-    if not _COMPILED:
-        _COMPILED.update(
-            tokens=[(re.compile(rx), back) for rx, back in _TOKEN_RULES],
-            discord=re.compile(_DISCORD_RULE),
-            url=re.compile(_URL_RULE),
-            pem_header=re.compile(_PEM_HEADER),
-            pem_tail=re.compile(_PEM_TAIL),
-            kv_gates=[(kw, re.compile(gate + _KV_OP)) for kw, gate in _KV_GATES]
-            + [(b"--", re.compile(_FLAG_GATE)), (b"_KEY", re.compile(_UPPER_KEY_GATE))],
-            kv=re.compile(_KV_RULE, re.I),
-            secret_name=re.compile(_SECRET_NAME),
-            code_value=re.compile(_CODE_VALUE),
-            prose=re.compile(_PROSE),
-            line_rest=re.compile(_LINE_REST),
-            bearer=(re.compile(_BEARER_GATE), re.compile(_BEARER_RULE)),
-            basic=(re.compile(_BASIC_GATE), re.compile(_BASIC_RULE)),
-            env_name=re.compile(_ENV_SECRET_NAME, re.I),
-            env_not_name=re.compile(_ENV_NOT_SECRET_NAME, re.I),
-            env_plain=re.compile(r"[a-z]+|[A-Z]+|[0-9.,:_-]+|(?:\.{0,2}|~)/.*|[A-Za-z]:\\.*",
-                                 re.S),
-        )
+    """The built-in rules, compiled as they are first used (most runs never redact)."""
     return _COMPILED
+
+
+_WORD_CHARS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_"
+
+
+def _at_word_start(text, ch):
+    """True if `ch` occurs in `text` with no [A-Za-z0-9_] before it: the only places a token
+    rule with a one-letter literal can match (each starts `c(?<![A-Za-z0-9_...]c)`; checked
+    by tests/test_kernel.py). A Python loop over the occurrences: for short texts only."""
+    at = text.find(ch)
+    while at >= 0:
+        if at == 0 or text[at - 1] not in _WORD_CHARS:
+            return True
+        at = text.find(ch, at + 1)
+    return False
+
+
+def _literal_prefix(pattern):
+    """The literal text every match of a token rule starts with: its characters up to the
+    first metacharacter (tests/test_kernel.py checks this against the regex parser)."""
+    for index, ch in enumerate(pattern):
+        if ch in "\\.^$*+?{}[]()|":
+            return pattern[:index - 1] if ch in "*?{" else pattern[:index]
+    return pattern
 
 
 def _has_keyword(low_value):
@@ -1050,15 +1173,15 @@ def _is_placeholder(value):
 def _env_value_forms(value):
     """The strings that reveal `value`: itself, its lines, base64 (three alignments, so it
     is found inside base64("user:" + value) too), URL- and JSON-escaped forms."""
-    import base64
-    import json
-    from urllib.parse import quote, quote_plus
-    forms = {value, quote(value, safe=""), quote_plus(value), json.dumps(value)[1:-1],
-             json.dumps(value, ensure_ascii=False)[1:-1]}
+    import binascii  # built in; the base64 module and urllib.parse cost a hook ~2 ms to import
+    forms = {value, json.dumps(value)[1:-1], json.dumps(value, ensure_ascii=False)[1:-1]}
+    if not re.fullmatch(r"[A-Za-z0-9_.~-]*", value):  # else both quotes are the value itself
+        from urllib.parse import quote, quote_plus
+        forms.update((quote(value, safe=""), quote_plus(value)))
     forms.update(line.strip() for line in value.splitlines() if len(line.strip()) >= _ENV_MIN_LEN)
     raw = value.encode("utf-8", "surrogateescape")
     for lead in (0, 1, 2):
-        encoded = base64.b64encode(b"\0" * lead + raw).decode("ascii")
+        encoded = binascii.b2a_base64(b"\0" * lead + raw, newline=False).decode("ascii")
         encoded = encoded[(0, 2, 3)[lead]:]       # chars that depend on the prefix
         rest = (lead + len(raw)) % 3
         if rest:                                  # last char depends on what follows
@@ -1199,8 +1322,16 @@ class Redactor:
 
     def _tokens(self, text, spans):
         rx = self._rx
-        for regex, back in rx["tokens"]:
-            for m in regex.finditer(text):
+        # Prefilters for short texts (a hook's ids, one log line): a rule whose literal is not
+        # there is not even compiled. A long text gets every rule: their own literal-led scans
+        # are as fast as a prefilter's, which would only scan it twice.
+        short = len(text) <= 65536
+        for index, literal in enumerate(rx["token_literals"]):
+            if short and (literal not in text or (
+                    len(literal) == 1 and len(text) <= 4096 and not _at_word_start(text, literal))):
+                continue
+            back = _TOKEN_RULES[index][1]
+            for m in rx["token", index].finditer(text):
                 start, end = m.start() - back, m.end()
                 token = m.group()
                 if token.startswith(":AA"):                    # Telegram: the bot id digits
@@ -1249,9 +1380,11 @@ class Redactor:
 
     def _context(self, text, low, spans):
         rx = self._rx
-        kv, secret_name, code_value = rx["kv"], rx["secret_name"], rx["code_value"]
         mask = None
-        for keyword, gate in rx["kv_gates"]:
+        # Every key=value gate needs an assignment operator (":" or "=") after the key, the
+        # --flag gate a "--": without them no gate can match (nor needs compiling).
+        gates = rx["kv_gates"] if ":" in text or "=" in text or "--" in text else ()
+        for keyword, gate in gates:
             haystack = low
             if keyword == b"_KEY":             # case matters: search the original text
                 if "_KEY" not in text:
@@ -1265,7 +1398,7 @@ class Redactor:
                 if g is None:
                     break
                 pos, at = g.end(), g.start(1)      # at: where the name ends
-                m = kv.match(text, at)
+                m = rx["kv"].match(text, at)
                 if not m:
                     continue
                 pos = m.end()              # rejected or not, never rescan this value
@@ -1274,7 +1407,7 @@ class Redactor:
                 start = mask.rfind(b" ", max(0, at - 64), at) + 1 or max(0, at - 64)
                 name = low[start:at].decode("ascii").rstrip(".-_")
                 weak = False
-                if not secret_name.search(name, max(0, len(name) - 24)):
+                if not rx["secret_name"].search(name, max(0, len(name) - 24)):
                     # UPPER_CASE_KEY=<random> (env-style names) counts too
                     if not (name.endswith("_key") and text[start:at].isupper()):
                         continue
@@ -1303,7 +1436,7 @@ class Redactor:
                     after = text[m.end():m.end() + 1]
                     if value.isalpha() and rx["prose"].match(text, m.end()):
                         continue           # `Password: Enter your password` is prose
-                    if after in ("(", "[") or code_value.fullmatch(value) and (
+                    if after in ("(", "[") or rx["code_value"].fullmatch(value) and (
                             "." in value or _has_keyword(value.lower())
                             or len(value) < 8 and value.islower() and not any(c.isdigit() for c in value)):
                         continue           # code: `password = getpass()`, `token=token`, `key: str`
@@ -1313,11 +1446,12 @@ class Redactor:
                 if name.endswith("cookie"):    # every cookie in the header, not just the first
                     end = rx["line_rest"].match(text, begin).end()
                 spans.append((begin, end))
-        for m in _matches_at(low, rx["bearer"], text):
+        short = len(text) <= 65536  # see _tokens
+        for m in _matches_at(low, rx["bearer"], text) if not short or b"bearer" in low else ():
             value = m.group("v")
             if any(c.isdigit() for c in value) or (value.lower() != value and value.upper() != value):
                 spans.append(m.span("v"))
-        for m in _matches_at(low, rx["basic"], text):
+        for m in _matches_at(low, rx["basic"], text) if not short or b"basic" in low else ():
             import base64
             import binascii
             try:
@@ -3084,7 +3218,8 @@ def unlock_worker(root, force=False):
 #      nearest enclosing git root of the payload's cwd or the working directory
 #      (a linked worktree is its own root).
 #   4. Slugs and ids match [A-Za-z0-9._-]+ and are never . or ..; session ids
-#      that reach an argv may not start with "-".
+#      that reach an argv may not start with "-". (An intent id is not such an
+#      id: it is an opaque correlator, only ever compared; see inbox_ack.)
 #   5. Records are appended with one write(); whole-file state (cursor,
 #      heartbeat, markers) is replaced atomically.
 #
@@ -3102,6 +3237,14 @@ REPLIES_MAX_LINES, REPLIES_KEEP_LINES = 2000, 1000
 # Intent kind -> the kind of the reply that acknowledges it (ackKindFor).
 ACK_KINDS = {"tell": "reply", "conn": "conn-ack", "decision": "decision-ack",
              "permission-decision": "permission-ack"}
+# Ack kind -> the statuses Bridge's reader accepts for it (reference 5.1; any other is
+# dropped by Bridge, so `inbox ack` refuses it rather than write an invisible ack).
+ACK_STATUSES = {
+    "reply": ("answered", "rejected", "blocked", "acting"),
+    "conn-ack": ("accepted", "released", "rejected", "blocked", "acting"),
+    "decision-ack": ("applied", "rejected", "blocked", "acting"),
+    "permission-ack": ("accepted", "denied", "rejected", "blocked", "acting"),
+}
 
 # Pi's native lifecycle names -> the canonical (Claude) hook names.
 PI_EVENTS = {
@@ -3290,6 +3433,31 @@ def is_safe_session_id(text):
     return is_safe_name(text) and not text.startswith("-")
 
 
+def id_flag(opts, flag, argv=False, pair=False):
+    """The trimmed value of an id-like --flag ("" when absent), checked as decision 4 says:
+    [A-Za-z0-9._-]+, never . or .. (and with argv=True, for a session id, no leading -;
+    pair=True also allows Go's derived `workflow/entity` form of two such ids). Raises a
+    SeamFailure naming the flag and the first character that is not allowed, without
+    echoing the value (free text passed by mistake may hold a secret)."""
+    value = opts.get(flag, "").strip()
+    if not value:
+        return value
+    parts = value.split("/", 1) if pair else [value]
+    for part in parts:
+        rule = "[A-Za-z0-9._-]+%s" % (" (or two such ids joined by /)" if pair else "")
+        if part in (".", "..", ""):
+            raise SeamFailure("--%s must match %s, and no part may be %r" % (flag, rule, part))
+        if not is_safe_name(part):
+            first_slash = value.find("/") if pair else -1
+            at, bad = next((i, ch) for i, ch in enumerate(value) if i != first_slash and not (
+                ch.isascii() and (ch.isalnum() or ch in "._-")))
+            raise SeamFailure("--%s must match %s: %r at position %d is not allowed" % (
+                flag, rule, bad, at + 1))
+    if argv and value.startswith("-"):
+        raise SeamFailure("--%s may not start with - (a session id can reach an argv)" % flag)
+    return value
+
+
 def clean_slugs(values):
     """Trimmed, safe, de-duplicated and sorted slugs (Go's cleanSlugs)."""
     out = set()
@@ -3300,11 +3468,26 @@ def clean_slugs(values):
 
 
 def seam_root(repo_root=None, start=None):
-    """The root whose `_bridge/` a verb uses (decision 3)."""
+    """The root whose `_bridge/` a verb uses (decision 3).
+
+    A --repo-root that is not an existing directory is an error naming it: creating
+    `_bridge/` there would make the whole path, and a verb would answer success for a
+    root nobody reads (a typo, or a checkout that moved)."""
     if repo_root:
-        return os.path.abspath(repo_root)
+        root = os.path.abspath(repo_root)
+        if not os.path.isdir(root):
+            raise SeamFailure("--repo-root %s %s" % (
+                root, "is not a directory" if os.path.lexists(root) else "does not exist"))
+        return root
     start = os.path.abspath(start or os.getcwd())
     return git_toplevel(start) or start
+
+
+def write_failure(action, path, exc):
+    """`ACTION PATH: reason` for an OSError, naming the file the verb was writing even when
+    the error does not (a full disk mid-write carries no filename; an atomic write's error
+    names its temporary file)."""
+    return "%s %s: %s" % (action, path, getattr(exc, "strerror", None) or exc)
 
 
 def bridge_dir(root, create=False):
@@ -3316,7 +3499,7 @@ def bridge_dir(root, create=False):
         try:
             os.makedirs(path, exist_ok=True)
         except OSError as exc:
-            raise SeamFailure("cannot create %s: %s" % (path, exc.strerror or exc))
+            raise SeamFailure(write_failure("cannot create", path, exc))
     return path
 
 
@@ -3346,7 +3529,7 @@ def seam_append(path, data, wait=2.0):
             except FileNotFoundError:
                 current = False
             if current:
-                _write_all(fd, data)
+                append_whole(fd, data, path)
                 return
         finally:
             os.close(fd)
@@ -3413,29 +3596,51 @@ def read_cursor(bdir, slug):
 
     Missing, unreadable, negative or non-numeric means 0. When the slug has no
     cursor file yet, the legacy shared `.inbox-cursor` is read instead (drain
-    and commit then adopt it into the slug's file).
+    and commit then adopt it into the slug's file). A symlink is never followed:
+    it reads as missing.
     """
     if not is_safe_name(slug):
         return 0
-    text = _read_small(os.path.join(bdir, ".inbox-cursor." + slug))
+    text = _read_small(os.path.join(bdir, ".inbox-cursor." + slug), follow=False)
     if text is None:
-        text = _read_small(os.path.join(bdir, ".inbox-cursor"))
+        text = _read_small(os.path.join(bdir, ".inbox-cursor"), follow=False)
     if text and text.isascii() and text.isdigit():
         return int(text)
     return 0
 
 
-def adopt_cursor(bdir, slug):
-    """Copy the legacy `.inbox-cursor` into `.inbox-cursor.<slug>` if the latter is missing."""
+def cursor_lock(bdir, slug, timeout=10.0):
+    """Take `slug`'s cursor lock (an fd for release_flock), or None after `timeout` s.
+
+    Named `.cursor-lock.<slug>`, not `.inbox-cursor.<slug>.lock`: Go collects cursor
+    files by the prefix `.inbox-cursor.` (truncateReplies' floor), and would read a lock
+    file as the cursor of a slug "<slug>.lock" at 0, which stops its trim for good."""
+    return acquire_flock(os.path.join(bdir, ".cursor-lock." + slug), timeout=timeout)
+
+
+def adopt_cursor(bdir, slug, locked=False):
+    """Copy the legacy `.inbox-cursor` into `.inbox-cursor.<slug>` if the latter is missing
+    (Go's adoptCursor).
+
+    Under the slug's cursor lock (taken here unless `locked`), so a commit cannot land
+    between the check and the write, which would lower the cursor it wrote. Neither file
+    is followed if it is a symlink. Without the lock in 10 s (a commit is writing the
+    slug's own cursor) nothing is adopted.
+    """
     target = os.path.join(bdir, ".inbox-cursor." + slug)
     legacy = os.path.join(bdir, ".inbox-cursor")
-    if os.path.lexists(target) or not os.path.isfile(legacy):
+    if os.path.lexists(target) or not os.path.lexists(legacy):
+        return  # the common case, decided without the lock
+    lock = None if locked else cursor_lock(bdir, slug)
+    if lock is None and not locked:
         return
     try:
-        with open(legacy, "rb") as handle:
-            atomic_write(target, handle.read(4096), mode=0o644)
-    except OSError:
-        pass  # nothing adopted: the cursor reads the legacy file anyway
+        text = _read_small(legacy, follow=False)
+        if text is not None and not os.path.lexists(target):
+            atomic_write(target, text + "\n", mode=0o644)
+    finally:
+        if lock is not None:
+            release_flock(lock)
 
 
 def one_line_summary(text, limit):
@@ -3483,7 +3688,9 @@ def _payload_str(obj, key):
 
 
 def _actor_id(host, payload):
-    """actorIDFor: who the event is about, or "" when no safe id is available."""
+    """actorIDFor: who the event is about, or "" when no safe id is available.
+
+    `payload` needs only actor_id, session_id and agent_id (egress passes them redacted)."""
     explicit = _payload_str(payload, "actor_id")
     if explicit:
         return explicit if is_safe_name(explicit) else ""
@@ -3505,7 +3712,7 @@ def egress_emit(data, host_flag="", repo_root=None, debug=None):
     except OSError from writing (the caller swallows it too).
     """
     try:
-        payload = json.loads(data.decode("utf-8", "replace"))
+        payload = parse_json(data.decode("utf-8", "replace"))
     except ValueError as exc:
         return "payload is not JSON: %s" % exc
     if not isinstance(payload, dict):
@@ -3519,6 +3726,8 @@ def egress_emit(data, host_flag="", repo_root=None, debug=None):
     cwd = _payload_str(payload, "cwd") or os.getcwd()
     if not host or not event or not cwd:
         return "nothing to record: host, event and cwd are required"
+    if not is_safe_name(host):
+        return "nothing to record: host %r is not an id" % host
     cwd = os.path.abspath(cwd)
     if not os.path.isdir(cwd):
         return "cwd %s is not a directory" % cwd
@@ -3527,29 +3736,31 @@ def egress_emit(data, host_flag="", repo_root=None, debug=None):
     detail = payload.get("detail")
     detail = go_fields(detail, DETAIL_FIELDS) if isinstance(detail, dict) else {}
     ts = _payload_str(payload, "timestamp") or _payload_str(payload, "ts")
-    agent_type = _payload_str(payload, "agent_type")
-    source = _payload_str(detail, "source") or _payload_str(payload, "source")
-    # Free text from the host is redacted, but only when present; a valid RFC 3339
-    # time cannot hold a secret, so the common payload skips the redactor for ts.
-    ts_free = bool(ts) and parse_rfc3339(ts) is None
-    if ts_free or agent_type or source:
-        redactor = _seam_redactor(root)
-        if ts_free:
-            ts = redactor.redact(ts)
-        if agent_type:
-            agent_type = redactor.redact(agent_type)
-        if source:
-            source = redactor.redact(source)
-    ts = ts or utc_iso()
-    actor = _actor_id(host, payload)
+    # Every string written from the payload goes through the redactor (a valid RFC 3339
+    # time cannot hold a secret, and skipping it keeps ":" out of the common hook's text,
+    # so the key=value rules are not even compiled). An id the redactor would change is
+    # blanked: "[REDACTED]" is no id (Go blanks an unsafe actor_id alike).
+    fields = {"event": event, "session_id": _payload_str(payload, "session_id"),
+              "agent_id": _payload_str(payload, "agent_id"),
+              "actor_id": _payload_str(payload, "actor_id"),
+              "agent_type": _payload_str(payload, "agent_type"),
+              "tool": _payload_str(detail, "tool") or _payload_str(payload, "tool_name"),
+              "source": _payload_str(detail, "source") or _payload_str(payload, "source"),
+              "ts": ts if ts and parse_rfc3339(ts) is None else "", "host": host}
+    redactor = _seam_redactor(root)
+    clean = redact_fields(redactor, fields)
+    for key in ("session_id", "agent_id", "actor_id", "host"):
+        if clean[key] != fields[key]:
+            clean[key] = ""
+    if not clean["host"]:
+        return "nothing to record: host %r is redacted" % host
+    ts = clean["ts"] or ts or utc_iso()
+    actor = _actor_id(host, clean)
     record = {
-        "timestamp": ts, "ts": ts, "host": host, "event": event,
-        "session_id": _payload_str(payload, "session_id"),
-        "agent_id": _payload_str(payload, "agent_id"),
-        "agent_type": agent_type,
-        "actor_id": actor,
-        "detail": {"tool": _payload_str(detail, "tool") or _payload_str(payload, "tool_name"),
-                   "source": source},
+        "timestamp": ts, "ts": ts, "host": host, "event": clean["event"],
+        "session_id": clean["session_id"], "agent_id": clean["agent_id"],
+        "agent_type": clean["agent_type"], "actor_id": actor,
+        "detail": {"tool": clean["tool"], "source": clean["source"]},
     }
     events = os.path.join(bdir, "events.jsonl")
     seam_append(events, go_line(record))
@@ -3563,8 +3774,21 @@ def egress_emit(data, host_flag="", repo_root=None, debug=None):
     done = "event appended"
     marker = _marker_for(host, hook_event, payload, detail, actor, cwd)
     if marker:
+        marker.update(session_id=clean["session_id"], agent_id=clean["agent_id"])
+        names = {"entity": marker["entity"], "workflow": marker["workflow"]}
+        if redact_fields(redactor, names) != names:
+            return done + "; no marker: its entity or workflow name is redacted"
         done += "; " + write_marker(bdir, marker)
     return done
+
+
+def redact_fields(redactor, fields):
+    """`fields` ({name: str}) with every value redacted, in one pass over them all when
+    none changes (the common case: one redactor call, not one per field)."""
+    joined = "\n".join(fields.values())
+    if redactor.redact(joined) == joined:
+        return fields
+    return {name: redactor.redact(value) for name, value in fields.items()}
 
 
 def _marker_for(host, hook_event, payload, detail, actor, cwd):
@@ -3783,12 +4007,46 @@ _INDEX_MAX_KEYS = 20000
 
 
 def _load_index(bdir):
+    """The cache in .seam-index.json, or {} (a full rescan) when any part of it is not
+    what _save_index writes: one wrong-typed entry means the file is not ours to trust."""
     try:
         with open(os.path.join(bdir, SEAM_INDEX), "rb") as handle:
-            index = json.loads(handle.read(8 << 20))
+            index = parse_json(handle.read(8 << 20))
     except (OSError, ValueError):
         return {}
-    return index if isinstance(index, dict) else {}
+    return index if _index_ok(index) else {}
+
+
+def _is_int(value):
+    return type(value) is int  # not bool, which JSON true would give
+
+
+def _mark_shaped(mark):
+    return (isinstance(mark, list) and len(mark) == 3 and _is_int(mark[0]) and _is_int(mark[1])
+            and mark[1] >= 0 and isinstance(mark[2], str))
+
+
+def _index_ok(index):
+    """True when every entry of a loaded index has the types its readers use."""
+    if not isinstance(index, dict):
+        return False
+    inbox = index.get("inbox", [])
+    if not (isinstance(inbox, list) and all(
+            isinstance(p, list) and len(p) == 2 and _is_int(p[0]) and p[0] > 0 and _mark_shaped(p[1])
+            for p in inbox)):
+        return False
+    replies = index.get("replies")
+    if replies is not None and not (
+            isinstance(replies, dict) and _is_int(replies.get("floor"))
+            and _mark_shaped(replies.get("mark")) and isinstance(replies.get("keys"), list)
+            and all(isinstance(e, list) and len(e) == 3 and _is_int(e[0]) and isinstance(e[1], str)
+                    and isinstance(e[2], bool) for e in replies["keys"])):
+        return False
+    trim = index.get("replies_trim")
+    return trim is None or (
+        isinstance(trim, dict) and _mark_shaped(trim.get("mark")) and _is_int(trim.get("floor"))
+        and _is_int(trim.get("lines")) and isinstance(trim.get("targets"), list)
+        and all(isinstance(t, str) for t in trim["targets"]))
 
 
 def _save_index(bdir, index):
@@ -3814,8 +4072,7 @@ def _mark(handle, st, offset):
 
 
 def _mark_ok(handle, st, mark):
-    if not (isinstance(mark, list) and len(mark) == 3 and mark[0] == st.st_ino
-            and isinstance(mark[1], int) and 0 <= mark[1] <= st.st_size):
+    if not (_mark_shaped(mark) and mark[0] == st.st_ino and mark[1] <= st.st_size):
         return False
     return _mark(handle, st, mark[1])[2] == mark[2]
 
@@ -3830,8 +4087,7 @@ def read_inbox(bdir, start, index):
     with handle:
         st = os.fstat(handle.fileno())
         base_line, base_offset = 0, 0
-        points = [p for p in index.get("inbox") or () if isinstance(p, list) and len(p) == 2
-                  and isinstance(p[0], int) and 0 < p[0] <= start]
+        points = [p for p in index.get("inbox") or () if p[0] <= start]  # shapes: _index_ok
         for line, mark in sorted(points, key=lambda p: -p[0]):
             if _mark_ok(handle, st, mark):
                 base_line, base_offset = line, mark[1]
@@ -3846,7 +4102,7 @@ def read_inbox(bdir, start, index):
             number += 1
             offset += len(raw)
             try:
-                out.append((number, json.loads(raw)))
+                out.append((number, parse_json(raw)))
             except ValueError:
                 out.append((number, None))
         new = [[line, mark] for line, mark in points if line not in (first_line, number)]
@@ -3879,10 +4135,8 @@ def load_reply_keys(bdir, lines, floor, index):
         st = os.fstat(handle.fileno())
         cache = index.get("replies")
         entries = []
-        if (isinstance(cache, dict) and isinstance(cache.get("floor"), int) and cache["floor"] <= floor
-                and isinstance(cache.get("keys"), list) and _mark_ok(handle, st, cache.get("mark"))):
-            entries = [e for e in cache["keys"] if isinstance(e, list) and len(e) == 3
-                       and isinstance(e[0], int) and e[0] > floor]
+        if cache and cache["floor"] <= floor and _mark_ok(handle, st, cache["mark"]):
+            entries = [e for e in cache["keys"] if e[0] > floor]  # shapes checked by _index_ok
             handle.seek(cache["mark"][1])
         else:
             handle.seek(0)
@@ -3901,7 +4155,7 @@ def load_reply_keys(bdir, lines, floor, index):
             start = data.rfind(b"\n", 0, match.start()) + 1
             seen = data.find(b"\n", match.end()) + 1
             try:
-                entry = _reply_entry(json.loads(data[start:seen]))
+                entry = _reply_entry(parse_json(data[start:seen]))
             except ValueError:
                 continue
             if entry is not None and entry[0] > floor:
@@ -4016,11 +4270,8 @@ def trim_replies(bdir):
     if slugs is None:
         return False
     index = _load_index(bdir)
-    note = index.get("replies_trim")
-    if not (isinstance(note, dict) and isinstance(note.get("floor"), int)
-            and isinstance(note.get("lines"), int) and isinstance(note.get("targets"), list)):
-        note = None
-    else:
+    note = index.get("replies_trim")  # shapes checked by _index_ok
+    if note:
         slugs |= set(t for t in note["targets"] if is_safe_name(t))
     floor = min(read_cursor(bdir, slug) for slug in slugs)
     if floor <= 0:
@@ -4054,7 +4305,8 @@ def trim_replies(bdir):
 def _floor_slugs(bdir):
     """The slugs whose cursors bound a replies trim, or None without any cursor file.
 
-    `.inbox-cursor.<slug>.lock` (inbox commit's lock) is not a cursor file."""
+    `.inbox-cursor.<slug>.lock` (inbox commit's lock before it was renamed) is not a
+    cursor file."""
     try:
         names = os.listdir(bdir)
     except OSError:
@@ -4091,7 +4343,7 @@ def _replies_to_keep(bdir, slugs, floor, head, tail, look):
     nothing: it counts as line 0. Notes the floor and targets in `look`."""
     def fields(raw):
         try:
-            rec = go_fields(json.loads(raw), REPLY_FIELDS)
+            rec = go_fields(parse_json(raw), REPLY_FIELDS)
         except ValueError:
             return 0, None
         if not isinstance(rec, dict):
@@ -4123,21 +4375,27 @@ def inbox_drain(root, slug, host="", session_id=None, members=None):
     if not is_safe_name(slug):
         out.update(status="failed", records=None, error="invalid or missing --slug")
         return out
-    if session_id is None:
-        session_id = _session_from_env(host)
-    if session_id and not is_safe_session_id(session_id):
-        out.update(status="failed", error="invalid session id %r" % session_id)
+    try:
+        host = id_flag({"host": host}, "host")
+        if session_id is None:
+            session_id = _session_from_env(host)
+        id_flag({"session-id": session_id}, "session-id", argv=True)
+    except SeamFailure as exc:
+        out.update(status="failed", error=exc.message)
         return out
     bdir = bridge_dir(root, create=True)
     beat = {"session_id": session_id}
     if host:
         beat["host"] = host
     beat.update(ts=utc_iso(), state="idle")
+    errors = []  # write failures: reported, and exit 1, but the records still go out
+    path = os.path.join(bdir, "fo.%s.json" % slug)
     try:
-        write_state(os.path.join(bdir, "fo.%s.json" % slug), beat)
+        write_state(path, beat)
         out["heartbeat"] = True
     except OSError as exc:
-        out["error"] = "heartbeat not written: %s" % (exc.strerror or exc)
+        errors.append(write_failure("heartbeat not written:", path, exc))
+        out["error"] = "; ".join(errors)
     if not os.path.exists(os.path.join(bdir, "inbox.jsonl")):
         out["status"] = "no-inbox"
         return out
@@ -4160,11 +4418,12 @@ def inbox_drain(root, slug, host="", session_id=None, members=None):
                                                  ("session_id", session_id), ("host", host))))
     out["count"] = len(out["records"])
     if acks:
+        path = os.path.join(bdir, "fo-replies.jsonl")
         try:
-            seam_append(os.path.join(bdir, "fo-replies.jsonl"),
-                        b"".join(go_line(ack) for ack in acks))
+            seam_append(path, b"".join(go_line(ack) for ack in acks))
         except OSError as exc:
-            out["error"] = "acting acks not written: %s" % (exc.strerror or exc)
+            errors.append(write_failure("acting acks not written:", path, exc))
+            out["error"] = "; ".join(errors)
         else:
             _trim_replies_after_append(bdir)
     return out
@@ -4176,7 +4435,7 @@ def _trim_replies_after_append(bdir):
     try:
         trim_replies(bdir)
     except OSError as exc:
-        warn("fo-replies.jsonl not trimmed: %s" % (exc.strerror or exc))
+        warn(write_failure("not trimmed:", os.path.join(bdir, "fo-replies.jsonl"), exc))
 
 
 def inbox_ack(root, opts):
@@ -4186,9 +4445,10 @@ def inbox_ack(root, opts):
     (--id or --ts), and they must match what is on that line; otherwise
     nothing is written and the error says which part disagrees.
     """
-    slug, host = opts.get("slug", ""), opts.get("host", "").strip().lower()
+    slug = opts.get("slug", "")
     if not is_safe_name(slug):
         raise SeamFailure("invalid or missing --slug")
+    host = id_flag(opts, "host").lower()
     line_text = opts.get("line", "")
     if not (line_text.isascii() and line_text.isdigit() and int(line_text) > 0):
         raise SeamFailure("--line must be a positive integer, got %r" % line_text)
@@ -4199,16 +4459,25 @@ def inbox_ack(root, opts):
     status = opts.get("status", "").strip()
     if not status:
         raise SeamFailure("--status is required")
+    if status not in ACK_STATUSES[ACK_KINDS[kind]]:
+        raise SeamFailure("--status %s is not one Bridge accepts for a %s (want %s)" % (
+            status if is_safe_name(status) else "(not a status word)", ACK_KINDS[kind],
+            "|".join(ACK_STATUSES[ACK_KINDS[kind]])))
     rid, rts = opts.get("id", ""), opts.get("ts", "")
     if not rid and not rts:
         raise SeamFailure("ack has no correlator: pass --id (from the drained record) or --ts")
-    if rid and not is_safe_name(rid):
-        raise SeamFailure("--id %r must match [A-Za-z0-9._-]+" % rid)
+    # An intent id is an opaque correlator (reference 2.1): it is only compared with the
+    # inbox line's id, never used as a path or an argv word, so any id Bridge wrote can be
+    # acked. Only a control character is refused: no id is written with one.
+    bad = next((ch for ch in rid if ord(ch) < 0x20 or 0x7f <= ord(ch) <= 0x9f), None)
+    if bad is not None:
+        raise SeamFailure("--id holds a control character (U+%04X); pass the id exactly as "
+                          "drain printed it" % ord(bad))
     if rts and parse_rfc3339(rts) is None:
         raise SeamFailure("--ts %r is not an RFC 3339 time" % rts)
-    session_id = opts["session-id"] if "session-id" in opts else _session_from_env(host)
-    if session_id and not is_safe_session_id(session_id):
-        raise SeamFailure("invalid session id %r" % session_id)
+    session_id = (opts["session-id"] if "session-id" in opts else _session_from_env(host)).strip()
+    id_flag({"session-id": session_id}, "session-id", argv=True)
+    request_id = id_flag(opts, "request-id")
     bdir = bridge_dir(root)
     rec = None
     for item in scan_jsonl(os.path.join(bdir, "inbox.jsonl"), line - 1):
@@ -4221,30 +4490,31 @@ def inbox_ack(root, opts):
     if rec is False:
         raise SeamFailure("inbox line %d is not a valid intent record" % line)
     if rid and rec["id"] != rid:
-        raise SeamFailure("--id %s does not match inbox line %d (id %r)" % (rid, line, rec["id"]))
+        raise SeamFailure("--id %r does not match inbox line %d (id %r)" % (rid, line, rec["id"]))
     if rts and render_rfc3339_nano(parse_rfc3339(rts)) != render_rfc3339_nano(rec["_ts"]):
         raise SeamFailure("--ts %s does not match inbox line %d (ts %r)" % (rts, line, rec["ts"]))
     if rec["kind"] != kind:
         raise SeamFailure("--kind %s does not match inbox line %d (kind %r)" % (kind, line, rec["kind"]))
-    # Free text is redacted before it is written; the fields replyKey and the
-    # status check match on (line, id, ts, kind, target, status) and the ids
-    # (request_id, session_id, host) are kept byte-identical.
+    # Free text is redacted before it is written, and before --text is flattened to one
+    # line (a private key pasted without its END line is recognised by its lines). The
+    # fields replyKey and Bridge match on (line, id, ts, kind, target, status) and the ids
+    # (checked above) are kept byte-identical.
     free = {name: opts.get(name, "") for name in ("text", "entity", "field", "value", "verdict")}
+    if any(free.values()):
+        free = redact_fields(_seam_redactor(root), free)
     if free["text"]:
         free["text"] = free["text"].replace("\r", " ").replace("\n", " ").strip()
-    if any(free.values()):
-        redactor = _seam_redactor(root)
-        free = {name: redactor.redact(value) if value else value for name, value in free.items()}
     granted = opts.get("granted")
     reply = reply_record(ACK_KINDS[kind], slug, line, kind, status, rid, rts, (
         ("text", free["text"]), ("granted", granted), ("entity", free["entity"]),
         ("field", free["field"]), ("value", free["value"]),
-        ("verdict", free["verdict"]), ("request_id", opts.get("request-id", "")),
+        ("verdict", free["verdict"]), ("request_id", request_id),
         ("session_id", session_id), ("host", host)))
+    path = os.path.join(bdir, "fo-replies.jsonl")
     try:
-        seam_append(os.path.join(bdir, "fo-replies.jsonl"), go_line(reply))
+        seam_append(path, go_line(reply))
     except OSError as exc:
-        raise SeamFailure("cannot append to fo-replies.jsonl: %s" % (exc.strerror or exc))
+        raise SeamFailure(write_failure("cannot append to", path, exc))
     _trim_replies_after_append(bdir)
     return {"appended": True, "kind": reply["kind"], "target": slug, "line": line}
 
@@ -4258,19 +4528,28 @@ def inbox_commit(root, slug, cursor_text):
                           else "--cursor must be a line count, got %r" % cursor_text)
     wanted = int(cursor_text)
     bdir = bridge_dir(root, create=True)
-    lock = acquire_flock(os.path.join(bdir, ".inbox-cursor.%s.lock" % slug), timeout=10.0)
+    lock = cursor_lock(bdir, slug)
     if lock is None:
-        raise SeamFailure("another commit for %s holds its cursor lock" % slug)
+        raise SeamFailure("another commit for %s holds its cursor lock %s" % (
+            slug, os.path.join(bdir, ".cursor-lock." + slug)))
     try:
-        adopt_cursor(bdir, slug)
+        try:  # the lock name older versions used: Go would read it as a cursor (cursor_lock)
+            os.unlink(os.path.join(bdir, ".inbox-cursor.%s.lock" % slug))
+        except OSError:
+            pass
+        adopt_cursor(bdir, slug, locked=True)
         current = read_cursor(bdir, slug)
         lines = count_complete_lines(os.path.join(bdir, "inbox.jsonl"))
         if wanted > lines:
             raise SeamFailure("--cursor %d is past the inbox's %d complete lines (an over-advanced "
                               "cursor loses intent)" % (wanted, lines))
         new = max(wanted, current)
-        if new != current or not os.path.exists(os.path.join(bdir, ".inbox-cursor." + slug)):
-            atomic_write(os.path.join(bdir, ".inbox-cursor." + slug), "%d\n" % new, mode=0o644)
+        path = os.path.join(bdir, ".inbox-cursor." + slug)
+        if new != current or not os.path.exists(path):
+            try:
+                atomic_write(path, "%d\n" % new, mode=0o644)
+            except OSError as exc:
+                raise SeamFailure(write_failure("cannot write", path, exc), {"cursor": current})
         return {"cursor": new}
     finally:
         release_flock(lock)
@@ -4288,12 +4567,23 @@ def inbox_check(data, host="", repo_root=None, slug=None, session_id=None):
     """The Claude Stop hook: {"decision":"block",...} when intent is queued for this
     session's workflows, else {}. Never blocks twice in a row (stop_hook_active);
     the CLI turns any failure into {} so a broken seam never traps the agent."""
+    # Go decodes the payload into a struct, and its check answers {} when that fails:
+    # not JSON, not an object, or a field of the wrong type ("true" or 1 for
+    # stop_hook_active must not make the hook block a stop it was told to allow).
     try:
-        payload = json.loads(data.decode("utf-8", "replace")) if data.strip() else {}
+        payload = parse_json(data.decode("utf-8", "replace")) if data.strip() else {}
     except ValueError:
-        payload = {}
-    payload = go_fields(payload, STOP_FIELDS) if isinstance(payload, dict) else {}
-    if payload.get("stop_hook_active") is True:
+        return {}
+    if payload is None:
+        payload = {}  # Go decodes null into the zero struct
+    if not isinstance(payload, dict):
+        return {}
+    payload = go_fields(payload, STOP_FIELDS)
+    active = payload.get("stop_hook_active")
+    if any(payload.get(k) is not None and not isinstance(payload.get(k), str) for k in ("cwd", "session_id")) \
+            or (active is not None and not isinstance(active, bool)):
+        return {}
+    if active:
         return {}
     host = (host or "claude").strip().lower()
     root = seam_root(repo_root, _payload_str(payload, "cwd") or None)
@@ -4332,7 +4622,7 @@ def _heartbeat(bdir, slug):
     """The parsed fo.<slug>.json heartbeat, or None (a malformed ts fails it whole)."""
     try:
         with open(os.path.join(bdir, "fo.%s.json" % slug), "rb") as handle:
-            beat = json.loads(handle.read(1 << 20))
+            beat = parse_json(handle.read(1 << 20))
     except (OSError, ValueError):
         return None
     if not isinstance(beat, dict):
@@ -4363,7 +4653,7 @@ def _markers(bdir):
         path = os.path.join(sessions, name)
         try:
             with open(path, "rb") as handle:
-                marker = json.loads(handle.read(65536))
+                marker = parse_json(handle.read(65536))
             mtime = os.stat(path).st_mtime
         except (OSError, ValueError):
             continue
@@ -4385,6 +4675,21 @@ INITIATE_KINDS = ("status", "reco", "gate-review")
 FEED_VERBS = ("dispatch", "advance", "complete")
 
 
+def append_record(root, name, rec, prefix, answer=None):
+    """Append `rec` (Go-encoded) to ROOT/_bridge/NAME, creating `_bridge/` as needed; returns
+    the file's path. A failure is a SeamFailure naming the file, in the verb's words (`prefix`),
+    carrying the verb's `answer`."""
+    try:
+        path = os.path.join(bridge_dir(root, create=True), name)
+    except SeamFailure as exc:
+        raise SeamFailure(prefix + exc.message, answer)
+    try:
+        seam_append(path, go_line(rec))
+    except OSError as exc:
+        raise SeamFailure(write_failure(prefix + "cannot write", path, exc), answer)
+    return path
+
+
 def initiate(root, opts):
     """Append a status / reco / gate-review card to fo-initiate.jsonl (folded by id)."""
     rid, kind = opts.get("id", "").strip(), opts.get("kind", "").strip()
@@ -4397,33 +4702,35 @@ def initiate(root, opts):
     out = {"id": rid, "request_id": request_id, "queued": False}
     if not rid:
         raise SeamFailure("initiation: id is required", out)
-    if not is_safe_name(rid):
-        raise SeamFailure("initiation: id %r must match [A-Za-z0-9._-]+" % rid, out)
     if kind not in INITIATE_KINDS:
         raise SeamFailure("initiation: kind must be one of status|reco|gate-review", out)
     if not headline:
         raise SeamFailure("initiation: headline is required", out)
     rec = {"schema": 1, "id": rid, "ts": utc_iso(), "kind": kind}
-    for key, flag in (("workflow", "workflow"), ("entity", "entity"), ("ship_id", "ship-id"),
-                      ("host", "host"), ("session_id", "session-id")):
-        value = opts.get(flag, "").strip()
-        if value:
-            rec[key] = value.lower() if key == "host" else value
+    try:
+        id_flag(opts, "id")  # the fold key (and the default request_id)
+        id_flag(opts, "request-id")
+        for key, flag in (("workflow", "workflow"), ("entity", "entity"), ("ship_id", "ship-id"),
+                          ("host", "host"), ("session_id", "session-id")):
+            value = id_flag(opts, flag, argv=key == "session_id", pair=key == "ship_id")
+            if value:
+                rec[key] = value.lower() if key == "host" else value
+    except SeamFailure as exc:
+        raise SeamFailure("initiation: " + exc.message, out)
     rec["headline"] = headline
     if body:
         rec["body"] = body
     if request_id:
         rec["request_id"] = request_id
     rec["status"] = "open"
-    path = os.path.join(bridge_dir(root, create=True), "fo-initiate.jsonl")
-    try:
-        seam_append(path, go_line(rec))
+    path = append_record(root, "fo-initiate.jsonl", rec, "initiation: ", out)
+    out["queued"] = True
+    try:  # the card is queued: a failed trim only leaves the file longer
         if count_complete_lines(path) > INITIATE_MAX_LINES:
             seam_trim(path, INITIATE_MAX_LINES, INITIATE_KEEP_LINES,
                       lambda head, tail: _open_gates(os.path.dirname(path), head, tail))
     except OSError as exc:
-        raise SeamFailure("initiation: cannot write %s: %s" % (path, exc.strerror or exc), out)
-    out["queued"] = True
+        warn(write_failure("initiation: not trimmed:", path, exc))
     return out
 
 
@@ -4431,7 +4738,7 @@ def _open_gates(bdir, head, tail):
     """Lines of `head` to keep through a trim: each undecided open gate's latest line."""
     def ident(raw):
         try:
-            rec = go_fields(json.loads(raw), INITIATE_FIELDS)
+            rec = go_fields(parse_json(raw), INITIATE_FIELDS)
         except ValueError:
             return None, None
         return (rec.get("id") if isinstance(rec, dict) and isinstance(rec.get("id"), str)
@@ -4467,31 +4774,33 @@ def alert_permission(root, opts):
     """Append a non-blocking permission interrupt to fo-alerts.jsonl."""
     rid = opts.get("id", "").strip() or "perm_" + random_hex(16)
     out = {"id": rid, "request_id": rid, "queued": False}
-    if not is_safe_name(rid):
-        raise SeamFailure("permission alert: id %r must match [A-Za-z0-9._-]+" % rid, out)
+    ids = {}
+    try:
+        id_flag(opts, "id")
+        for key in ("workflow", "entity", "host", "session_id"):
+            ids[key] = id_flag(opts, key.replace("_", "-"), argv=key == "session_id")
+    except SeamFailure as exc:
+        raise SeamFailure("permission alert: " + exc.message, out)
     redactor = _seam_redactor(root)
     reason = one_line_summary(redactor.redact(opts.get("reason", "")), 240)
     if not reason:
         raise SeamFailure("permission alert: reason is required", out)
     rec = {"schema": 1, "id": rid, "ts": utc_iso(), "kind": "permission-request",
            "severity": "blocked"}
-    for key in ("workflow", "entity", "host", "session_id"):
-        value = opts.get(key.replace("_", "-"), "").strip()
+    for key, value in ids.items():
         if value:
             rec[key] = value.lower() if key == "host" else value
     rec["reason"] = reason
     command = one_line_summary(redactor.redact(opts.get("command", "")), 500)
     if command:
         rec["command"] = command
-    rule = [part.strip() for part in opts.get("prefix-rule", "").split(",") if part.strip()]
+    # free text: redacted whole, before it is split (a secret may span a comma)
+    rule = [part.strip() for part in redactor.redact(opts.get("prefix-rule", "")).split(",")
+            if part.strip()]
     if rule:
         rec["prefix_rule"] = rule
     rec["status"] = "open"
-    try:
-        seam_append(os.path.join(bridge_dir(root, create=True), "fo-alerts.jsonl"), go_line(rec))
-    except (OSError, SeamFailure) as exc:
-        raise SeamFailure("permission alert: cannot write: %s" % (
-            getattr(exc, "strerror", None) or exc), out)
+    append_record(root, "fo-alerts.jsonl", rec, "permission alert: ", out)
     out["queued"] = True
     return out
 
@@ -4506,41 +4815,93 @@ def feed(root, opts):
         raise SeamFailure("feed: --text is required")
     rec = {"ts": utc_iso(), "verb": verb}
     for key in ("entity", "workflow", "stage"):
-        value = opts.get(key, "").strip()
-        if value and not is_safe_name(value):
-            raise SeamFailure("feed: --%s %r must match [A-Za-z0-9._-]+" % (key, value))
-        rec[key] = value
+        try:
+            rec[key] = id_flag(opts, key)
+        except SeamFailure as exc:
+            raise SeamFailure("feed: " + exc.message)
     rec["text"] = text
-    try:
-        seam_append(os.path.join(bridge_dir(root, create=True), "fo-feed.jsonl"), go_line(rec))
-    except OSError as exc:
-        raise SeamFailure("feed: cannot write fo-feed.jsonl: %s" % (exc.strerror or exc))
+    append_record(root, "fo-feed.jsonl", rec, "feed: ")
     return {"appended": True, "verb": verb}
 
 
 # ---- wake: resume parked Codex sessions --------------------------------------------
 
-def wake_codex(root, members=None, codex_bin=None):
-    """Resume each parked Codex FO session that has undelivered intent.
+WAKE_LOCK = ".wake-lock.codex"
+WAKE_LOCK_STALE_SEC = 300
+# bridge.py's own record of the resumes it started, so one Codex session is never resumed
+# twice at once. No Go glob reads this name (Go's are fo.*.json, sessions/*.json and the
+# .inbox-cursor.* files).
+WAKE_RESUMES = ".wake-resumes.codex"
 
-    Holds the exclusive wake lock for the whole pass (a crashed holder's flock
-    is released by the kernel, so a stale lock reclaims itself), runs the wake
-    command per session and waits for it with a timeout, so one session is never
-    resumed twice at once. Never moves a cursor: delivery is the FO's drain + ack.
+
+def wake_codex(root, members=None, codex_bin=None):
+    """Start a resume of each parked Codex FO session that has undelivered intent.
+
+    Go's protocol, so Go's wake and this one exclude each other: the lock is
+    `_bridge/.wake-lock.codex`, created exclusively (mode 0600, "<pid>\n") and removed
+    when the pass ends; one older than 5 minutes is stale and reclaimed once. Each
+    resume is started, not awaited (a Codex turn may take an hour), in its own session
+    with its prompt on stdin and its output discarded. The resumes started are
+    remembered in .wake-resumes.codex, and a session whose resume still runs is not
+    resumed again. Never moves a cursor: delivery is the FO's drain + ack.
     """
     config = load_config(root)
     bdir = bridge_dir(root)
     if not os.path.isfile(os.path.join(bdir, "inbox.jsonl")):
         return {"status": "noop", "message": "no pending inbox records"}
-    lock = FileLock(os.path.join(bdir, ".wake-lock.codex"),
-                    ttl_sec=float(config_get(config, "seam.wake_timeout_sec", 1800)) + 300,
-                    meta={"purpose": "bridge.py wake --host codex"})
-    if not lock.acquire():
+    lock = _wake_lock(bdir)
+    if lock is None:
         return {"status": "locked", "message": "another bridge ingress wake is running"}
     try:
         return _wake_pass(root, bdir, config, members, codex_bin)
     finally:
-        lock.release()
+        _wake_unlock(bdir, lock)
+
+
+def _wake_lock(bdir):
+    """Go's wake lock: an fd of the exclusively created lock file, or None when another
+    wake holds it. Raises SeamFailure naming the file when it cannot be created at all."""
+    path = os.path.join(bdir, WAKE_LOCK)
+    flags = (os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
+             | getattr(os, "O_CLOEXEC", 0))
+    for attempt in range(2):
+        try:
+            fd = os.open(path, flags, 0o600)
+        except FileExistsError:
+            try:
+                age = time.time() - os.lstat(path).st_mtime
+            except OSError:
+                return None  # as Go: a lock we cannot stat is held
+            if attempt or age <= WAKE_LOCK_STALE_SEC:
+                return None
+            try:  # stale (its wake died): reclaim it, once
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+            except OSError as exc:
+                raise SeamFailure(write_failure("cannot remove the stale wake lock", path, exc))
+            continue
+        except OSError as exc:
+            raise SeamFailure(write_failure("cannot create the wake lock", path, exc))
+        try:
+            append_whole(fd, b"%d\n" % os.getpid(), path)
+        except OSError as exc:
+            _wake_unlock(bdir, fd)
+            raise SeamFailure(write_failure("cannot write the wake lock", path, exc))
+        return fd
+    return None
+
+
+def _wake_unlock(bdir, fd):
+    """Remove the wake lock, unless it is no longer ours (reclaimed as stale meanwhile)."""
+    path = os.path.join(bdir, WAKE_LOCK)
+    try:
+        if os.lstat(path).st_ino == os.fstat(fd).st_ino:
+            os.unlink(path)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
 
 
 def _wake_pass(root, bdir, config, members, codex_bin):
@@ -4564,11 +4925,17 @@ def _wake_pass(root, bdir, config, members, codex_bin):
         return {"status": "skipped-no-session", "lines": all_lines, "targets": sorted(pending),
                 "message": "no resumable Codex session id"}
     template = config_get(config, "seam.wake_command") or ["codex", "exec", "resume", "{session_id}", "-"]
-    timeout = float(config_get(config, "seam.wake_timeout_sec", 1800))
     command = _seam_command(root)
-    woke, failures = 0, []
+    resumes = _wake_resumes(bdir)
+    woke, running, failures = 0, [], []
     for session, slugs in groups.items():
         lines = sorted({line for slug in slugs for line in pending[slug]})
+        if session in resumes:
+            running.append(session)
+            _wake_event(bdir, "skipped-running", lines, slugs, session,
+                        message="the resume started by an earlier wake (pid %d) is still running"
+                        % resumes[session]["pid"])
+            continue
         argv = [part.replace("{session_id}", session) for part in template]
         if codex_bin:
             argv[0] = codex_bin
@@ -4579,26 +4946,90 @@ def _wake_pass(root, bdir, config, members, codex_bin):
                   "For each slug run `%s inbox drain --host codex --slug SLUG`, act on each "
                   "record, ack it with `%s inbox ack ...`, then `%s inbox commit ...`.\n" % (
                       ",".join(map(str, lines)), ",".join(slugs), inbox, command, command, command))
-        result = run_command(argv, cwd=root, stdin_data=prompt, timeout=timeout, kill_grace=5.0)
-        if result.ok:
-            woke += 1
-            _wake_event(bdir, "woke", lines, slugs, session)
-        else:
-            error = result.describe()
-            tail = result.stderr.strip().splitlines()[-1:] if result.stderr else []
-            if tail:  # codex's own output may echo secrets: redact before it is kept
-                error += ": " + tail[0][:300]
-            error = _seam_redactor(root).redact(error)
+        try:
+            pid = _start_resume(argv, root, prompt)
+        except OSError as exc:
+            where = exc.filename if exc.filename and exc.filename != argv[0] else None
+            error = _seam_redactor(root).redact("cannot start %s: %s%s" % (
+                argv[0], "%s: " % where if where else "", exc.strerror or exc))
             failures.append(error)
             _wake_event(bdir, "failed", lines, slugs, session, error=error)
-    status = "woke" if not failures else ("partial" if woke else "failed")
+            continue
+        woke += 1
+        resumes[session] = process_identity(pid)
+        _save_wake_resumes(bdir, resumes)  # at once: a wake killed now still guards this resume
+        _wake_event(bdir, "woke", lines, slugs, session)
+    if failures:
+        status = "partial" if woke or running else "failed"
+    else:
+        status = "woke" if woke else "running"
     out = {"status": status, "lines": all_lines, "sessions": len(groups),
            "targets": sorted(pending),
-           "message": {"woke": "resumed Codex FO session", "partial": "some Codex sessions failed to resume",
+           "message": {"woke": "resumed Codex FO session",
+                       "running": "the Codex FO session's resume started by an earlier wake is still running",
+                       "partial": "some Codex sessions failed to resume",
                        "failed": "no Codex session resumed"}[status]}
+    if running:
+        out["running"] = running
     if failures:
         out["error"] = "; ".join(failures)
     return out
+
+
+def _start_resume(argv, cwd, prompt):
+    """Start `argv` detached, as Go's wake does: its own session, the prompt on stdin
+    from a temporary file spacedock-bridge-wake-*.txt (removed once the child holds it
+    open), stdout and stderr to /dev/null; not waited for. Returns its pid."""
+    import subprocess
+    import tempfile
+    fd, path = tempfile.mkstemp(prefix="spacedock-bridge-wake-", suffix=".txt")
+    try:
+        try:
+            try:
+                _write_all(fd, prompt.encode("utf-8"))
+            except OSError as exc:  # name the prompt file, not the command
+                raise OSError(exc.errno, exc.strerror, path) from None
+            os.lseek(fd, 0, os.SEEK_SET)
+            child = subprocess.Popen(argv, cwd=cwd, stdin=fd, stdout=subprocess.DEVNULL,
+                                     stderr=subprocess.DEVNULL, start_new_session=True)
+        finally:
+            os.unlink(path)
+    finally:
+        os.close(fd)
+    return child.pid  # not awaited: once this short-lived process exits, init reaps it
+
+
+def _wake_resumes(bdir):
+    """{session id: process_identity} of the resumes started by earlier wakes that still
+    run (verified: same host and boot, the pid alive and started when it was recorded,
+    so a recycled pid does not count, nor a zombie)."""
+    try:
+        with open(os.path.join(bdir, WAKE_RESUMES), "rb") as handle:
+            saved = parse_json(handle.read(1 << 20))
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(saved, dict):
+        return {}
+    me = os.uname().nodename
+    running = {}
+    for session, meta in saved.items():
+        if not (isinstance(meta, dict) and meta.get("host") == me and _is_int(meta.get("pid"))
+                and meta["pid"] > 0 and meta.get("start_ticks")) or holder_is_dead(meta):
+            continue
+        stat = _read_small("/proc/%d/stat" % meta["pid"])
+        if stat and ")" in stat and stat.rsplit(")", 1)[1].split()[:1] == ["Z"]:
+            continue  # exited, not yet reaped
+        running[session] = meta
+    return running
+
+
+def _save_wake_resumes(bdir, resumes):
+    path = os.path.join(bdir, WAKE_RESUMES)
+    try:
+        if resumes or os.path.lexists(path):
+            write_state(path, resumes)
+    except OSError as exc:  # the resumes are started: losing the record only loses the guard
+        warn(write_failure("wake: cannot record the resumes started in", path, exc))
 
 
 def _resumable_session(bdir, slug):
@@ -4636,7 +5067,7 @@ def _wake_event(bdir, status, lines, targets, session, message="", error=""):
     try:
         seam_append(os.path.join(bdir, "wake-events.jsonl"), go_line(rec))
     except OSError as exc:
-        warn("wake: cannot append to wake-events.jsonl: %s" % (exc.strerror or exc))
+        warn(write_failure("wake: cannot append to", os.path.join(bdir, "wake-events.jsonl"), exc))
 
 
 # =============================================================================
@@ -8792,7 +9223,7 @@ SEAM_EXAMPLES = {
               "python3 scripts/bridge.py egress emit --host claude",
     "inbox drain": "python3 scripts/bridge.py inbox drain --slug fo-main",
     "inbox ack": ("python3 scripts/bridge.py inbox ack --slug fo-main --line 3 --kind tell "
-                  "--status done --id msg-17 --text 'shipped'"),
+                  "--status answered --id msg-17 --text 'shipped'"),
     "inbox commit": "python3 scripts/bridge.py inbox commit --slug fo-main --cursor 3",
     "inbox check": "echo '{\"stop_hook_active\":false}' | python3 scripts/bridge.py inbox check --slug fo-main",
     "initiate": ("python3 scripts/bridge.py initiate --kind status --id st-1 "
@@ -8930,6 +9361,7 @@ def _run_seam_verb(key, rest):
     except SeamFailure as exc:
         _seam_print(failed(exc.message))
         return EXIT_OK if key in ("initiate", "alert", "feed") else EXIT_USAGE
+    root = None
     try:
         root = seam_root(opts.get("repo-root"))
         if key == "inbox drain":
@@ -8937,7 +9369,9 @@ def _run_seam_verb(key, rest):
             out = inbox_drain(root, opts.get("slug", ""), host, opts.get("session-id"),
                               _csv(opts.get("members")))
             _seam_print(out)
-            return EXIT_FAILED if out["status"] == "failed" else EXIT_OK
+            # a heartbeat or acting acks not written: the records still go out, but the
+            # exit says something is wrong with _bridge/ (out["error"] names the file)
+            return EXIT_FAILED if out["status"] == "failed" or out.get("error") else EXIT_OK
         if key == "inbox ack":
             _seam_print(inbox_ack(root, opts))
         elif key == "inbox commit":
@@ -8960,30 +9394,49 @@ def _run_seam_verb(key, rest):
                     "partial": EXIT_FAILED}.get(out["status"], EXIT_OK)
         return EXIT_OK
     except (SeamFailure, BridgeError, OSError) as exc:
-        message = getattr(exc, "message", None) or "%s: %s" % (
-            getattr(exc, "filename", "") or "", getattr(exc, "strerror", None) or exc)
+        message = getattr(exc, "message", None)
+        if not message:  # an OSError no verb wrapped: name its file, or at least the verb
+            message = "%s: %s" % (getattr(exc, "filename", None) or key + " failed",
+                                  getattr(exc, "strerror", None) or exc)
         answer = dict(getattr(exc, "answer", None) or failed(message))
         answer["error"] = message
-        if key == "inbox commit" and opts.get("slug") and is_safe_name(opts["slug"]):
-            answer["cursor"] = read_cursor(os.path.join(seam_root(opts.get("repo-root")), SEAM_DIR),
-                                           opts["slug"])
+        if key == "inbox drain":
+            answer["slug"] = opts.get("slug", "")  # as Go's failed drain answer
+        if key == "inbox commit" and root and "cursor" not in (getattr(exc, "answer", None) or {}) \
+                and is_safe_name(opts.get("slug")):
+            answer["cursor"] = read_cursor(os.path.join(root, SEAM_DIR), opts["slug"])
         _seam_print(answer)
         return EXIT_OK if key in ("initiate", "alert", "feed") else EXIT_FAILED
 
 
+def _quiet_stderr():
+    """Swap stderr for a sink unless BRIDGE_DEBUG is set; returns what to restore.
+
+    The hook verbs say nothing on stderr, whatever the kernel warns about on the way
+    (an unknown key in bridge.config.json would otherwise speak on every tool call)."""
+    if debug_enabled():
+        return None
+    import io  # loaded at interpreter start: free
+    saved, sys.stderr = sys.stderr, io.StringIO()
+    return saved
+
+
 def _cmd_egress_emit(rest):
     """Observe-only: read the payload, record it, print nothing, exit 0."""
-    debug = debug_enabled()
     if "-h" in rest or "--help" in rest:
         sys.stdout.write("usage: bridge.py %s\n" % SEAM_USAGE["egress"])
         return EXIT_OK
+    saved = _quiet_stderr()
     try:
         opts = parse_go_flags(rest, _SEAM_FLAGS["egress"])
         data = sys.stdin.buffer.read()
         done = egress_emit(data, opts.get("host", ""), opts.get("repo-root"))
     except Exception as exc:  # the host must never see us fail
         done = "not recorded: %s: %s" % (type(exc).__name__, exc)
-    if debug:
+    finally:
+        if saved is not None:
+            sys.stderr = saved
+    if saved is None:
         warn("egress emit: %s" % done)
     return EXIT_OK
 
@@ -8991,14 +9444,18 @@ def _cmd_egress_emit(rest):
 def _cmd_inbox_check(rest):
     """The Stop hook: prints {"decision":"block",...} or {}, always exits 0."""
     answer = {}
+    saved = _quiet_stderr()
     try:
         opts = parse_go_flags(rest, _SEAM_FLAGS["inbox check"])
         data = sys.stdin.buffer.read() if not sys.stdin.isatty() else b""
         answer = inbox_check(data, opts.get("host", ""), opts.get("repo-root"),
                              opts.get("slug"), opts.get("session-id"))
     except Exception as exc:
-        if debug_enabled():
+        if saved is None:
             warn("inbox check: %s: %s" % (type(exc).__name__, exc))
+    finally:
+        if saved is not None:
+            sys.stderr = saved
     try:
         _seam_print(answer)
     except (OSError, ValueError):

@@ -33,10 +33,14 @@ PY = sys.executable
 RUNS = int(sys.argv[1]) if len(sys.argv) > 1 else 41
 
 # The README's hook commands: bridge.py imported from its cached bytecode, no argparse
-# (Claude Code: after `cd "$CLAUDE_PROJECT_DIR"`; Codex: scripts/ looked up from the cwd).
+# (Claude Code: after `cd "$CLAUDE_PROJECT_DIR"`; Codex: scripts/bridge.py looked up within the
+# git repository and loaded by its path).
 HOOK_CODE = 'import gc,sys;gc.disable();sys.path[:0]=["scripts"];import bridge;sys.exit(bridge.seam_main())'
-WALK_CODE = ('import gc,os,sys;gc.disable();p=os.getcwd().split("/");sys.path[:0]=["/".join(p[:i])+"/scripts" '
-             'for i in range(len(p),0,-1)];import bridge;sys.exit(bridge.seam_main())')
+WALK_CODE = ('import gc,os,sys;gc.disable();p=os.getcwd().split("/");a=["/".join(p[:i]) or "/" for i in '
+             'range(len(p),0,-1)];g=[d for d in a if os.path.exists(d+"/.git")][:1];a=a[:a.index(g[0])+1'
+             '] if g else a[:1];f=[d+"/scripts/bridge.py" for d in a if os.path.isfile(d+"/scripts/bridg'
+             'e.py")][:1];f or sys.exit(0);from importlib.machinery import SourceFileLoader as L;m=type('
+             'sys)("bridge");m.__file__=f[0];L("bridge",f[0]).exec_module(m);sys.exit(m.seam_main())')
 
 
 def hook(*args):
@@ -106,7 +110,7 @@ def bench_hook_latency(tmp):
     cases = {
         'baseline: python3 -I -S -c "import json"': ([PY, "-I", "-S", "-c", "import json"], repo, data, None),
         "README hook: -I -S -c import bridge; seam_main()": (hook(*emit), repo, data, reset),
-        "README Codex hook: scripts/ looked up from the cwd": (
+        "README Codex hook: bridge.py found in the repo, by path": (
             [PY, "-I", "-S", "-c", WALK_CODE, "egress", "emit", "--host", "codex"], repo, data, reset),
         "the same without gc.disable() (seam_main still freezes)": (
             [PY, "-I", "-S", "-c", HOOK_CODE.replace("gc.disable();", ""), *emit], repo, data, reset),

@@ -334,3 +334,91 @@ def test_negative_numbers_in_config_are_refused(tmp_path):
     with pytest.raises(bridge.BridgeError) as err:
         bridge.load_config(tmp_path, env={})
     assert "worker_lock_ttl_sec must be a number >= 0" in err.value.message
+
+
+def test_append_short_write_cuts_or_ends_its_fragment(tmp_path):
+    """A write cut short (here: a file size limit) leaves no fragment a later record could be
+    glued to: cut off when nobody appended since, ended with a newline when someone did."""
+    target = tmp_path / "log.jsonl"
+    script = textwrap.dedent("""
+        import os, resource, signal, sys
+        sys.path.insert(0, sys.argv[1])
+        import bridge
+        path, mode = sys.argv[2], sys.argv[3]
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        real_write = os.write
+        def write(fd, data):
+            # another appender lands first, then the write is cut short (a disk that
+            # filled up then; a size limit would refuse the newline too, so simulated)
+            if len(data) > 10:
+                other = os.open(path, os.O_WRONLY | os.O_APPEND)
+                real_write(other, b'{"other":1}\\n')
+                os.close(other)
+                return real_write(fd, data[:13])
+            return real_write(fd, data)
+        if mode == "other-before":
+            os.write = write
+        else:
+            size = os.path.getsize(path)
+            resource.setrlimit(resource.RLIMIT_FSIZE, (size + 25, size + 25))
+        try:
+            bridge.append_jsonl(path, {"record": "x" * 100})
+        except OSError as exc:
+            print("error:", exc.filename, exc.strerror)
+    """)
+    for mode, expected in (("alone", b'{"first":1}\n'),
+                           ("other-before", b'{"first":1}\n{"other":1}\n{"record":"xx\n')):
+        target.write_bytes(b'{"first":1}\n')
+        out = subprocess.run([PYTHON, "-c", script, str(BRIDGE.parent), str(target), mode],
+                             capture_output=True, text=True, timeout=60,  # no coverage: its
+                             env={k: v for k, v in os.environ.items()  # file would hit the limit
+                                  if not k.startswith("COVERAGE_")})
+        assert out.stdout.startswith("error: %s short write" % target), (out.stdout, out.stderr)
+        assert target.read_bytes() == expected, mode
+    bridge.append_jsonl(target, {"next": 1})
+    assert target.read_bytes().endswith(b'\n{"next":1}\n')
+
+
+def test_token_rule_literal_prefixes_match_the_regex_parser():
+    """The redactor skips (and never compiles) a token rule whose literal prefix is not in the
+    text: that prefix must really start every match of the rule."""
+    try:
+        import re._parser as sre_parse  # Python 3.11+
+    except ImportError:
+        import sre_parse
+    for pattern, _ in bridge._TOKEN_RULES:
+        prefix = bridge._literal_prefix(pattern)
+        assert prefix, pattern
+        parsed = list(sre_parse.parse(pattern))
+        ops = parsed[:len(prefix)]
+        assert [(str(op).upper(), chr(arg)) for op, arg in ops] == [("LITERAL", ch) for ch in prefix], pattern
+        if len(prefix) == 1:  # only where no word character precedes it (_at_word_start)
+            assert pattern[1:].startswith("(?<![A-Za-z0-9_") and pattern.index(prefix + ")") < 25, pattern
+    assert bridge._literal_prefix("ab?c") == "a" and bridge._literal_prefix("ab{2}") == "a"
+    assert bridge._literal_prefix("ab+") == "ab" and bridge._literal_prefix(r"SG\.x") == "SG"
+    # the prefilters serve short texts; a long one gets every rule, as before
+    token = "ghp_" + "a1B2" * 9
+    for text in (token, "id=" + token + " Bearer " + "q7Z" * 9,
+                 ("word " * 20000) + token + " Bearer " + "q7Z" * 9):
+        redacted = bridge.Redactor((), env={}).redact(text)
+        assert token not in redacted and "q7Z" * 9 not in redacted, len(text)
+    assert bridge.Redactor((), env={}).redact("x" + token) == "x" + token  # not at a word start
+
+
+def test_redacting_a_short_id_compiles_only_the_rules_its_text_can_match(tmp_path):
+    """A hook redacts a few short ids: it must not pay for compiling every rule."""
+    code = textwrap.dedent("""
+        import sys
+        sys.path.insert(0, sys.argv[1])
+        import bridge
+        r = bridge.Redactor((), env={"GITHUB_TOKEN": "ghp_" + "a1B2" * 9})
+        clean = r.redact("8f1c2d3e-9a0b-4c5d-8e7f-0123456789ab")
+        compiled = sorted(str(k) for k in bridge._COMPILED)
+        leak = r.redact("id ghp_" + "a1B2" * 9)
+        print(clean == "8f1c2d3e-9a0b-4c5d-8e7f-0123456789ab", "[REDACTED]" in leak,
+              "kv_gates" in compiled, "kv" in compiled, sum(k.startswith("('token'") for k in compiled),
+              "urllib.parse" in sys.modules, "base64" in sys.modules)
+    """)
+    out = subprocess.run([PYTHON, "-I", "-S", "-c", code, str(BRIDGE.parent)], capture_output=True,
+                         text=True, timeout=60)
+    assert out.stdout.split() == ["True", "True", "False", "False", "0", "False", "False"], out

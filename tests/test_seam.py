@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import BRIDGE, FIXTURES, PYTHON, clean_env, make_git_repo, run_bridge
+from conftest import BRIDGE, FIXTURES, PYTHON, clean_env, make_git_repo, process_running, run_bridge
 
 SEAM = FIXTURES / "seam"
 SEAM_INDEX = ".seam-index.json"
@@ -455,11 +455,12 @@ def test_ack_is_compact_single_line_and_maps_kind(repo):
                 {"id": "d", "ts": "2026-07-02T11:58:00Z", "kind": "decision", "target": "a"},
                 {"id": "p", "ts": "2026-07-02T11:58:00Z", "kind": "permission-decision", "target": "a"})
     kinds = []
-    for line, (rid, kind) in enumerate([("t", "tell"), ("c", "conn"), ("d", "decision"),
-                                        ("p", "permission-decision")], 1):
+    for line, (rid, kind, status) in enumerate([("t", "tell", "answered"), ("c", "conn", "accepted"),
+                                                ("d", "decision", "applied"),
+                                                ("p", "permission-decision", "denied")], 1):
         extra = ["--granted"] if kind == "conn" else []
         code, out, _ = seam("inbox", "ack", "--slug", "a", "--line", str(line), "--id", rid, "--ts",
-                            "2026-07-02T11:58:00Z", "--kind", kind, "--status", "accepted",
+                            "2026-07-02T11:58:00Z", "--kind", kind, "--status", status,
                             "--text", "line one\nline\ttwo\r", *extra, cwd=repo,
                             env=clean_env(CLAUDE_CODE_SESSION_ID="cc-1"))
         assert code == 0, out
@@ -496,10 +497,10 @@ def test_ack_session_env_and_host(repo):
      "--kind decision does not match"),
     (["--slug", "alpha", "--line", "7", "--kind", "tell", "--status", "answered", "--id", "i1"],
      "does not exist"),
-    (["--slug", "alpha", "--line", "1", "--kind", "tell", "--status", "x", "--ts", "noon"],
+    (["--slug", "alpha", "--line", "1", "--kind", "tell", "--status", "answered", "--ts", "noon"],
      "not an RFC 3339 time"),
-    (["--slug", "alpha", "--line", "1", "--kind", "tell", "--status", "x", "--id", "i1",
-      "--session-id", "-rf"], "invalid session id"),
+    (["--slug", "alpha", "--line", "1", "--kind", "tell", "--status", "answered", "--id", "i1",
+      "--session-id", "-rf"], "--session-id may not start with -"),
     (["--slug", "alpha", "--bogus", "1"], "unknown flag: --bogus"),
 ])
 def test_ack_guards_write_nothing(repo, args, error):
@@ -740,7 +741,38 @@ def test_feed_appends_narration(repo):
 
 def wake_env(tmp_path, mode="ok"):
     log = tmp_path / "codex.log"
-    return clean_env(FAKE_CODEX_MODE=mode, FAKE_CODEX_LOG=log), log
+    tmp = tmp_path / "tmp"
+    tmp.mkdir(exist_ok=True)  # where the prompt files go (and must not stay)
+    return clean_env(FAKE_CODEX_MODE=mode, FAKE_CODEX_LOG=log, TMPDIR=tmp), log
+
+
+def resumes_logged(log, count, timeout=30):
+    """The fake codex's log once `count` resumes have written their entry: wake starts them
+    and does not wait, so they write after it answers."""
+    deadline = time.monotonic() + timeout
+    while True:
+        text = log.read_text() if log.exists() else ""
+        if text.count("\n--\n") >= count or time.monotonic() > deadline:
+            assert text.count("\n--\n") == count, text
+            return text
+        time.sleep(0.05)
+
+
+def resume_pids(text):
+    return [int(line.split()[1]) for line in text.splitlines() if line.startswith("pid: ")]
+
+
+@pytest.fixture
+def stop_resumes():
+    """Kill the (hanging) stand-ins a test started, each in its own session."""
+    logs = []
+    yield logs.append
+    for log in logs:
+        for pid in resume_pids(log.read_text() if log.exists() else ""):
+            try:
+                os.killpg(pid, 9)
+            except OSError:
+                pass
 
 
 def test_wake_resumes_heartbeat_session_without_moving_cursor(repo, tmp_path):
@@ -752,7 +784,7 @@ def test_wake_resumes_heartbeat_session_without_moving_cursor(repo, tmp_path):
     code, out, _ = seam("wake", "--host", "codex", "--codex-bin", str(SEAM / "codex"), cwd=repo, env=env)
     assert code == 0 and out == {"status": "woke", "lines": [1, 2], "sessions": 1, "targets": ["a", "b"],
                                  "message": "resumed Codex FO session"}
-    text = log.read_text()
+    text = resumes_logged(log, 1)
     assert text.count("argv: exec resume session-a -") == 1
     assert "Pending physical inbox lines for this session: 1,2" in text
     assert "Addressed workflow slugs: a,b" in text and str(bdir / "inbox.jsonl") in text
@@ -776,7 +808,7 @@ def test_wake_noop_when_delivered_by_cursor_or_terminal_ack(repo, tmp_path):
              "--status", "blocked", cwd=repo)
     code, out, _ = seam("wake", "--codex-bin", str(SEAM / "codex"), cwd=repo, env=env)
     assert (code, out) == (0, {"status": "noop", "message": "no pending inbox records"})
-    assert log.read_text().count("argv:") == 1
+    assert resumes_logged(log, 1).count("argv:") == 1
 
 
 def test_wake_marker_and_event_fallbacks_and_no_session(repo, tmp_path):
@@ -791,47 +823,109 @@ def test_wake_marker_and_event_fallbacks_and_no_session(repo, tmp_path):
     emit("codex", payload("codex_session_start.json", repo, session_id="from-event",
                           ts="2026-07-01T00:00:00Z"), cwd=repo)
     code, out, _ = seam("wake", "--members", "a", "--codex-bin", str(SEAM / "codex"), cwd=repo, env=env)
-    assert out["status"] == "woke" and "resume from-event -" in log.read_text()
+    assert out["status"] == "woke" and "resume from-event -" in resumes_logged(log, 1)
     (bdir / "sessions").mkdir(exist_ok=True)
     (bdir / "sessions/m.json").write_text(json.dumps({"session_id": "from-marker", "workflow": "a"}))
     seam("wake", "--members", "a", "--codex-bin", str(SEAM / "codex"), cwd=repo, env=env)
-    assert "resume from-marker -" in log.read_text() and "-evil" not in log.read_text()
+    text = resumes_logged(log, 2)
+    assert "resume from-marker -" in text and "-evil" not in text
 
 
-def test_wake_failure_and_hang_are_recorded(repo, tmp_path):
-    bdir = write_inbox(repo, {"id": "w1", "ts": "2026-07-02T11:00:00Z", "kind": "tell", "target": "a"})
+def test_wake_starts_resumes_detached_and_never_resumes_a_running_one_again(repo, tmp_path, stop_resumes):
+    """As Go: each resume is started, not awaited (a Codex turn may take an hour), in its own
+    session, the prompt on stdin from a temp file that is then removed, output to /dev/null.
+    A session whose resume still runs is not resumed again; a dead or recycled pid does not count."""
+    bdir = write_inbox(repo, {"id": "w1", "ts": "2026-07-02T11:00:00Z", "kind": "tell", "target": "a"},
+                       {"id": "w2", "ts": "2026-07-02T11:01:00Z", "kind": "tell", "target": "b"})
     heartbeat(repo, "a", "session-a", "codex")
-    env, _ = wake_env(tmp_path, "fail")
-    code, out, _ = seam("wake", "--codex-bin", str(SEAM / "codex"), cwd=repo, env=env)
-    assert code == 1 and out["status"] == "failed" and "no rollout found" in out["error"]
-    (repo / "bridge.config.json").write_text(json.dumps({"seam": {"wake_timeout_sec": 1}}))
-    env, _ = wake_env(tmp_path, "hang")
+    heartbeat(repo, "b", "session-b", "codex")
+    env, log = wake_env(tmp_path, "hang")
+    stop_resumes(log)
     started = time.monotonic()
     code, out, _ = seam("wake", "--codex-bin", str(SEAM / "codex"), cwd=repo, env=env)
-    assert code == 1 and "timed out" in out["error"] and time.monotonic() - started < 30
-    assert [e["status"] for e in records(bdir / "wake-events.jsonl")] == ["failed", "failed"]
-
-
-def test_wake_lock_is_exclusive_and_reclaims_after_crash(repo, tmp_path):
-    write_inbox(repo, {"id": "w1", "ts": "2026-07-02T11:00:00Z", "kind": "tell", "target": "a"})
-    heartbeat(repo, "a", "session-a", "codex")
-    (repo / "bridge.config.json").write_text(json.dumps({"seam": {"wake_timeout_sec": 20}}))
-    env, log = wake_env(tmp_path, "hang")
-    first = subprocess.Popen([PYTHON, str(BRIDGE), "wake", "--codex-bin", str(SEAM / "codex")],
-                             cwd=repo, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert time.monotonic() - started < 10  # two resumes of 300 s each: not waited for
+    assert (code, out["status"], out["sessions"]) == (0, "woke", 2), out
+    pids = resume_pids(resumes_logged(log, 2))
+    for pid in pids:
+        assert os.getsid(pid) == pid  # its own session (and process group)
+        assert os.readlink("/proc/%d/fd/1" % pid) == "/dev/null" == os.readlink("/proc/%d/fd/2" % pid)
+    assert list((tmp_path / "tmp").iterdir()) == []  # the prompt files are gone
+    assert not (bdir / ".wake-lock.codex").exists()
+    # the resumes still run: a second wake starts none, and says so
+    code, out, _ = seam("wake", "--codex-bin", str(SEAM / "codex"), cwd=repo, env=env)
+    assert (code, out["status"], sorted(out["running"])) == (0, "running", ["session-a", "session-b"]), out
+    assert [e["status"] for e in records(bdir / "wake-events.jsonl")][-2:] == ["skipped-running"] * 2
+    os.killpg(pids[0], 9)  # session-a's resume ends
     for _ in range(200):
-        if log.exists():
+        if not process_running(pids[0]):
             break
         time.sleep(0.05)
     code, out, _ = seam("wake", "--codex-bin", str(SEAM / "codex"), cwd=repo, env=env)
-    assert code == 3 and out["status"] == "locked"
-    first.kill()  # a crashed holder: its flock dies with it
-    first.wait()
-    fake_pid = int(log.read_text().split("pid: ")[1].split()[0])
-    os.killpg(fake_pid, 9)  # the orphaned stand-in (its own process group)
-    env, _ = wake_env(tmp_path, "ok")
+    assert (code, out["status"], out["running"]) == (0, "woke", ["session-b"]), out
+    assert resumes_logged(log, 3).count("resume session-a -") == 2
+    # a recorded pid that now belongs to another process (here: this test) is not a resume
+    resumes = json.loads((bdir / ".wake-resumes.codex").read_text())
+    resumes["session-b"]["pid"] = os.getpid()
+    (bdir / ".wake-resumes.codex").write_text(json.dumps(resumes))
     code, out, _ = seam("wake", "--codex-bin", str(SEAM / "codex"), cwd=repo, env=env)
-    assert code == 0 and out["status"] == "woke"
+    assert out["running"] == ["session-a"] and resumes_logged(log, 4).count("resume session-b -") == 2
+
+
+def test_wake_counts_resumes_that_cannot_start(repo, tmp_path, stop_resumes):
+    bdir = write_inbox(repo, {"id": "w1", "ts": "2026-07-02T11:00:00Z", "kind": "tell", "target": "a"},
+                       {"id": "w2", "ts": "2026-07-02T11:01:00Z", "kind": "tell", "target": "b"})
+    heartbeat(repo, "a", "session-a", "codex")
+    heartbeat(repo, "b", "session-b", "codex")
+    env, log = wake_env(tmp_path)
+    code, out, _ = seam("wake", "--codex-bin", str(tmp_path / "no-codex"), cwd=repo, env=env)
+    assert (code, out["status"]) == (1, "failed") and out["error"].startswith(
+        "cannot start %s: No such file" % (tmp_path / "no-codex")), out
+    # one session's command exists, the other's does not: partial
+    (tmp_path / "bin-session-a").symlink_to(SEAM / "codex")
+    (repo / "bridge.config.json").write_text(json.dumps({"seam": {"wake_command": [
+        str(tmp_path / "bin-{session_id}"), "exec", "resume", "{session_id}", "-"]}}))
+    code, out, _ = seam("wake", cwd=repo, env=env)
+    assert (code, out["status"]) == (1, "partial") and "bin-session-b" in out["error"], out
+    assert "resume session-a -" in resumes_logged(log, 1)
+    assert [e["status"] for e in records(bdir / "wake-events.jsonl")] == ["failed", "failed", "woke", "failed"]
+    assert list((tmp_path / "tmp").iterdir()) == []
+
+
+def test_wake_lock_follows_gos_protocol(repo, tmp_path, stop_resumes):
+    """`_bridge/.wake-lock.codex`: created exclusively, mode 0600, "<pid>\\n", removed when the
+    pass ends; a fresh one (Go's wake holds it) answers locked; one older than 5 minutes is
+    reclaimed. The first wake is held mid-pass by a FIFO in place of its heartbeat."""
+    bdir = write_inbox(repo, {"id": "w1", "ts": "2026-07-02T11:00:00Z", "kind": "tell", "target": "a"})
+    os.mkfifo(bdir / "fo.a.json")
+    env, log = wake_env(tmp_path)
+    first = subprocess.Popen([PYTHON, str(BRIDGE), "wake", "--codex-bin", str(SEAM / "codex")],
+                             cwd=repo, env=env, stdout=subprocess.PIPE, text=True)
+    lock = bdir / ".wake-lock.codex"
+    try:
+        for _ in range(400):
+            if lock.exists() and lock.read_text():
+                break
+            time.sleep(0.05)
+        assert lock.read_text() == "%d\n" % first.pid and (lock.stat().st_mode & 0o777) == 0o600
+        code, out, _ = seam("wake", "--codex-bin", str(SEAM / "codex"), cwd=repo, env=env)
+        assert (code, out) == (3, {"status": "locked", "message": "another bridge ingress wake is running"})
+    finally:
+        with open(bdir / "fo.a.json", "w") as fifo:  # let the first wake go on
+            fifo.write(json.dumps({"session_id": "session-a", "ts": "2026-07-02T11:00:00Z"}))
+    out = json.loads(first.communicate(timeout=30)[0])
+    assert out["status"] == "woke" and not lock.exists()
+    (bdir / "fo.a.json").unlink()
+    heartbeat(repo, "a", "session-b", "codex")
+    # a lock as Go's wake leaves it while it runs: fresh, so honoured
+    lock.write_text("99999\n")
+    lock.chmod(0o600)
+    code, out, _ = seam("wake", "--codex-bin", str(SEAM / "codex"), cwd=repo, env=env)
+    assert code == 3 and out["status"] == "locked" and lock.read_text() == "99999\n"
+    # older than 5 minutes: its wake died; reclaimed, and removed after the pass
+    os.utime(lock, (time.time() - 301, time.time() - 301))
+    code, out, _ = seam("wake", "--codex-bin", str(SEAM / "codex"), cwd=repo, env=env)
+    assert (code, out["status"]) == (0, "woke") and not lock.exists()
+    assert "resume session-b -" in resumes_logged(log, 2)
 
 
 def test_wake_rejects_other_hosts(repo):
@@ -960,9 +1054,9 @@ def test_truncate_replies_hostile_files(repo, tmp_path):
     snapshot = outside.read_bytes()
     code, out, _ = seam("inbox", "ack", "--slug", "alpha", "--line", "1", "--id", "i1", "--kind",
                         "tell", "--status", "answered", cwd=repo)
-    assert code == 1 and "cannot append to fo-replies.jsonl" in out["error"]
+    assert code == 1 and "cannot append to %s:" % (bdir / "fo-replies.jsonl") in out["error"]
     code, out, _ = seam("inbox", "drain", "--slug", "alpha", cwd=repo)
-    assert code == 0 and "acting acks not written" in out["error"]
+    assert code == 1 and "acting acks not written: %s:" % (bdir / "fo-replies.jsonl") in out["error"]
     assert outside.read_bytes() == snapshot and (bdir / "fo-replies.jsonl").is_symlink()
     assert sorted(p.name for p in bdir.iterdir() if p.name.endswith(".tmp")) == []
 
@@ -1134,7 +1228,7 @@ def test_initiate_and_event_keys_match_case_insensitively(repo, tmp_path):
         {"HOST": "codex", "Session_ID": "from-upper", "TS": "2026-07-01T00:00:00Z"}) + "\n")
     env, log = wake_env(tmp_path)
     _, out, _ = seam("wake", "--members", "a", "--codex-bin", str(SEAM / "codex"), cwd=repo, env=env)
-    assert out["status"] == "woke" and "resume from-upper -" in log.read_text()
+    assert out["status"] == "woke" and "resume from-upper -" in resumes_logged(log, 1)
 
 
 # ---- CLI surface -------------------------------------------------------------------
@@ -1232,7 +1326,39 @@ def test_readme_hook_commands_work_as_documented(repo):
                                 cwd=repo / "sub" / "deep")
         assert (result.returncode, result.stdout, result.stderr) == (0, "", ""), (event, result)
     events = records(repo / "_bridge" / "events.jsonl")
-    assert [e["host"] for e in events] == ["claude"] * 6 + ["codex"] * 4
+    assert [e["host"] for e in events] == ["claude"] * 6 + ["codex"] * 6
+    assert list(codex["hooks"]) == ["SessionStart", "UserPromptSubmit", "PostToolUse", "SubagentStart",
+                                    "SubagentStop", "Stop"]  # the reference's hooks/codex-hooks.json
+
+
+def test_readme_codex_hook_finds_bridge_py_only_within_the_git_repository(tmp_path):
+    """A scripts/bridge.py above the repository (or above the working directory when there is no
+    repository) is never run; without one in the repository the hook does nothing, silently."""
+    import re
+    readme = (BRIDGE.parent / "README.md").read_text()
+    section = readme[readme.index("<!-- section:seam -->"):readme.index("<!-- end section:seam -->")]
+    command = json.loads(re.findall(r"```json\n(.*?)```", section, re.S)[1])["hooks"]["Stop"][0]["hooks"][0]["command"]
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "scripts" / "bridge.py").write_text(
+        "open(%r, 'w').write('ran')\n" % str(tmp_path / "outer-ran"))
+    repo = make_git_repo(tmp_path / "repo")
+    plain = tmp_path / "plain" / "sub"  # no repository at all
+    for cwd in (repo, repo / "sub" / "deep", plain, tmp_path / "wt"):
+        cwd.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "wt" / ".git").write_text("gitdir: /nowhere\n")  # a linked worktree's .git file
+    for cwd in (repo, repo / "sub" / "deep", plain, tmp_path / "wt"):
+        result = subprocess.run(["sh", "-c", command], input=payload("codex_session_start.json", cwd),
+                                text=True, capture_output=True, env=clean_env(), cwd=cwd)
+        assert (result.returncode, result.stdout, result.stderr) == (0, "", ""), (cwd, result)
+    assert not (tmp_path / "outer-ran").exists()
+    assert not list(tmp_path.rglob("_bridge"))
+    (repo / "scripts").mkdir()
+    (repo / "scripts" / "bridge.py").write_bytes(BRIDGE.read_bytes())
+    result = subprocess.run(["sh", "-c", command], input=payload("codex_session_start.json", repo / "sub"),
+                            text=True, capture_output=True, env=clean_env(), cwd=repo / "sub" / "deep")
+    assert (result.returncode, result.stdout, result.stderr) == (0, "", "")
+    assert [e["host"] for e in records(repo / "_bridge" / "events.jsonl")] == ["codex"]
+    assert (repo / "scripts" / "__pycache__").is_dir() and not (tmp_path / "outer-ran").exists()
 
 
 def test_emit_never_waits_on_a_wedged_lock_holder(repo):
@@ -1264,11 +1390,11 @@ def test_symlinked_state_files_are_replaced_or_refused_never_followed(repo, tmp_
         (bdir / name).symlink_to(target)
         targets[name] = target
     code, out, _ = seam("inbox", "drain", "--slug", "alpha", cwd=repo)
-    assert code == 0 and out["heartbeat"] is True and "acting acks not written" in out["error"]
+    assert code == 1 and out["heartbeat"] is True and out["count"] == 2 and "acting acks not written" in out["error"]
     assert not (bdir / "fo.alpha.json").is_symlink()
     code, out, _ = seam("inbox", "ack", "--slug", "alpha", "--line", "1", "--id", "i1", "--kind",
                         "tell", "--status", "answered", cwd=repo)
-    assert code == 1 and "cannot append to fo-replies.jsonl" in out["error"]
+    assert code == 1 and "cannot append to %s:" % (bdir / "fo-replies.jsonl") in out["error"]
     assert seam("inbox", "commit", "--slug", "alpha", "--cursor", "2", cwd=repo)[1] == {"cursor": 2}
     assert (bdir / ".inbox-cursor.alpha").read_text() == "2\n"
     assert all(t.read_text() == "precious\n" for t in targets.values())
@@ -1335,7 +1461,7 @@ def test_emit_redacts_timestamp_agent_type_and_source(repo):
     assert records(repo / "_bridge/events.jsonl")[-1]["ts"] == "2026-07-09T00:00:00.5+02:00"
 
 
-def test_wake_redacts_codex_stderr_in_event_and_output(repo, tmp_path):
+def test_wake_redacts_its_start_errors_and_never_keeps_codex_output(repo, tmp_path):
     bdir = write_inbox(repo, {"id": "w1", "ts": "2026-07-02T11:00:00Z", "kind": "tell", "target": "a"})
     heartbeat(repo, "a", "session-a", "codex")
     fake = tmp_path / "codex"
@@ -1343,9 +1469,500 @@ def test_wake_redacts_codex_stderr_in_event_and_output(repo, tmp_path):
                     "echo \"auth failed for %s with $SEAMTEST_API_TOKEN\" >&2\nexit 3\n" % GHP)
     fake.chmod(0o755)
     result = run_bridge("wake", "--host", "codex", "--codex-bin", fake, cwd=repo, env=secret_env())
+    assert (result.returncode, json.loads(result.stdout)["status"]) == (0, "woke"), result
+    missing = tmp_path / GHP / ENV_SECRET  # a start error names the command: redacted
+    time.sleep(0.5)  # the resume above has ended (its output went to /dev/null)
+    result = run_bridge("wake", "--host", "codex", "--codex-bin", missing, cwd=repo, env=secret_env())
     assert result.returncode == 1 and "Traceback" not in result.stderr, result
     out = json.loads(result.stdout)
-    assert out["status"] == "failed" and "auth failed for" in out["error"]
+    assert out["status"] == "failed" and out["error"].startswith("cannot start ") and "[REDACTED]" in out["error"]
     assert_no_secret(repo, result.stdout, result.stderr)
+    assert "auth failed" not in "".join(p.read_text() for p in bdir.rglob("*") if p.is_file())
     event = records(bdir / "wake-events.jsonl")[-1]
-    assert event["status"] == "failed" and "auth failed for" in event["error"]
+    assert event["status"] == "failed" and event["error"] == out["error"]
+
+
+
+# ---- hostile nesting and a foreign index (review: RecursionError, unhashable keys) ---
+
+DEEP = "[" * 5000 + "]" * 5000  # past Python's recursion limit inside json.loads
+
+
+def test_deeply_nested_lines_are_skipped_like_malformed_ones(repo, tmp_path):
+    bdir = write_inbox(repo, INBOX3[0], '{"id":"i2","target_set":%s}' % DEEP, INBOX3[2])
+    heartbeat(repo, "alpha", "s1", "codex")
+    (bdir / "fo.beta.json").write_text('{"session_id":"s2","x":%s}\n' % DEEP)
+    (bdir / "fo-replies.jsonl").write_text('{"in_reply_to_line":1,"x":%s}\n' % DEEP)
+    (bdir / "sessions").mkdir()
+    (bdir / "sessions/deep.json").write_text('{"workflow":"alpha","x":%s}' % DEEP)
+    code, out, err = seam("inbox", "drain", "--slug", "alpha", "--session-id", "s1", cwd=repo)
+    assert (code, err) == (0, "") and [r["line"] for r in out["records"]] == [1, 3], out
+    assert out["high_water"] == 3
+    _, out, _ = seam("inbox", "check", cwd=repo, input=json.dumps({"session_id": "s1"}))
+    assert out["decision"] == "block" and "2 queued" in out["reason"]
+    code, out, _ = seam("inbox", "ack", "--slug", "alpha", "--line", "2", "--id", "i2", "--kind",
+                        "tell", "--status", "answered", cwd=repo)
+    assert code == 1 and out["error"] == "inbox line 2 is not a valid intent record"
+    code, out, _ = seam("inbox", "ack", "--slug", "alpha", "--line", "3", "--id", "i3", "--kind",
+                        "decision", "--status", "applied", cwd=repo)
+    assert code == 0 and out["appended"] is True
+    env, log = wake_env(tmp_path)
+    code, out, err = seam("wake", "--codex-bin", str(SEAM / "codex"), cwd=repo, env=env)
+    assert (code, out["status"], out["lines"], err) == (0, "woke", [1], ""), out
+    # a deep line in fo-initiate.jsonl when a trim reads it back
+    (bdir / "fo-initiate.jsonl").write_text(DEEP + "\n" + "".join(json.dumps(
+        {"schema": 1, "id": "g%d" % i, "ts": "2026-07-03T11:00:00Z", "kind": "gate-review",
+         "headline": "h", "status": "open"}) + "\n" for i in range(2000)))
+    code, out, err = seam("initiate", "--kind", "status", "--id", "s", "--headline", "h", cwd=repo)
+    assert (code, out["queued"], err) == (0, True, ""), out
+    # and in a hook payload: observe-only, silent
+    emit("claude", '{"cwd":%s,"hook_event_name":"Stop","detail":%s}' % (json.dumps(str(repo)), DEEP),
+         cwd=repo)
+
+
+def _set(path, value):
+    """A mutation of a real index: set the entry at `path` (keys and list indexes) to `value`."""
+    def mutate(index):
+        node = index
+        for key in path[:-1]:
+            node = node[key]
+        node[path[-1]] = value
+        return json.dumps(index)
+    return mutate
+
+
+@pytest.mark.parametrize("mutate", [
+    lambda index: DEEP,
+    _set(("replies", "keys", 0, 1), ["unhashable"]),
+    _set(("replies", "keys", 0, 0), True),
+    _set(("replies", "floor"), "0"),
+    _set(("inbox", 0, 1, 1), "0"),
+    _set(("inbox",), {"1": 2}),
+    _set(("replies_trim",), {"mark": [1, 0, ""], "floor": 1, "lines": "many", "targets": []}),
+    _set(("replies_trim",), {"mark": [1, 0, ""], "floor": 1, "lines": 3, "targets": [["alpha"]]}),
+], ids=["deep", "unhashable-key", "bool-line", "str-floor", "str-offset", "inbox-dict",
+        "str-lines", "list-target"])
+def test_a_wrong_typed_index_means_a_full_rescan(repo, mutate):
+    bdir = write_inbox(repo, *INBOX3)
+    heartbeat(repo, "alpha", "s1")
+    drain = ("inbox", "drain", "--slug", "alpha", "--session-id", "s1")
+    code, first, _ = seam(*drain, cwd=repo)
+    assert code == 0 and first["count"] == 2
+    seam(*drain, cwd=repo)  # now the index holds the acting acks too
+    index = mutate(json.loads((bdir / SEAM_INDEX).read_text()))
+    (bdir / SEAM_INDEX).write_text(index)
+    for _ in range(2):
+        code, out, err = seam(*drain, cwd=repo)
+        assert (code, err, out["records"]) == (0, "", first["records"]), out
+        _, out, err = seam("inbox", "check", cwd=repo, input=json.dumps({"session_id": "s1"}))
+        assert out["decision"] == "block" and err == ""
+    seam("inbox", "ack", "--slug", "alpha", "--line", "1", "--id", "i1", "--kind", "tell",
+         "--status", "answered", cwd=repo)
+    (bdir / SEAM_INDEX).write_text(index)
+    assert [r["line"] for r in seam(*drain, cwd=repo)[1]["records"]] == [3]
+
+
+# ---- a failed append leaves no torn fragment (review: full disk mid-append) ---------
+
+def run_size_limited(limit, *args, cwd, input=None, env=None):
+    """Run bridge.py with a file size limit of `limit` bytes (RLIMIT_FSIZE): a write past it
+    is cut short there, as on a full disk (SIGXFSZ ignored, so write() reports it)."""
+    import resource
+    import signal
+
+    def limit_size():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+    # not measured by coverage (`make test`): its data file would hit the same limit
+    env = {k: v for k, v in (env or clean_env()).items() if not k.startswith("COVERAGE_")}
+    return subprocess.run([PYTHON, str(BRIDGE), *args], cwd=cwd, input=input, text=True,
+                          capture_output=True, env=env, preexec_fn=limit_size, timeout=60)
+
+
+def test_a_short_append_leaves_nothing_for_the_next_record_to_be_glued_to(repo):
+    bdir = write_inbox(repo, *INBOX3)
+    history = write_replies(bdir, [reply(n, rid="h%d" % n) for n in range(1, 40)])
+    before = (bdir / "fo-replies.jsonl").read_bytes()
+    ack = ("inbox", "ack", "--slug", "alpha", "--line", "3", "--id", "i3", "--kind", "decision",
+           "--status", "applied")
+    result = run_size_limited(len(before) + 40, *ack, cwd=repo)
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result
+    out = json.loads(result.stdout)
+    assert out["appended"] is False and "fo-replies.jsonl" in out["error"], out
+    assert "short write" in out["error"]
+    assert (bdir / "fo-replies.jsonl").read_bytes() == before  # the fragment was cut off
+    code, out, _ = seam(*ack, cwd=repo)
+    assert code == 0 and out["appended"] is True
+    lines = records(bdir / "fo-replies.jsonl")  # every line parses: nothing glued
+    assert len(lines) == len(history) + 1 and lines[-1]["in_reply_to_id"] == "i3"
+    assert [r["line"] for r in seam("inbox", "drain", "--slug", "alpha", cwd=repo)[1]["records"]] == [1]
+    # a hook's event: dropped whole, silently, and the next one lands intact
+    emit("claude", payload("claude_session_start.json", repo), cwd=repo)
+    events = (bdir / "events.jsonl").read_bytes()
+    result = run_size_limited(len(events) + 30, "egress", "emit", "--host", "claude", cwd=repo,
+                              input=payload("claude_session_start.json", repo),
+                              env=clean_env(BRIDGE_DEBUG=1))
+    assert (result.returncode, result.stdout) == (0, "") and "short write" in result.stderr
+    assert (bdir / "events.jsonl").read_bytes() == events
+    emit("claude", payload("claude_session_start.json", repo), cwd=repo)
+    assert len(records(bdir / "events.jsonl")) == 2
+
+
+# ---- cursor locks and the legacy cursor: never followed, never lowered ---------------
+
+def test_symlinked_cursor_lock_and_legacy_cursor_are_never_followed(repo, tmp_path):
+    bdir = write_inbox(repo, *(INBOX3 * 2))
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "private").write_text("4\n")
+    (bdir / ".inbox-cursor").symlink_to(outside / "private")
+    (bdir / ".cursor-lock.alpha").symlink_to(outside / "created-by-commit")
+    code, out, _ = seam("inbox", "drain", "--slug", "alpha", cwd=repo)
+    assert code == 1 and str(bdir / ".cursor-lock.alpha") in out["error"], out
+    assert "symlink" in out["error"]
+    (bdir / ".cursor-lock.alpha").unlink()
+    code, out, _ = seam("inbox", "drain", "--slug", "alpha", cwd=repo)
+    assert code == 0 and out["cursor"] == 0 and out["count"] == 4  # the outside "4" is not read
+    assert not (bdir / ".inbox-cursor.alpha").exists()
+    (bdir / ".cursor-lock.alpha").unlink()
+    (bdir / ".cursor-lock.alpha").symlink_to(outside / "created-by-commit")
+    code, out, _ = seam("inbox", "commit", "--slug", "alpha", "--cursor", "1", cwd=repo)
+    assert code == 1 and str(bdir / ".cursor-lock.alpha") in out["error"], out
+    assert sorted(p.name for p in outside.iterdir()) == ["private"]
+    assert not (bdir / ".inbox-cursor.alpha").exists()
+
+
+def test_commit_lock_is_not_named_like_a_cursor_for_go(repo):
+    """Go's truncateReplies collects `.inbox-cursor.*` files: a lock file there would read as a
+    slug "alpha.lock" at cursor 0 and stop Go's trim for good. Old lock files are removed."""
+    bdir = write_inbox(repo, *INBOX3)
+    (bdir / ".inbox-cursor.alpha.lock").write_text("")
+    assert seam("inbox", "commit", "--slug", "alpha", "--cursor", "2", cwd=repo)[1] == {"cursor": 2}
+    assert sorted(p.name for p in bdir.glob(".inbox-cursor.*")) == [".inbox-cursor.alpha"]
+
+
+def test_drain_adopts_the_legacy_cursor_under_the_cursor_lock(repo):
+    """A commit holding the cursor lock is waited for, and the cursor it wrote is not replaced by
+    the (lower) legacy cursor that drain adopts."""
+    bdir = write_inbox(repo, *(INBOX3 + INBOX3[:2]))
+    (bdir / ".inbox-cursor").write_text("1\n")
+    holder = subprocess.Popen(
+        [PYTHON, "-c", "import fcntl,os,sys;fd=os.open(sys.argv[1],os.O_RDWR|os.O_CREAT);"
+         "fcntl.flock(fd,fcntl.LOCK_EX);print('locked',flush=True);sys.stdin.readline();"
+         "open(sys.argv[2],'w').write('5\\n');fcntl.flock(fd,fcntl.LOCK_UN)",
+         str(bdir / ".cursor-lock.alpha"), str(bdir / ".inbox-cursor.alpha")],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "locked\n"
+        drain = subprocess.Popen([PYTHON, str(BRIDGE), "inbox", "drain", "--slug", "alpha"], cwd=repo,
+                                 env=clean_env(), stdout=subprocess.PIPE, text=True)
+        time.sleep(0.5)  # drain is now waiting for the lock
+        holder.stdin.write("go\n")
+        holder.stdin.flush()
+        out = json.loads(drain.communicate(timeout=30)[0])
+    finally:
+        holder.kill()
+        holder.wait()
+    assert out["cursor"] == 5 and out["count"] == 0, out
+    assert (bdir / ".inbox-cursor.alpha").read_text() == "5\n"
+
+
+# ---- check decodes as Go does; a missing root; errors name the file ------------------
+
+@pytest.mark.parametrize("data", [
+    {"session_id": "sess-1", "stop_hook_active": "true"},
+    {"session_id": "sess-1", "stop_hook_active": 1},
+    {"session_id": "sess-1", "stop_hook_active": "false"},
+    {"session_id": ["sess-1"]},
+    {"session_id": "sess-1", "cwd": 7},
+    ["sess-1"],
+    "not json at all",
+], ids=["str-true", "int-1", "str-false", "list-session", "int-cwd", "array", "not-json"])
+def test_check_answers_empty_when_go_could_not_decode_the_stop_payload(repo, data):
+    write_inbox(repo, *INBOX3)
+    heartbeat(repo, "alpha", "sess-1")
+    text = data if isinstance(data, str) else json.dumps(data)
+    for extra in ((), ("--slug", "alpha")):
+        code, out, err = seam("inbox", "check", "--repo-root", str(repo), *extra, cwd=repo, input=text)
+        assert (code, out, err) == (0, {}, "")
+    # the same payload with the right types blocks
+    code, out, _ = seam("inbox", "check", "--repo-root", str(repo), cwd=repo,
+                        input=json.dumps({"session_id": "sess-1", "stop_hook_active": False, "cwd": None}))
+    assert out["decision"] == "block"
+
+
+def test_a_repo_root_that_does_not_exist_is_an_error_naming_it(repo, tmp_path):
+    missing = tmp_path / "no" / "such" / "root"
+    args = {
+        ("inbox", "drain", "--slug", "alpha"): 1,
+        ("inbox", "ack", "--slug", "alpha", "--line", "1", "--id", "i1", "--kind", "tell",
+         "--status", "answered"): 1,
+        ("inbox", "commit", "--slug", "alpha", "--cursor", "1"): 1,
+        ("initiate", "--kind", "status", "--id", "s1", "--headline", "h"): 0,
+        ("alert", "permission", "--reason", "r"): 0,
+        ("feed", "--verb", "dispatch", "--text", "t"): 0,
+        ("wake", "--host", "codex"): 1,
+    }
+    for argv, exit_code in args.items():
+        code, out, err = seam(*argv, "--repo-root", str(missing), cwd=repo)
+        assert code == exit_code and out["error"] == "--repo-root %s does not exist" % missing, (argv, out)
+        assert err == "" and out.get("slug", "alpha") == "alpha"  # drain names its slug, as Go
+    (tmp_path / "file").write_text("")
+    code, out, _ = seam("feed", "--verb", "dispatch", "--text", "t", "--repo-root", str(tmp_path / "file"))
+    assert out["error"] == "--repo-root %s is not a directory" % (tmp_path / "file")
+    emit("claude", payload("claude_session_start.json", repo), repo, None, "--repo-root", str(missing))
+    assert seam("inbox", "check", "--repo-root", str(missing), cwd=repo, input="{}")[1] == {}
+    assert not (tmp_path / "no").exists() and not (repo / "_bridge").exists()
+
+
+def test_write_failures_name_the_file_and_drain_does_not_say_ok_silently(repo):
+    bdir = write_inbox(repo, *INBOX3)
+    result = run_size_limited(1, "inbox", "commit", "--slug", "alpha", "--cursor", "2", cwd=repo)
+    out = json.loads(result.stdout)
+    assert result.returncode == 1 and out["cursor"] == 0, out
+    assert out["error"].startswith("cannot write %s: " % (bdir / ".inbox-cursor.alpha")), out
+    result = run_size_limited(20, "inbox", "drain", "--slug", "alpha", "--session-id", "s1", cwd=repo)
+    out = json.loads(result.stdout)
+    assert result.returncode == 1 and out["status"] == "ok" and out["heartbeat"] is False, out
+    assert [r["line"] for r in out["records"]] == [1, 3]  # still delivered: nothing was recorded
+    assert "heartbeat not written: %s: " % (bdir / "fo.alpha.json") in out["error"]
+    assert "acting acks not written: %s: " % (bdir / "fo-replies.jsonl") in out["error"]
+    assert not (bdir / "fo.alpha.json").exists()
+    assert seam("inbox", "drain", "--slug", "alpha", cwd=repo)[0] == 0
+
+
+# ---- ids: opaque intent ids, id-like flags, secrets in every field -------------------
+
+def test_any_intent_id_bridge_wrote_can_be_acked(repo):
+    """An intent id is an opaque correlator (reference 2.1): compared, never a path or argv."""
+    rid = "bi:2026/07/14#1 ü"
+    write_inbox(repo, {"id": rid, "ts": "2026-07-14T18:03:00Z", "kind": "tell", "text": "ping",
+                       "target": "alpha"})
+    heartbeat(repo, "alpha", "sess-1")
+    _, out, _ = seam("inbox", "drain", "--slug", "alpha", "--session-id", "sess-1", cwd=repo)
+    assert out["records"][0]["id"] == rid
+    code, out, _ = seam("inbox", "ack", "--slug", "alpha", "--line", "1", "--id", rid, "--kind", "tell",
+                        "--status", "answered", cwd=repo)
+    assert code == 0 and out["appended"] is True, out
+    assert records(repo / "_bridge/fo-replies.jsonl")[-1]["in_reply_to_id"] == rid
+    assert seam("inbox", "drain", "--slug", "alpha", "--session-id", "sess-1", cwd=repo)[1]["count"] == 0
+    assert seam("inbox", "check", cwd=repo, input=payload("claude_stop.json", repo))[1] == {}
+    for bad in ("i1\nforged", "i1\x01", "i1\x85"):
+        code, out, _ = seam("inbox", "ack", "--slug", "alpha", "--line", "1", "--id", bad, "--kind",
+                            "tell", "--status", "answered", cwd=repo)
+        assert code == 1 and out["error"].startswith("--id holds a control character (U+"), out
+
+
+@pytest.mark.parametrize("argv,flag", [
+    (("initiate", "--kind", "status", "--id", "s1", "--headline", "h", "--workflow", "../etc"), "--workflow"),
+    (("initiate", "--kind", "status", "--id", "s1", "--headline", "h", "--entity", "a b"), "--entity"),
+    (("initiate", "--kind", "status", "--id", "s1", "--headline", "h", "--ship-id", "wf/../x"), "--ship-id"),
+    (("initiate", "--kind", "status", "--id", "s1", "--headline", "h", "--ship-id", "a/b/c"), "--ship-id"),
+    (("initiate", "--kind", "status", "--id", "s1", "--headline", "h", "--session-id=-x"), "--session-id"),
+    (("initiate", "--kind", "status", "--id", "s1", "--headline", "h", "--request-id", "r=1"), "--request-id"),
+    (("initiate", "--kind", "status", "--id", "s1", "--headline", "h", "--host", "claude x"), "--host"),
+    (("alert", "permission", "--reason", "r", "--workflow", "password=hunter2"), "--workflow"),
+    (("alert", "permission", "--reason", "r", "--entity", "."), "--entity"),
+    (("alert", "permission", "--reason", "r", "--session-id", "-rf"), "--session-id"),
+    (("alert", "permission", "--reason", "r", "--host", "a/b"), "--host"),
+    (("inbox", "ack", "--slug", "alpha", "--line", "1", "--id", "i1", "--kind", "tell", "--status",
+      "answered", "--request-id", "req 1"), "--request-id"),
+    (("inbox", "ack", "--slug", "alpha", "--line", "1", "--id", "i1", "--kind", "tell", "--status",
+      "answered", "--host", "claude;x"), "--host"),
+    (("inbox", "drain", "--slug", "alpha", "--host", "claude x"), "--host"),
+    (("inbox", "drain", "--slug", "alpha", "--session-id", "a/b"), "--session-id"),
+])
+def test_id_flags_are_checked_like_feed_naming_the_flag(repo, argv, flag):
+    write_inbox(repo, *INBOX3)
+    before = files_under(repo / "_bridge")
+    code, out, err = seam(*argv, cwd=repo)
+    assert flag in out["error"] and err == "", out
+    assert ("must match" in out["error"] or "may not start with -" in out["error"]), out
+    assert code == (0 if argv[0] in ("initiate", "alert") else 1)
+    assert out.get("queued", out.get("appended", out.get("status") != "failed")) is False
+    assert files_under(repo / "_bridge") == before  # nothing written
+
+
+def test_ship_id_takes_gos_workflow_entity_form_and_ack_status_is_checked(repo):
+    code, out, _ = seam("initiate", "--kind", "gate-review", "--id", "g1", "--headline", "h",
+                        "--ship-id", "prq/ship-a", cwd=repo)
+    assert out["queued"] is True and records(repo / "_bridge/fo-initiate.jsonl")[0]["ship_id"] == "prq/ship-a"
+    write_inbox(repo, *INBOX3)
+    for kind, line, rid, status in (("tell", 1, "i1", "applied"), ("decision", 3, "i3", "answered"),
+                                    ("tell", 1, "i1", "done")):
+        code, out, _ = seam("inbox", "ack", "--slug", "alpha", "--line", str(line), "--id", rid,
+                            "--kind", kind, "--status", status, cwd=repo)
+        assert code == 1 and "--status %s is not one Bridge accepts" % status in out["error"], out
+    code, out, _ = seam("inbox", "ack", "--slug", "alpha", "--line", "1", "--id", "i1", "--kind", "tell",
+                        "--status", "password=hunter2", cwd=repo)
+    assert code == 1 and "hunter2" not in out["error"]
+    assert not (repo / "_bridge/fo-replies.jsonl").exists()
+
+
+def test_no_secret_reaches_disk_through_any_seam_field(repo):
+    """Secrets passed in id-like flags are refused (nothing written); free text is redacted;
+    every string egress emit writes from a hook payload is redacted, ids blanked."""
+    write_inbox(repo, *INBOX3)
+    env = secret_env(GITHUB_TOKEN=GHP)
+    outputs = []
+
+    def run(*args, input=None):
+        result = run_bridge(*args, cwd=repo, env=env, input=input)
+        assert "Traceback" not in result.stderr
+        outputs.extend((result.stdout, result.stderr))
+        return result
+
+    run("inbox", "drain", "--slug", "alpha", "--host", "claude " + GHP, "--session-id", "s1")
+    run("inbox", "ack", "--slug", "alpha", "--line", "1", "--id", "i1", "--kind", "tell",
+        "--status", "answered " + GHP, "--request-id", "req-" + ENV_SECRET, "--host", "claude " + GHP)
+    run("initiate", "--kind", "status", "--id", "st1", "--headline", "h", "--workflow", "wf " + GHP,
+        "--entity", GHP + "/", "--session-id", "password=hunter2hunter2")
+    run("initiate", "--kind", "status", "--id", "st2", "--headline", "h " + GHP, "--body", ENV_SECRET)
+    run("alert", "permission", "--reason", "r", "--prefix-rule", "curl,-H,Authorization: Bearer " + GHP,
+        "--command", "deploy --token " + ENV_SECRET)
+    run("feed", "--verb", "dispatch", "--text", "t " + GHP, "--entity", ENV_SECRET + "!")
+    hook = {"cwd": str(repo), "hook_event_name": "Stop password=hunter2hunter2", "session_id": GHP,
+            "agent_id": "AKIAIOSFODNN7EXAMPLE", "tool_name": "Bash sk-proj-" + "a1B2c3D4" * 6,
+            "actor_id": ENV_SECRET}
+    assert run("egress", "emit", "--host", "claude", input=json.dumps(hook)).stdout == ""
+    hook.update(host="codex " + GHP)
+    run("egress", "emit", input=json.dumps(hook))
+    assert_no_secret(repo, *outputs)
+    for path in (repo / "_bridge").rglob("*"):
+        if path.is_file():
+            data = path.read_text()
+            assert "hunter2hunter2" not in data and "AKIAIOSFODNN7EXAMPLE" not in data, path
+            assert "a1B2c3D4" * 6 not in data, path
+    (event,) = records(repo / "_bridge/events.jsonl")  # the payload host was not an id: no event
+    assert (event["session_id"], event["agent_id"], event["actor_id"]) == ("", "", "")
+    assert event["event"] == "Stop password=[REDACTED]" and event["detail"]["tool"].startswith("Bash ")
+    alert = records(repo / "_bridge/fo-alerts.jsonl")[0]
+    assert alert["prefix_rule"][:2] == ["curl", "-H"] and "[REDACTED]" in alert["prefix_rule"][2]
+    assert [r["id"] for r in records(repo / "_bridge/fo-initiate.jsonl")] == ["st2"]
+
+
+def test_ack_text_is_redacted_before_it_is_flattened(repo):
+    write_inbox(repo, *INBOX3)
+    body = ["MIIEow" + "QIBAAKCAQEAx9" * 4] + ["Qk" + "x7Yb3" * 12 + str(n) for n in range(5)]
+    key = "-----BEGIN RSA PRIVATE KEY-----\n" + "\n".join(body)  # pasted without its END line
+    code, out, _ = seam("inbox", "ack", "--slug", "alpha", "--line", "1", "--id", "i1", "--kind", "tell",
+                        "--status", "answered", "--text", "here: " + key + "\nthanks", cwd=repo)
+    assert code == 0
+    text = records(repo / "_bridge/fo-replies.jsonl")[0]["text"]
+    assert "\n" not in text and "BEGIN RSA PRIVATE KEY" in text and "[REDACTED]" in text
+    assert not any(line[:20] in text for line in body), text
+
+
+def test_hook_verbs_stay_silent_on_stderr_whatever_the_config_warns(repo):
+    """A config key nothing reads (such as the removed seam.wake_timeout_sec) is warned about by
+    the verbs people run, never by the hooks, which run on every tool call."""
+    (repo / "bridge.config.json").write_text(json.dumps({"seam": {"wake_timeout_sec": 1800}}))
+    write_inbox(repo, *INBOX3)
+    heartbeat(repo, "alpha", "ses-1")
+    emit("claude", payload("claude_session_start.json", repo), cwd=repo)  # asserts stderr == ""
+    code, out, err = seam("inbox", "check", cwd=repo, input=payload("claude_stop.json", repo, session_id="ses-1"))
+    assert (code, err, out["decision"]) == (0, "", "block")
+    result = run_bridge("egress", "emit", "--host", "claude", cwd=repo, env=clean_env(BRIDGE_DEBUG=1),
+                        input=payload("claude_session_start.json", repo))
+    assert "unknown config key 'seam.wake_timeout_sec'" in result.stderr and result.stdout == ""
+    code, _, err = seam("feed", "--verb", "dispatch", "--text", "t", cwd=repo)
+    assert code == 0 and "unknown config key 'seam.wake_timeout_sec'" in err
+
+
+# ---- reference section 8 behaviours that had no test (conformance review) ------------
+
+def test_alert_normalizes_one_line_summaries_within_their_limits(repo):
+    """bridgealert NormalizesOneLineSummaries: reason and command become one line (runs of
+    whitespace and control characters -> one space), cut at 240 / 500 UTF-8 bytes."""
+    code, out, _ = seam("alert", "permission", "--reason", "  sandbox\nblocked\t\tgit \r\n status \x07 ",
+                        "--command", "git\tstatus\n--short", cwd=repo)
+    assert code == 0 and out["queued"] is True
+    rec = records(repo / "_bridge/fo-alerts.jsonl")[0]
+    assert (rec["reason"], rec["command"]) == ("sandbox blocked git status", "git status --short")
+    seam("alert", "permission", "--reason", "r" * 300, "--command", "c" * 600, cwd=repo)
+    rec = records(repo / "_bridge/fo-alerts.jsonl")[1]
+    assert (len(rec["reason"]), len(rec["command"])) == (240, 500)
+    seam("alert", "permission", "--reason", "\u00e9" * 200, "--command", "x\n" * 400, cwd=repo)
+    rec = records(repo / "_bridge/fo-alerts.jsonl")[2]
+    assert 240 <= len(rec["reason"].encode()) <= 243 and "\n" not in rec["command"]
+    assert len(rec["command"].encode()) <= 500 and rec["command"].startswith("x x x")
+
+
+def verb_runs(tmp_path):
+    """Every verb that writes `_bridge/`, run without --repo-root (argv, input, env)."""
+    env, _ = wake_env(tmp_path)
+    return [
+        (("inbox", "drain", "--slug", "alpha", "--session-id", "s1"), None, None),
+        (("inbox", "ack", "--slug", "alpha", "--line", "1", "--id", "i1", "--kind", "tell", "--status",
+          "answered"), None, None),
+        (("inbox", "commit", "--slug", "alpha", "--cursor", "1"), None, None),
+        (("initiate", "--kind", "status", "--id", "st1", "--headline", "h"), None, None),
+        (("alert", "permission", "--reason", "r"), None, None),
+        (("feed", "--verb", "dispatch", "--text", "t"), None, None),
+        (("wake", "--host", "codex", "--members", "beta", "--codex-bin", str(SEAM / "codex")), None, env),
+    ]
+
+
+def test_every_verb_anchors_at_the_git_root_from_a_subdirectory_and_a_linked_worktree(repo, tmp_path):
+    """bridgeinitiate AnchorsAtRepoRoot, for every verb (decision 3): no --repo-root, run from
+    below the root, `_bridge/` is the git root's; a linked worktree is its own root."""
+    from conftest import git
+    worktree = tmp_path / "linked"
+    git(repo, "worktree", "add", "-q", "-b", "side", str(worktree))
+    for root in (repo, worktree):
+        write_inbox(root, *INBOX3)
+        heartbeat(root, "beta", "th-2", "codex")
+        below = root / "sub" / "deep"
+        below.mkdir(parents=True)
+        for argv, data, env in verb_runs(tmp_path):
+            code, out, err = seam(*argv, cwd=below, input=data, env=env)
+            assert code == 0 and err == "", (root, argv, out)
+        code, out, _ = seam("inbox", "check", cwd=below, input=json.dumps({"session_id": "th-2"}))
+        assert out["decision"] == "block" and "workflow(s): beta." in out["reason"]
+        emit("codex", payload("codex_session_start.json", below), cwd=below)
+        names = {p.name for p in (root / "_bridge").iterdir()}
+        assert {"fo.alpha.json", "fo-replies.jsonl", ".inbox-cursor.alpha", "fo-initiate.jsonl",
+                "fo-alerts.jsonl", "fo-feed.jsonl", "wake-events.jsonl", "events.jsonl"} <= names, names
+        assert [p for p in root.rglob("_bridge") if p != root / "_bridge"] == []
+    resumes_logged(tmp_path / "codex.log", 2)
+    # the main checkout got only its own records
+    assert len(records(repo / "_bridge/fo-feed.jsonl")) == len(records(worktree / "_bridge/fo-feed.jsonl")) == 1
+
+
+def test_wake_ignores_a_stale_retired_wake_cursor(repo, tmp_path):
+    """TestWakeRetriesAlreadyStartedUndeliveredLines: the retired .wake-cursor.codex says lines 1
+    and 2 were already started; they are undelivered, so wake resumes them anyway."""
+    bdir = write_inbox(repo, {"id": "w1", "ts": "2026-07-02T11:00:00Z", "kind": "tell", "target": "a"},
+                       {"id": "w2", "ts": "2026-07-02T11:01:00Z", "kind": "tell", "target": "a"})
+    heartbeat(repo, "a", "session-a", "codex")
+    (bdir / ".wake-cursor.codex").write_text("2\n")
+    env, log = wake_env(tmp_path)
+    code, out, _ = seam("wake", "--codex-bin", str(SEAM / "codex"), cwd=repo, env=env)
+    assert (code, out["status"], out["lines"]) == (0, "woke", [1, 2])
+    assert "Pending physical inbox lines for this session: 1,2" in resumes_logged(log, 1)
+    assert (bdir / ".wake-cursor.codex").read_text() == "2\n"  # neither read nor written
+
+
+def test_wake_without_an_inbox_prints_the_json_noop(repo, tmp_path):
+    """TestBridgeIngressWakeHiddenCLIPrintsJSONNoop: no inbox.jsonl, one JSON line, exit 0."""
+    env, log = wake_env(tmp_path)
+    result = run_bridge("wake", "--host", "codex", "--codex-bin", str(SEAM / "codex"), cwd=repo, env=env)
+    assert (result.returncode, result.stdout, result.stderr) == (
+        0, '{"status":"noop","message":"no pending inbox records"}\n', "")
+    heartbeat(repo, "a", "session-a", "codex")  # a heartbeat but still no inbox
+    result = run_bridge("wake", cwd=repo, env=env)
+    assert (result.returncode, json.loads(result.stdout)["status"]) == (0, "noop")
+    assert sorted(p.name for p in (repo / "_bridge").iterdir()) == ["fo.a.json"] and not log.exists()
+
+
+def test_wake_names_the_prompt_file_it_could_not_write(repo, tmp_path):
+    write_inbox(repo, {"id": "w1", "ts": "2026-07-02T11:00:00Z", "kind": "tell", "target": "a"})
+    heartbeat(repo, "a", "session-a", "codex")
+    env, log = wake_env(tmp_path)
+    result = run_size_limited(16, "wake", "--codex-bin", str(SEAM / "codex"), cwd=repo, env=env)
+    out = json.loads(result.stdout)
+    assert (result.returncode, out["status"]) == (1, "failed"), result
+    assert out["error"].startswith("cannot start %s: %s" % (SEAM / "codex", tmp_path / "tmp" /
+                                                             "spacedock-bridge-wake-")), out
+    assert list((tmp_path / "tmp").iterdir()) == [] and not log.exists()
+    assert not (repo / "_bridge" / ".wake-lock.codex").exists()

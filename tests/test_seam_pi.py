@@ -161,5 +161,9 @@ def test_global_extension_finds_the_root_from_below_and_stays_out_elsewhere(proj
     assert_turn(recorded, recorded[0]["session_id"])
     elsewhere = make_git_repo(tmp_path / "elsewhere")
     (elsewhere / "notes.txt").write_text("no bridge here\n")
+    # a scripts/bridge.py above the repository is not this project's: never run
+    (tmp_path / "scripts").mkdir()
+    (tmp_path / "scripts" / "bridge.py").write_text(
+        "open(%r, 'w').write('ran')\n" % str(tmp_path / "outer-ran"))
     run_pi(pi_home, elsewhere, "--no-session")
-    assert not (elsewhere / "_bridge").exists()
+    assert not (elsewhere / "_bridge").exists() and not (tmp_path / "outer-ran").exists()
