@@ -341,15 +341,35 @@ class JsonlLine(tuple):
     raw = property(lambda self: self[3])
 
 
+def open_input_fd(path, follow=True):
+    """os.open(path) for reading a file other processes write or may plant. The open never
+    blocks: a FIFO, socket or device in place of the file is an OSError naming it (a reader,
+    a hook among them, must not wait forever for a writer that never comes); so is a symlink
+    when follow=False."""
+    import errno
+    import stat
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
+    fd = os.open(path, flags | (0 if follow else getattr(os, "O_NOFOLLOW", 0)))
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file", path)
+    return fd
+
+
+def open_input(path, follow=True):
+    """open_input_fd as a binary file object."""
+    return os.fdopen(open_input_fd(path, follow), "rb")
+
+
 def scan_jsonl(path, start=0):
     """Yield JsonlLine for each complete line after the first `start` lines.
 
     A last line without its newline is still being written: it is neither counted
     nor yielded (the `wc -l` rule). Lines of any length are read. A missing file
-    yields nothing.
+    yields nothing; anything but a regular file is an OSError (open_input).
     """
     try:
-        handle = open(path, "rb")
+        handle = open_input(path)
     except FileNotFoundError:
         return
     with handle:
@@ -397,7 +417,7 @@ def count_complete_lines(path):
     """Number of newline-terminated lines in `path` (0 when it does not exist)."""
     count = 0
     try:
-        with open(path, "rb") as handle:
+        with open_input(path) as handle:
             while True:
                 block = handle.read(1 << 20)
                 if not block:
@@ -418,15 +438,8 @@ def _read_small(path, follow=True):
         if follow:
             with open(path, "rb") as handle:
                 return handle.read(65536).decode("utf-8", "replace").strip()
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
-                     | getattr(os, "O_CLOEXEC", 0))
-        try:
-            import stat
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                return None
-            return os.read(fd, 65536).decode("utf-8", "replace").strip()
-        finally:
-            os.close(fd)
+        with open_input(path, follow=False) as handle:
+            return handle.read(65536).decode("utf-8", "replace").strip()
     except OSError:
         return None
 
@@ -3513,8 +3526,10 @@ def seam_append(path, data, wait=2.0):
     symlink at `path` is refused (ELOOP).
     """
     import fcntl
+    import stat
+    # O_NONBLOCK: opening a FIFO planted at `path` would otherwise wait for a reader forever
     flags = (os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
-             | getattr(os, "O_NOFOLLOW", 0))
+             | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
     for _ in range(50):
         try:
             fd = os.open(path, flags, 0o644)
@@ -3522,6 +3537,8 @@ def seam_append(path, data, wait=2.0):
             os.makedirs(os.path.dirname(path), exist_ok=True)
             fd = os.open(path, flags, 0o644)
         try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise OSError("%s is not a regular file" % path)
             if not flock_within(fd, fcntl.LOCK_SH, wait):
                 raise OSError("%s stayed locked for %.1fs" % (path, wait))
             try:
@@ -3550,7 +3567,7 @@ def seam_trim(path, max_lines, keep_lines, protect=None, seen=None):
     import fcntl
     keep_lines = min(keep_lines, max_lines)
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0))
+        fd = open_input_fd(path, follow=False)
     except OSError:
         return False
     try:
@@ -4010,7 +4027,7 @@ def _load_index(bdir):
     """The cache in .seam-index.json, or {} (a full rescan) when any part of it is not
     what _save_index writes: one wrong-typed entry means the file is not ours to trust."""
     try:
-        with open(os.path.join(bdir, SEAM_INDEX), "rb") as handle:
+        with open_input(os.path.join(bdir, SEAM_INDEX)) as handle:
             index = parse_json(handle.read(8 << 20))
     except (OSError, ValueError):
         return {}
@@ -4081,7 +4098,7 @@ def read_inbox(bdir, start, index):
     """[(line, record or None)] for the complete inbox lines after line `start`, and
     the inbox's complete line count; resumes from the index's nearest checkpoint."""
     try:
-        handle = open(os.path.join(bdir, "inbox.jsonl"), "rb")
+        handle = open_input(os.path.join(bdir, "inbox.jsonl"))
     except OSError:
         return [], 0
     with handle:
@@ -4128,7 +4145,7 @@ def load_reply_keys(bdir, lines, floor, index):
     global _REPLY_LINE
     terminal, acting = set(), set()
     try:
-        handle = open(os.path.join(bdir, "fo-replies.jsonl"), "rb")
+        handle = open_input(os.path.join(bdir, "fo-replies.jsonl"))
     except OSError:
         return terminal, acting
     with handle:
@@ -4325,7 +4342,7 @@ def _lines_since(path, mark):
     """Complete lines appended to `path` after `mark` (see _mark), or None when
     `path` is no longer the file the mark was taken of."""
     try:
-        handle = open(path, "rb")
+        handle = open_input(path)
     except OSError:
         return None
     with handle:
@@ -4621,7 +4638,7 @@ def inbox_check(data, host="", repo_root=None, slug=None, session_id=None):
 def _heartbeat(bdir, slug):
     """The parsed fo.<slug>.json heartbeat, or None (a malformed ts fails it whole)."""
     try:
-        with open(os.path.join(bdir, "fo.%s.json" % slug), "rb") as handle:
+        with open_input(os.path.join(bdir, "fo.%s.json" % slug)) as handle:
             beat = parse_json(handle.read(1 << 20))
     except (OSError, ValueError):
         return None
@@ -4652,9 +4669,9 @@ def _markers(bdir):
             continue
         path = os.path.join(sessions, name)
         try:
-            with open(path, "rb") as handle:
+            with open_input(path) as handle:
                 marker = parse_json(handle.read(65536))
-            mtime = os.stat(path).st_mtime
+                mtime = os.fstat(handle.fileno()).st_mtime
         except (OSError, ValueError):
             continue
         if isinstance(marker, dict):
