@@ -5898,8 +5898,8 @@ PROXY_REASONS = {
     "held_too_long": "request held longer than proxy.pause_timeout_sec (paused or restarting)",
     "paused_buffer_full": "bridge is paused and its buffer (proxy.pause_buffer_messages or "
                           "proxy.pause_buffer_bytes) is full",
-    "too_large": "request longer than proxy.max_line_bytes; it was not sent to the MCP server",
-    "answer_too_large": "the MCP server's answer was longer than proxy.max_line_bytes and was dropped",
+    "too_large": "request longer than proxy.max_line_bytes; it was not relayed",
+    "answer_too_large": "answer longer than proxy.max_line_bytes; it was dropped",
 }
 
 
@@ -5929,10 +5929,10 @@ def proxy_decoder():
             return fast(line)
         except ValueError as exc:
             # Valid JSON with an integer longer than Python's digit limit (4300 on 3.11) is still
-            # valid JSON: keep such numbers as text instead of calling the line malformed.
+            # valid JSON: keep such numbers (only those) as text instead of calling it malformed.
             if "integer string conversion" not in str(exc):
                 raise
-            return loads(line, parse_int=str)
+            return loads(line, parse_int=lambda digits: int(digits) if len(digits) <= 4000 else digits)
     return parse
 
 
@@ -5994,21 +5994,39 @@ class ProxyLines:
 
 
 def proxy_dropped_id(head, tail):
-    """The id of a line too long to relay, from its first or last 256 bytes, so the request it
-    carried (or the answer it was) can still be answered with an error instead of left to time
-    out. JSON-RPC peers write `id` early (the Python SDK: after "jsonrpc") or last (the TypeScript
-    SDK); at the start only scalar members may come before it, and at the end only the closing
-    brace may follow it, so an "id" nested inside params or result is never taken. None if
-    neither end shows it."""
-    string = rb'"(?:[^"\\]|\\.)*"'
-    value = rb'(-?\d+|' + string + rb')'
-    found = re.match(rb'\s*\{(?:\s*' + string + rb'\s*:\s*(?:' + string + rb'|[-+.\w]+)\s*,)*?\s*"id"\s*:\s*'
-                     + value, head) or re.search(rb'[{,]\s*"id"\s*:\s*' + value + rb'\s*\}\s*$', tail)
+    """(id, kind) of a line too long to relay, from its first and last 256 bytes, so whoever
+    waits on it can still be answered with an error instead of left to time out. kind is
+    "request" or "answer", or None when the ends do not show which. Only top-level members
+    count: at the start, those before the first object or array (a `method`, or `params`
+    opening, makes a request; `result` or `error` an answer); at the end, an `id` followed by
+    nothing but the closing brace. So an "id" nested in params or result is never taken.
+    JSON-RPC peers write `id` early (the Python SDK: after "jsonrpc") or last (TypeScript)."""
+    text = rb'"(?:[^"\\]|\\.)*"'
+    member = re.compile(rb'\s*"((?:[^"\\]|\\.)*)"\s*:\s*(' + text + rb'|[-+.\w]+|[{\[])\s*,?')
+    mid = kind = None
+    opening = re.match(rb'\s*\{', head)
+    pos = opening.end() if opening else len(head)
+    while True:
+        found = member.match(head, pos)
+        if found is None:
+            break
+        key, value = found.group(1), found.group(2)
+        if value in (b"{", b"["):
+            kind = "request" if key == b"params" else "answer" if key in (b"result", b"error") else kind
+            break
+        if key == b"method":
+            kind = "request"
+        elif key == b"id":
+            mid = value
+        pos = found.end()
+    if mid is None:
+        found = re.search(rb'[{,]\s*"id"\s*:\s*(-?\d+|' + text + rb')\s*\}\s*$', tail)
+        mid = found.group(1) if found else None
     try:
-        mid = json.loads(found.group(1)) if found else None
+        mid = json.loads(mid) if mid is not None else None
     except ValueError:
-        return None
-    return mid if mid.__class__ in (int, str) else None
+        mid = None
+    return (mid if mid.__class__ in (int, str) else None), kind
 
 
 def proxy_adopt_orphans():
@@ -6026,10 +6044,12 @@ def proxy_adopt_orphans():
 
 
 def proxy_leftovers(pgid):
-    """Live processes that must not outlive the Doctor: those in its process group `pgid`, and
-    every descendant of bridge.py (orphans adopted through proxy_adopt_orphans). Zombies are not
-    counted: an orphaned grandchild's zombie waits for PID 1, which in containers may never reap
-    it. Without /proc (macOS), [pgid] while the group exists."""
+    """Live processes that must not outlive the Doctor: those in its process group `pgid` (if
+    not None), and every descendant of bridge.py (orphans adopted through proxy_adopt_orphans).
+    Zombies are not counted: an orphaned grandchild's zombie waits for PID 1, which in
+    containers may never reap it. Without /proc (macOS), [pgid] while the group exists."""
+    if pgid is None and not os.path.isdir("/proc/self"):
+        return []
     if not os.path.isdir("/proc/self"):
         try:
             os.killpg(pgid, 0)
@@ -6057,14 +6077,14 @@ def proxy_leftovers(pgid):
         up, hops = parent.get(pid), 0
         while up not in (None, 0, 1, me) and hops < 64:
             up, hops = parent.get(up), hops + 1
-        if group == pgid or up == me:
+        if up == me or pgid is not None and group == pgid:
             found.append(pid)
     return found
 
 
 def proxy_signal(pgid, pids, sig):
-    """Signal the Doctor's process group and each of `pids` (leftovers outside it)."""
-    for target, kill in [(pgid, os.killpg)] + [(pid, os.kill) for pid in pids]:
+    """Signal the Doctor's process group (unless None) and each of `pids`."""
+    for target, kill in ([(pgid, os.killpg)] if pgid is not None else []) + [(pid, os.kill) for pid in pids]:
         try:
             kill(target, sig)
         except OSError:
@@ -6091,6 +6111,7 @@ class ProxyChild:
         self.heard = self.started       # when stdout last gave anything (health check)
         self.ping_at = None             # when the health-check ping in flight was sent
         self.concurrent = False         # it has answered a ping while busy: its silence means stuck
+        self.witness = None             # requests in progress when a ping was answered (see answered)
         self.doubted = False            # a ping went unanswered by a server not known to be concurrent
         self.stop_reason = self.term_at = self.kill_at = None
         self.exit = None                # {"code": n} or {"signal": "SIGKILL"} once reaped
@@ -6149,6 +6170,7 @@ class Proxy:
         self.redactor = get_redactor(cfg, env=env)   # the Doctor's environment: doctor.env secrets too
         self.child, self.gen, self.obs, self.exit_code = None, 0, None, 0
         self.stopped = self.paused = self.client_gone = self.stdin_eof = self.reaping = self.adopting = False
+        self.closed = False                         # run() has ended: control() answers at once
         self.shutting = None            # the reason, once a shutdown began
         self.spawn_at = self.next_check = 0.0
         self.crashes, self.held, self.ctl = collections.deque(), collections.deque(), collections.deque()
@@ -6245,6 +6267,8 @@ class Proxy:
         import threading
         if action not in PROXY_ACTIONS:
             return {"ok": False, "error": "unknown action"}
+        if self.closed:
+            return {"ok": False, "error": "bridge.py has stopped"}
         done = threading.Event()
         self.ctl.append((action, params, done))
         self.wake()
@@ -6359,17 +6383,16 @@ class Proxy:
 
     def check_health(self, now):
         """Kill a Doctor that is stuck, never one that is only slow (README "Hang detection").
-        A restarted Doctor that has not answered the replayed initialize (or anything owed) within
-        start_timeout_sec is stuck starting. A ready one that owes an answer and has been silent for
+        A restarted Doctor that has not answered the replayed initialize within start_timeout_sec
+        (and said nothing meanwhile) is stuck starting. A ready one that owes an answer and has been silent for
         health_check_sec is pinged; no answer within health_timeout_sec is a hang only if it has
         answered a ping while busy before (`concurrent`): a server that handles one request at a
         time cannot, and is left alone. MCP 2026-07-28 has no ping: such sessions are not pinged."""
         child = self.child
         if not child.ready:
-            if self.start_timeout and (child.replay_id is not None or child.gen > 1 and self.pending):
-                owed = child.started if child.replay_id is not None else next(iter(self.pending.values()))[1]
-                if now - max(owed, child.heard) >= self.start_timeout:
-                    self.hung("start_timeout", now)
+            if self.start_timeout and child.replay_id is not None and \
+                    now - child.heard >= self.start_timeout:    # heard: started, or its last word
+                self.hung("start_timeout", now)
         elif child.ping_at is None:
             if self.pending and self.health_sec and child.replay_id is None and \
                     isinstance(self.proto, str) and self.proto < "2026-07-28" and \
@@ -6431,7 +6454,8 @@ class Proxy:
         self.srv_pending.clear()
         if self.shutting:
             return
-        proxy_signal(child.pid, proxy_leftovers(child.pid), signal.SIGKILL)   # the old generation's leftovers
+        pgid = None if self.adopting else child.pid  # adopted, every leftover is ours: no group id needed
+        proxy_signal(pgid, proxy_leftovers(pgid), signal.SIGKILL)   # the old generation's leftovers
         self.reap_adopted()
         if reason == "kill":
             self.emit("doctor:stopped", {"generation": child.gen, "exit": child.exit})
@@ -6466,14 +6490,18 @@ class Proxy:
             self.fail_held("shutdown")
 
     # ---- error replies for requests the Doctor will never answer ----
-    def reply_error(self, mid, reason, method, exit=None):
-        self.tries.pop(mid, None)
+    def reply_error(self, mid, reason, method, exit=None, to_doctor=False):
+        """Answer request `mid` with the error reply (README); to the client, or with to_doctor
+        to a request of the Doctor's whose line could not be relayed."""
         data = {"bridge": "bridge.py proxy", "reason": reason, "method": method,
                 "generation": self.gen, "retried": False}
         if exit:
             data["exit"] = exit
         error = {"code": PROXY_ERROR_CODE, "message": PROXY_REASONS[reason], "data": data}
         line = json_compact({"jsonrpc": "2.0", "id": mid, "error": error}).encode("utf-8") + b"\n"
+        if to_doctor:
+            return self.send_child(line)
+        self.tries.pop(mid, None)
         self.send_client(line)
         obs = self.obs
         if obs is not None and obs.client_count > 0 and self.sample():
@@ -6607,6 +6635,8 @@ class Proxy:
                         self.answered(child.owned.pop(mid), msg)
                         continue
                     sent = pending.pop(mid, None)
+                    if child.witness and mid in child.witness:
+                        child.concurrent, child.witness = True, None
                     if tries and mid in tries:
                         self.tried(tries.pop(mid), sent, msg)
                     if not child.ready:
@@ -6661,8 +6691,10 @@ class Proxy:
         """The Doctor answered a request of bridge.py's own: swallowed, never forwarded."""
         child = self.child
         if method == "ping":                       # even an error answer proves it is alive
-            if self.pending and next(iter(self.pending.values()))[1] < child.ping_at:
-                child.concurrent = True            # answered while an older request is still running
+            # Concurrent only once a request sent before the ping is answered after it: then the
+            # ping was answered while that request was in progress (not merely ignored).
+            older = [mid for mid, (_m, t) in self.pending.items() if t < child.ping_at][:16]
+            child.witness = set(older) if older and not child.concurrent else None
             child.ping_at, child.doubted = None, False
             return
         if "error" in msg:
@@ -6704,17 +6736,20 @@ class Proxy:
                                              line[:4096].decode("utf-8", "replace"))[:120]})
 
     def dropped(self, splitter, side):
-        """Lines over max_line_bytes were dropped: published, and when the id they carried shows,
-        the request is answered with an error (a client's, or the one a Doctor's answer was for)
-        so nobody waits for a timeout."""
+        """Lines over max_line_bytes were dropped: published, and when their ends show what they
+        were (proxy_dropped_id), whoever waits on them gets an error instead of a timeout: the
+        sender of a request, or the side whose request a dropped answer was for."""
         for head, tail in splitter.dropped:
-            mid, answered = proxy_dropped_id(head, tail), None
-            if side == "client" and mid is not None and mid not in self.srv_pending and mid not in self.dead_srv:
-                self.tries.pop(mid, None)
-                self.reply_error(mid, "too_large", None)
+            (mid, kind), answered = proxy_dropped_id(head, tail), None
+            if mid is not None and kind == "request":
+                self.reply_error(mid, "too_large", None, to_doctor=side == "doctor")
                 answered = mid
-            elif side == "doctor" and mid in self.pending:
+            elif kind == "answer" and side == "doctor" and mid in self.pending:
                 self.reply_error(mid, "answer_too_large", self.pending.pop(mid)[0])
+                answered = mid
+            elif kind == "answer" and side == "client" and mid in self.srv_pending:
+                self.srv_pending.discard(mid)
+                self.reply_error(mid, "answer_too_large", None, to_doctor=True)
                 answered = mid
             self.st["dropped"] += 1
             self.emit("bridge:dropped", {"from": side, "id": mid, "answered": answered,
@@ -6892,7 +6927,9 @@ class Proxy:
                     next_stats = monotonic() + self.stats_every
                     self.publish_stats()
         finally:
-            for _action, _params, done in self.ctl:  # commands that came too late
+            self.closed = True
+            while self.ctl:                            # commands that came too late
+                done = self.ctl.popleft()[2]
                 if done is not None:
                     done.outcome = {"ok": False, "error": "bridge.py has stopped"}
                     done.set()
@@ -6981,19 +7018,24 @@ class Proxy:
             self.flush_client()
         child = self.child
         if child is not None:
+            # The group id is used only while it is surely the Doctor's: its leader alive until
+            # now. A Doctor reaped earlier (a doctor:kill hours ago) had its leftovers killed then,
+            # and its pid may belong to another process by now. Adopted orphans are found as ours.
+            pgid = child.pid if not self.adopting and (child.exit is None or child.stop_reason == "shutdown") \
+                else None
             if child.exit is None:
                 child.signal_group(signal.SIGKILL)
                 child.proc.wait()
             for name in ("fin", "fout", "ferr"):
                 child.close(name)
-            left = proxy_leftovers(child.pid)
-            proxy_signal(child.pid, left, signal.SIGTERM)
+            left = proxy_leftovers(pgid)
+            proxy_signal(pgid, left, signal.SIGTERM)
             end = monotonic() + self.kill_after
             while left and monotonic() < end:
                 time.sleep(0.02)
                 self.reap_adopted()
-                left = proxy_leftovers(child.pid)
-            proxy_signal(child.pid, left, signal.SIGKILL)
+                left = proxy_leftovers(pgid)
+            proxy_signal(pgid, left, signal.SIGKILL)
             end = monotonic() + 1.0
             while self.reap_adopted() and monotonic() < end:
                 time.sleep(0.01)
@@ -7089,7 +7131,8 @@ class ObsConnection:
         self.path, self.buf, self.writer = None, bytearray(), None
         self.out, self.cond = collections.deque(), threading.Condition()
         self.closing = False  # a close frame (or the end) is queued: nothing may follow it
-        self.accepted = time.monotonic()  # until `path` is set, the request head is still coming
+        self.accepted = time.monotonic()
+        self.in_head = True   # its request head is still coming: it may be dropped to make room
 
     def push(self, frame, close=False):
         """Queue a frame without blocking; False when the queue is full (the client is slow)."""
@@ -7218,6 +7261,7 @@ class ObsConnection:
             if not chunk:
                 return False
             self.buf += chunk
+        self.in_head = False
         self.sock.settimeout(10)  # for the answer to the head
         head, _, rest = bytes(self.buf).partition(b"\r\n\r\n")
         self.buf = bytearray(rest)  # a client may send its first frame right behind the head
@@ -7405,11 +7449,14 @@ class ObservabilityServer:
                 continue
             conn = ObsConnection(self, sock, addr)
             with self.lock:
+                heads = [c for c in self.conns if c.in_head]
                 full = len(self.conns) >= OBS_MAX_CONNECTIONS
-                heads = [c for c in self.conns if c.path is None]
                 if full and heads:      # make room by dropping the oldest unfinished request head:
                     full = False        # a real client sends its head at once, a slowloris never
-                    min(heads, key=lambda c: c.accepted).shutdown(socket.SHUT_RDWR)
+                    oldest = min(heads, key=lambda c: c.accepted)
+                    oldest.in_head = False
+                    self.conns.discard(oldest)      # its slot is free now, not when its thread ends
+                    oldest.shutdown(socket.SHUT_RDWR)
                 self.conns.add(conn)
             if full:
                 self.conns.discard(conn)

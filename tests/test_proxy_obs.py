@@ -789,3 +789,17 @@ def test_origin_is_checked_with_a_token_too_and_rebinding_is_refused(make_harnes
     loopback = make_harness()                  # no token: the Host header proves nothing
     assert http_request(loopback.port, "/control", headers=upgrade_headers(
         Origin="http://evil.example:%d" % loopback.port, Host="evil.example:%d" % loopback.port))[0] == 403
+
+
+def test_the_connection_cap_holds_while_unfinished_heads_are_dropped(make_harness):
+    harness = make_harness(head_timeout=60)
+    hogs = []
+    for _ in range(200):
+        hog = socket.create_connection(("127.0.0.1", harness.port))
+        hog.sendall(b"GET / HTTP/1.1\r\n")
+        hogs.append(hog)
+    time.sleep(0.3)
+    assert len(harness.server.conns) <= BRIDGE_MODULE.OBS_MAX_CONNECTIONS
+    assert http_request(harness.port, "/")[0] == 200
+    for hog in hogs:
+        hog.close()
