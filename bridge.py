@@ -6383,11 +6383,11 @@ class Proxy:
 
     def check_health(self, now):
         """Kill a Doctor that is stuck, never one that is only slow (README "Hang detection").
-        A restarted Doctor that has not answered the replayed initialize within start_timeout_sec
-        (and said nothing meanwhile) is stuck starting. A ready one that owes an answer and has been silent for
-        health_check_sec is pinged; no answer within health_timeout_sec is a hang only if it has
-        answered a ping while busy before (`concurrent`): a server that handles one request at a
-        time cannot, and is left alone. MCP 2026-07-28 has no ping: such sessions are not pinged."""
+        A restarted Doctor that has neither answered the replayed initialize nor said anything
+        within start_timeout_sec is stuck starting. A ready one that owes an answer and has been
+        silent for health_check_sec is pinged; no answer within health_timeout_sec is a hang only
+        if it has answered a ping while busy before (`concurrent`): a server that handles one
+        request at a time cannot, and is left alone. MCP 2026-07-28 has no ping: not pinged."""
         child = self.child
         if not child.ready:
             if self.start_timeout and child.replay_id is not None and \
