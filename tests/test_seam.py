@@ -1998,3 +1998,16 @@ def test_wake_names_the_prompt_file_it_could_not_write(repo, tmp_path):
                                                              "spacedock-bridge-wake-")), out
     assert list((tmp_path / "tmp").iterdir()) == [] and not log.exists()
     assert not (repo / "_bridge" / ".wake-lock.codex").exists()
+
+
+def test_a_bom_line_is_read_and_a_symlinked_bridge_dir_is_followed(repo, tmp_path):
+    """README seam Decisions: an editor's byte-order mark does not hide an intent; `_bridge/`
+    kept elsewhere through a symlink works (the files in it are never followed)."""
+    elsewhere = tmp_path / "shared-bridge"
+    elsewhere.mkdir()
+    (repo / "_bridge").symlink_to(elsewhere)
+    (elsewhere / "inbox.jsonl").write_bytes(b"\xef\xbb\xbf" + json.dumps(
+        {"id": "b1", "ts": "2026-07-03T11:00:00Z", "kind": "tell", "text": "x", "target": "alpha"}).encode() + b"\n")
+    code, out, _ = seam("inbox", "drain", "--slug", "alpha", cwd=repo)
+    assert code == 0 and [r["id"] for r in out["records"]] == ["b1"]
+    assert (elsewhere / "fo.alpha.json").exists()                        # the heartbeat went there too
