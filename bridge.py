@@ -3877,10 +3877,7 @@ def _entity_slug(rest):
 def _readme_state(path):
     """The `state:` value of a README.md's YAML front matter, or None."""
     try:
-        import stat
-        if not stat.S_ISREG(os.lstat(path).st_mode):
-            return None
-        with open(path, "rb") as handle:
+        with open_input(path, follow=False) as handle:   # a symlink or FIFO is no README
             text = handle.read(65536).decode("utf-8", "replace")
     except OSError:
         return None
@@ -5021,7 +5018,7 @@ def _wake_resumes(bdir):
     run (verified: same host and boot, the pid alive and started when it was recorded,
     so a recycled pid does not count, nor a zombie)."""
     try:
-        with open(os.path.join(bdir, WAKE_RESUMES), "rb") as handle:
+        with open_input(os.path.join(bdir, WAKE_RESUMES), follow=False) as handle:
             saved = parse_json(handle.read(1 << 20))
     except (OSError, ValueError):
         return {}
