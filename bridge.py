@@ -6146,41 +6146,129 @@ class ProxyChild:
             pass
 
 
+class Outbox(bytearray):
+    """What is owed to one non-blocking pipe, in order. send() writes at once when nothing
+    waits before it (the usual case) and buffers the rest; flush() writes what the pipe takes
+    once poll() says it is writable. A closed pipe raises OSError and what it was owed is
+    dropped."""
+
+    def send(self, fd, data):
+        if not self:
+            try:
+                sent = os.write(fd, data)
+            except BlockingIOError:
+                sent = 0
+            if sent == len(data):
+                return
+            data = data[sent:]
+        self.extend(data)
+        self.flush(fd)
+
+    def flush(self, fd):
+        try:
+            while self:
+                del self[:os.write(fd, self)]
+        except BlockingIOError:
+            pass
+        except OSError:
+            self.clear()
+            raise
+
+
 class Proxy:
     """Supervises the Doctor (the real MCP server) and relays stdio both ways. The README
-    section "proxy" describes the rules; `run()` returns the exit code."""
+    section "proxy" describes the rules. Everything runs on one thread, the relay loop in
+    run(), except control(), which the observability server calls from its own.
+
+    Methods for the caller:
+      run()                    relay until shutdown; returns the exit code
+      control(action, params)  a /control command from another thread; waits for the outcome
+      stats()                  the figures a bridge:stats event carries
+
+    Methods that may be overridden (each one decision, called from the relay loop):
+      client_lines(lines)      client -> Doctor: forward, hold or answer each line
+      child_lines(lines)       Doctor -> client: forward or swallow each line
+      special(msg)             the Doctor's non-JSON-RPC lines (ready, health, shutdown)
+      check_health(now)        when a Doctor that owes answers counts as stuck
+      crashed(how, gen)        restart after a cooldown, or give up (doctor:fatal)
+      reply_error(mid, ...)    the error answer for a request the Doctor will never answer
+      start_observability()    start the WebSocket server, or not
+
+    State is set in __init__, one attribute per line, grouped: configuration, the Doctor, the
+    client's session (replayed to a restarted Doctor), requests in flight, the flow of bytes,
+    control and shutdown, observability.
+    """
 
     def __init__(self, argv, cfg, cwd=None, env=None):
         import collections
-        self.argv, self.cfg, self.cwd, self.env = argv, cfg, cwd, env
         lc, px = cfg["lifecycle"], cfg["proxy"]
-        self.max_restarts, self.window = lc["maxRestarts"], lc["restartWindow"]
-        self.cooldown = lc["cooldown"] / 1000.0
-        self.cap, self.hold_max, self.hold_sec = px["max_line_bytes"], px["pause_buffer_messages"], \
-            px["pause_timeout_sec"]
-        self.hold_bytes, self.held_bytes, self.start_timeout = px["pause_buffer_bytes"], 0, px["start_timeout_sec"]
-        self.close_grace, self.kill_after = px["close_grace_sec"], px["kill_after_sec"]
-        self.stats_every, self.params_max = px["stats_interval_sec"], px["event_params_max"]
-        self.events_max, self.events_left, self.events_reset = px["events_per_sec_max"], 0, 0.0
-        self.health_sec, self.health_timeout = px["health_check_sec"], px["health_timeout_sec"]
-        self.verbosity = PROXY_LEVELS.get(str(px["log_level"]).lower(), 1)
-        self.redactor = get_redactor(cfg, env=env)   # the Doctor's environment: doctor.env secrets too
-        self.child, self.gen, self.obs, self.exit_code = None, 0, None, 0
-        self.stopped = self.paused = self.client_gone = self.stdin_eof = self.reaping = self.adopting = False
-        self.closed = False                         # run() has ended: control() answers at once
-        self.shutting = None            # the reason, once a shutdown began
-        self.spawn_at = self.next_check = 0.0
-        self.crashes, self.held, self.ctl = collections.deque(), collections.deque(), collections.deque()
-        self.pending, self.srv_pending, self.dead_srv = {}, set(), collections.deque(maxlen=1000)
-        self.init_params = self.init_caps = self.proto = self.level = None
-        self.tries, self.subs, self.own_n = {}, {}, 0     # stateful requests in flight; subscriptions
-        self.stdin_lines = ProxyLines(self.cap)
-        self.to_child, self.to_client = bytearray(), bytearray()
-        self.tail = collections.deque(maxlen=20)
-        self.parse = proxy_decoder()
-        self.started = monotonic()
-        self.st = dict(messagesIn=0, messagesOut=0, bytesIn=0, bytesOut=0, doctorRestarts=0, dropped=0,
-                       eventsSkipped=0)
+        # -- configuration, read once --
+        self.argv = argv                                # the Doctor's command line
+        self.cfg = cfg                                  # the merged config (observability)
+        self.cwd = cwd                                  # the Doctor's working directory
+        self.env = env                                  # the Doctor's environment
+        self.max_restarts = lc["maxRestarts"]           # crashes within `window` before giving up
+        self.window = lc["restartWindow"]               # seconds over which crashes count
+        self.cooldown = lc["cooldown"] / 1000.0         # seconds from a crash to the next start
+        self.cap = px["max_line_bytes"]                 # a longer line is dropped
+        self.hold_max = px["pause_buffer_messages"]     # held client messages at most
+        self.hold_bytes = px["pause_buffer_bytes"]      # held bytes at most
+        self.hold_sec = px["pause_timeout_sec"]         # a request held longer gets an error
+        self.start_timeout = px["start_timeout_sec"]    # a restarted Doctor silent longer is stuck
+        self.close_grace = px["close_grace_sec"]        # stopping: stdin closed, TERM after this
+        self.kill_after = px["kill_after_sec"]          # and KILL this long after TERM
+        self.stats_every = px["stats_interval_sec"]     # seconds between bridge:stats events
+        self.params_max = px["event_params_max"]        # characters of params in an mcp:request
+        self.events_max = px["events_per_sec_max"]      # mcp:* events published a second at most
+        self.health_sec = px["health_check_sec"]        # silence while owing answers before a ping
+        self.health_timeout = px["health_timeout_sec"]  # an unanswered ping is a hang after this
+        self.verbosity = PROXY_LEVELS.get(str(px["log_level"]).lower(), 1)  # least level logged
+        self.redactor = get_redactor(cfg, env=env)      # the Doctor's doctor.env secrets too
+        # -- the Doctor --
+        self.child = None                               # the current ProxyChild
+        self.gen = 0                                    # its generation, 1 for the first
+        self.spawn_at = 0.0                             # when the next generation may start
+        self.next_check = 0.0                           # when to look for its exit and health
+        self.crashes = collections.deque()              # when recent crashes were (within window)
+        self.tail = collections.deque(maxlen=20)        # its last stderr lines, for doctor:crashed
+        self.own_n = 0                                  # numbers bridge.py's own request ids
+        self.stopped = False                            # doctor:kill: down until doctor:restart
+        # -- the client's session, replayed to a restarted Doctor --
+        self.init_params = None                         # the client's initialize params
+        self.init_caps = None                           # the capabilities the Doctor answered
+        self.proto = None                               # the protocol version the Doctor chose
+        self.level = None                               # the last logging/setLevel params
+        self.subs = {}                                  # uri -> resources/subscribe params
+        self.tries = {}                                 # id -> (method, params) of stateful requests
+        # -- requests in flight --
+        self.pending = {}                               # id -> (method, sent at): the Doctor owes
+        self.srv_pending = set()                        # ids of the Doctor's requests the client owes
+        self.dead_srv = collections.deque(maxlen=1000)  # the same for Doctors that have died
+        # -- the flow of bytes --
+        self.parse = proxy_decoder()                    # one line -> JSON
+        self.stdin_lines = ProxyLines(self.cap)         # the client's bytes, split into lines
+        self.to_child = Outbox()                        # owed to the Doctor's stdin
+        self.to_client = Outbox()                       # owed to our stdout
+        self.held = collections.deque()                 # (line, reqs, method, since) not sent yet
+        self.held_bytes = 0                             # their size
+        self.paused = False                             # bridge:pause: client messages are held
+        self.stdin_eof = False                          # the client closed our stdin
+        self.client_gone = False                        # our stdout is closed: output is dropped
+        # -- control and shutdown --
+        self.ctl = collections.deque()                  # (action, params, done) for the loop
+        self.wake_r = self.wake_w = None                # self-pipe that wakes the loop (run)
+        self.reaping = False                            # SIGCHLD came: look for exits now
+        self.adopting = False                           # a subreaper: orphans are ours to reap
+        self.shutting = None                            # the reason, once a shutdown began
+        self.closed = False                             # run() has ended: control() answers at once
+        self.exit_code = 0                              # what run() returns
+        # -- observability --
+        self.obs = None                                 # the ObservabilityServer, once started
+        self.events_left = 0                            # mcp:* events still allowed this second
+        self.events_reset = 0.0                         # when that allowance starts again
+        self.started = monotonic()                      # for uptime
+        self.st = dict(messagesIn=0, messagesOut=0, bytesIn=0, bytesOut=0, doctorRestarts=0,
+                       dropped=0, eventsSkipped=0)      # counters published in bridge:stats
 
     # ---- logging, events, stats ----
     def log(self, level, text):
@@ -6754,60 +6842,26 @@ class Proxy:
         del splitter.dropped[:]
 
     # ---- I/O ----
-    def send_child(self, data):
+    def send_child(self, data=b""):
+        """To the Doctor's stdin; with no data, what is still owed. A closed pipe: the Doctor
+        closed stdin or died, its exit follows."""
         child = self.child
         if child is not None and child.fin is not None:
-            if not self.to_child:                  # the usual case: write first, buffer the rest
-                try:
-                    sent = os.write(child.fin, data)
-                except BlockingIOError:
-                    sent = 0
-                except OSError:                    # the Doctor closed stdin or died: its exit follows
-                    return
-                if sent == len(data):
-                    return
-                data = data[sent:]
-            self.to_child += data
-            self.flush_child()
-
-    def flush_child(self):
-        child = self.child
-        while self.to_child and child is not None and child.fin is not None:
             try:
-                del self.to_child[:os.write(child.fin, self.to_child)]
-            except BlockingIOError:
-                return
-            except OSError:                        # the Doctor closed stdin or died: its exit follows
-                self.to_child.clear()
+                self.to_child.send(child.fin, data)
+            except OSError:
+                pass
 
-    def send_client(self, data):
+    def send_client(self, data=b""):
         """Everything the client gets goes through here, relayed or bridge.py's own (each
-        message one line): the one place that counts messagesOut and bytesOut."""
+        message one line): the one place that counts messagesOut and bytesOut. With no data,
+        what is still owed."""
         self.st["messagesOut"] += data.count(b"\n")
         self.st["bytesOut"] += len(data)
         if not self.client_gone:
-            if not self.to_client:                 # the usual case: write first, buffer the rest
-                try:
-                    sent = os.write(1, data)
-                except BlockingIOError:
-                    sent = 0
-                except OSError:
-                    self.client_gone = True
-                    return self.shutdown("the client's pipe closed")
-                if sent == len(data):
-                    return
-                data = data[sent:]
-            self.to_client += data
-            self.flush_client()
-
-    def flush_client(self):
-        while self.to_client:
             try:
-                del self.to_client[:os.write(1, self.to_client)]
-            except BlockingIOError:
-                return
+                self.to_client.send(1, data)
             except OSError:
-                self.to_client.clear()
                 self.client_gone = True
                 self.shutdown("the client's pipe closed")
 
@@ -6991,9 +7045,9 @@ class Proxy:
                 self.dropped(self.stdin_lines, "client")
                 self.shutdown("stdin EOF")
         elif fd == 1:
-            self.flush_client()
+            self.send_client()
         elif child is not None and fd == child.fin:
-            self.flush_child()
+            self.send_child()
         elif child is not None and fd in (child.fout, child.ferr):
             if fd == child.fout:
                 self.drain_child()
@@ -7012,7 +7066,7 @@ class Proxy:
         deadline = monotonic() + 2.0
         while self.to_client and not self.client_gone and monotonic() < deadline:
             select.select([], [1], [], 0.05)
-            self.flush_client()
+            self.send_client()
         child = self.child
         if child is not None:
             # The group id is used only while it is surely the Doctor's: its leader alive until
