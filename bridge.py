@@ -1529,30 +1529,51 @@ class CommandResult:
         return "exit %s" % self.exit_code
 
 
+def wait_exited(pid, timeout):
+    """Wait at most `timeout` seconds for child `pid` to exit; True once it has.
+
+    The child is not reaped: until it is, its pid (and so its process group id)
+    cannot be reused, so the group can still be signalled safely after its leader
+    exited.
+    """
+    deadline, delay = time.monotonic() + timeout, 0.0005
+    while True:
+        try:
+            if os.waitid(os.P_PID, pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+                return True
+        except ChildProcessError:  # already reaped
+            return True
+        left = deadline - time.monotonic()
+        if left <= 0:
+            return False
+        time.sleep(min(delay, left))
+        delay = min(delay * 2, 0.05)
+
+
 def kill_process_group(proc, grace=5.0):
-    """SIGTERM the process group of `proc`, then SIGKILL it after `grace` seconds.
+    """End the process group of `proc`: SIGTERM, `grace` seconds for the leader to
+    exit, then SIGKILL to whatever of the group is left, then reap the leader.
 
     Grandchildren die too: bridge.py starts every child in its own session, so the
     group holds everything the child spawned that did not leave it on purpose.
+    grace=0 is for a leader that already exited: its group is killed at once.
     """
     import signal
     import subprocess
-    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+    if grace and not wait_exited(proc.pid, 0):
         try:
-            os.killpg(proc.pid, sig)
+            os.killpg(proc.pid, signal.SIGTERM)
         except (ProcessLookupError, PermissionError):
             pass
-        try:
-            proc.wait(timeout=wait)
-            if sig == signal.SIGTERM:
-                # The leader is gone; members that ignore SIGTERM must not linger.
-                try:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                except (ProcessLookupError, PermissionError):
-                    pass
-            return
-        except subprocess.TimeoutExpired:
-            continue
+        wait_exited(proc.pid, grace)
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    try:
+        proc.wait(timeout=5.0)
+    except subprocess.TimeoutExpired:
+        pass
 
 
 def run_command(cmd, cwd=None, env=None, timeout=None, shell=False, stdin_data=None,
@@ -1567,8 +1588,8 @@ def run_command(cmd, cwd=None, env=None, timeout=None, shell=False, stdin_data=N
       on a full pipe; each keeps at most `cap_bytes` (the rest is counted in
       dropped_bytes).
     - On timeout the whole group gets SIGTERM, then SIGKILL after kill_grace.
-    - When the child exits but a grandchild still holds its pipes open, the group
-      is killed after a short wait instead of hanging.
+    - When the child exits, its whole group is killed: a grandchild that holds the
+      pipes open (or let go of them but stayed in the group) never outlives it.
     - on_tick(elapsed_seconds) is called every tick_sec while it runs (progress lines).
     - on_start(proc) is called once the child runs (to record or signal its group).
     """
@@ -1628,51 +1649,30 @@ def run_command(cmd, cwd=None, env=None, timeout=None, shell=False, stdin_data=N
     timed_out = False
     deadline = None if timeout is None else started + timeout
     next_tick = started + tick_sec
-    # First wait on the output readers: Thread.join blocks on a lock, while
-    # Popen.wait(timeout) polls with sleeps, which costs milliseconds on every
-    # short command (git). The readers end when the child closes its pipes.
-    while any(reader.is_alive() for reader in readers) and proc.poll() is None:
+    # Wait for the child to exit without reaping it. While its output pipes are open,
+    # waiting on a reader (Thread.join blocks on a lock) wakes the moment the child
+    # closes them; polling costs milliseconds on every short command (git).
+    while not wait_exited(proc.pid, 0):
         now = time.monotonic()
         if deadline is not None and now >= deadline:
+            timed_out = True
             break
         if on_tick and now >= next_tick:
             next_tick = now + tick_sec
             on_tick(now - started)
-        wait = 0.5
+        wait = min(0.5, next_tick - now) if on_tick else 0.5
         if deadline is not None:
-            wait = min(wait, max(0.0, deadline - now))
-        for reader in readers:
-            if reader.is_alive():
-                reader.join(wait)
-                break
-    while True:
-        now = time.monotonic()
-        wait = 0.5 if on_tick else 3600.0
-        if deadline is not None:
-            wait = min(wait, max(0.0, deadline - now))
-        try:
-            proc.wait(timeout=wait)
-            break
-        except subprocess.TimeoutExpired:
-            now = time.monotonic()
-            if deadline is not None and now >= deadline:
-                timed_out = True
-                kill_process_group(proc, kill_grace)
-                break
-            if on_tick and now >= next_tick:
-                next_tick = now + tick_sec
-                on_tick(now - started)
+            wait = min(wait, deadline - now)
+        reader = next((r for r in readers if r.is_alive()), None)
+        if reader is not None:
+            reader.join(max(0.0, wait))
+        else:
+            wait_exited(proc.pid, max(0.0, wait))
+    # The child is gone (or timed out): nothing of its group outlives it, not even a
+    # grandchild that let go of the pipes but stayed in the group to write later.
+    kill_process_group(proc, kill_grace if timed_out else 0)
     for reader in readers:
         reader.join(timeout=2.0)
-    if any(reader.is_alive() for reader in readers):
-        # A grandchild kept the pipes open after the child left: end the group.
-        import signal
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
-            pass
-        for reader in readers:
-            reader.join(timeout=2.0)
     code = proc.returncode
     return CommandResult(
         cmd,

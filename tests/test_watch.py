@@ -311,6 +311,21 @@ def test_opencode_timeout_kills_the_whole_group(queue, tmp_path):
         assert wait_for(lambda: not process_running(pid), 5), pid
 
 
+def test_nothing_of_the_agent_or_verify_group_outlives_a_normal_exit(queue, tmp_path):
+    """A grandchild that let go of the output pipes but stayed in the process group
+    is killed when the agent (or the verify command) exits, before it writes later."""
+    pids, late = tmp_path / "pids", tmp_path / "late"
+    verify_pid = tmp_path / "verify-pid"
+    queue.put(queue.task("ling", agent={"linger": str(late), "pidfile": str(pids)},
+                         commands_to_run=["(sleep 30; echo late >> %s) >/dev/null 2>&1 & echo $! > %s"
+                                          % (late, verify_pid)]))
+    assert queue.watch().returncode == 0
+    left = [int(p) for p in pids.read_text().split()[1:] + verify_pid.read_text().split()]
+    assert len(left) == 2
+    for pid in left:
+        assert wait_for(lambda: not process_running(pid), 5), pid
+
+
 def test_executor_that_cannot_start_is_opencode_failed(queue):
     queue.config["executor"] = {"command": ["/nonexistent/agent-cli", "{prompt}"]}
     queue.save_config()
