@@ -123,7 +123,120 @@ def random_hex(nbytes=4):
     return os.urandom(nbytes).hex()
 
 
-# ---- atomic files -------------------------------------------------------------
+# ---- files ----------------------------------------------------------------------
+#
+# Every file bridge.py opens goes through the functions below, named by what they are
+# for: read a file another process or an agent may have written, append a record,
+# replace state atomically, create once, open a lock. The folders bridge.py works in
+# (.ai-handoff/, _bridge/, queue/, changes/) are writable by the agents it serves, so:
+#   - a symlink in place of a file is never followed: reading it or locking it is an
+#     error naming it, and replacing it replaces the link itself;
+#   - opening never blocks: a FIFO, socket or device in place of a file is an error
+#     naming it, never a reader (or the watcher, holding its lock) stuck forever;
+#   - reads are bounded in size and JSON in nesting depth.
+# tests/test_kernel.py walks this file's syntax tree and fails on an open() or os.open()
+# outside this section.
+
+INPUT_MAX_BYTES = 64 << 20  # the largest file bridge.py reads whole (task, result, plan...)
+JSON_MAX_DEPTH = 256        # nesting no file bridge.py reads needs; far below the recursion limit
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
+
+
+def _open_regular(path, flags, mode=0o644):
+    """os.open(path) that never follows a symlink at `path` and never blocks, and an OSError
+    naming `path` unless what it opened is a regular file."""
+    import errno
+    import stat
+    try:
+        fd = os.open(path, flags | _NOFOLLOW | _NONBLOCK, mode)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise OSError(exc.errno, "is a symlink (never followed)", path) from None
+        if exc.errno == errno.ENXIO:  # O_WRONLY|O_NONBLOCK on a FIFO without a reader
+            raise OSError(errno.EINVAL, "not a regular file", path) from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, "not a regular file", path)
+    return fd
+
+
+def open_input(path):
+    """Open for reading (binary) a file another process or an agent may have written.
+
+    Never blocks and never follows a symlink at `path`: a FIFO, socket, device or
+    symlink there is an OSError naming it (a missing file is FileNotFoundError)."""
+    return os.fdopen(_open_regular(os.fspath(path), os.O_RDONLY), "rb")
+
+
+class _Missing:
+    pass
+
+
+def read_input(path, what="file", limit=INPUT_MAX_BYTES, missing=_Missing):
+    """The bytes of a file another process or an agent may have written (open_input's
+    rules), at most `limit` of them. Every failure is a BridgeError naming `what` and the
+    path; a missing file returns `missing` when it is given."""
+    path = os.fspath(path)
+    try:
+        with open_input(path) as handle:
+            data = handle.read(limit + 1)
+    except FileNotFoundError:
+        if missing is not _Missing:
+            return missing
+        raise BridgeError("%s %s does not exist" % (what, path))
+    except OSError as exc:
+        raise BridgeError("cannot read %s %s: %s" % (what, path, exc.strerror or exc))
+    if len(data) > limit:
+        raise BridgeError("%s %s is larger than %d bytes" % (what, path, limit))
+    return data
+
+
+def read_json_file(path, what="file", limit=INPUT_MAX_BYTES, missing=_Missing):
+    """read_input, decoded as UTF-8 JSON (parse_json's limits): every failure is a
+    BridgeError naming the place."""
+    raw = read_input(path, what, limit, missing)
+    if raw is missing:
+        return missing
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BridgeError("%s %s is not UTF-8 (byte %d)" % (what, path, exc.start))
+    try:
+        return parse_json(text)
+    except json.JSONDecodeError as exc:
+        raise BridgeError("%s %s: line %d column %d: %s" % (what, path, exc.lineno, exc.colno, exc.msg))
+    except ValueError as exc:
+        raise BridgeError("%s %s: %s" % (what, path, exc))
+
+
+def check_json_depth(data, limit=JSON_MAX_DEPTH):
+    """ValueError when the JSON text `data` (str or bytes) nests deeper than `limit`.
+
+    Counted by a scan, not by recursion: brackets inside strings are skipped. Text with
+    fewer opening brackets than the limit (every ordinary record) is not scanned at all."""
+    b = isinstance(data, bytes)
+    if data.count(b"[" if b else "[") + data.count(b"{" if b else "{") <= limit:
+        return
+    depth = 0
+    for token in re.findall(rb'"(?:[^"\\]|\\.)*"?|[][{}]' if b else r'"(?:[^"\\]|\\.)*"?|[][{}]',
+                            data, re.S):
+        if token in (b"[", b"{", "[", "{"):
+            depth += 1
+            if depth > limit:
+                raise ValueError("JSON nested deeper than %d levels" % limit)
+        elif token in (b"]", b"}", "]", "}"):
+            depth -= 1
+
+
+def parse_json(data, **hooks):
+    """json.loads for input bridge.py did not write: every failure is a ValueError, and a
+    document nested deeper than JSON_MAX_DEPTH is one (it would exhaust the recursion
+    limit inside the decoder). `hooks` go to json.loads."""
+    check_json_depth(data)
+    return json.loads(data, **hooks)
+
 
 def _fsync_dir(directory):
     try:
@@ -138,11 +251,17 @@ def _fsync_dir(directory):
         os.close(fd)
 
 
-def _write_all(fd, data):
+def write_all(fd, data):
     view = memoryview(data)
     while view:
         written = os.write(fd, view)
         view = view[written:]
+
+
+def create_once(path, mode=0o644):
+    """Create `path` for writing only when nothing is there (not even a dangling symlink):
+    FileExistsError otherwise. Returns the fd; the caller closes it."""
+    return os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | _NOFOLLOW, mode)
 
 
 def atomic_write(path, data, mode=None, durable=True):
@@ -165,10 +284,10 @@ def atomic_write(path, data, mode=None, durable=True):
         except FileNotFoundError:
             mode = None
     tmp = os.path.join(directory, ".%s.%s.tmp" % (os.path.basename(path)[:80], random_hex()))
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o666)
+    fd = create_once(tmp, 0o666)
     try:
         try:
-            _write_all(fd, data)
+            write_all(fd, data)
             if mode is not None:
                 os.fchmod(fd, mode)
             if durable:
@@ -195,40 +314,32 @@ def atomic_write_json(path, obj, indent=2):
     atomic_write(path, json.dumps(obj, ensure_ascii=False, indent=indent) + "\n")
 
 
-def read_json_file(path, what="file"):
-    """Parse a JSON file, turning every failure into a BridgeError naming the place."""
-    path = os.fspath(path)
-    try:
-        with open(path, "rb") as handle:
-            raw = handle.read()
-    except FileNotFoundError:
-        raise BridgeError("%s %s does not exist" % (what, path))
-    except OSError as exc:
-        raise BridgeError("cannot read %s %s: %s" % (what, path, exc.strerror or exc))
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise BridgeError("%s %s is not UTF-8 (byte %d)" % (what, path, exc.start))
-    try:
-        return parse_json(text)
-    except json.JSONDecodeError as exc:
-        raise BridgeError("%s %s: line %d column %d: %s" % (what, path, exc.lineno, exc.colno, exc.msg))
-    except ValueError as exc:
-        raise BridgeError("%s %s: %s" % (what, path, exc))
-
-
-def parse_json(data):
-    """json.loads for input bridge.py did not write: every failure is a ValueError.
-
-    A line nested a few thousand levels deep (6 KB of `[`) exhausts Python's recursion
-    limit inside the decoder. That line is as malformed as any other, so it raises
-    ValueError too: readers that skip a malformed line skip it, instead of dying with
-    RecursionError. (MemoryError is not caught: it is the machine's problem, not the line's.)
-    """
-    try:
-        return json.loads(data)
-    except RecursionError:
-        raise ValueError("JSON nested too deeply") from None
+def make_dirs(path, root):
+    """Create the folder `path` inside `root` and the folders on the way, following no
+    symlink below `root`: a symlink or a file where a folder should be is a BridgeError
+    naming it, so nothing is ever written through it to a place outside. Returns `path`."""
+    import stat
+    root, path = os.path.abspath(os.fspath(root)), os.path.abspath(os.fspath(path))
+    rel = os.path.relpath(path, root)
+    if rel == os.pardir or rel.startswith(os.pardir + os.sep):
+        raise BridgeError("%s is outside %s" % (path, root))
+    current = root
+    for part in rel.split(os.sep):
+        if part in ("", os.curdir):
+            continue
+        current = os.path.join(current, part)
+        try:
+            info = os.lstat(current)
+        except FileNotFoundError:
+            try:
+                os.mkdir(current)
+                continue
+            except FileExistsError:
+                info = os.lstat(current)
+        if not stat.S_ISDIR(info.st_mode):
+            raise BridgeError("%s is %s, not a folder; refusing to write through it" % (
+                current, "a symlink" if stat.S_ISLNK(info.st_mode) else "a file"))
+    return path
 
 
 def is_safe_name(text):
@@ -249,32 +360,45 @@ def safe_name(text, what="name"):
 
 # ---- JSONL append and scan ---------------------------------------------------
 
-def append_text(path, text, follow_symlinks=False):
-    """Append `text` with a single write() under O_APPEND.
+def append_text(path, data, wait=2.0):
+    """Append a record (`data`, str or bytes of whole lines) with a single write().
 
-    POSIX appends of one write() to a regular file are not interleaved with other
-    appenders, which is what lets many hook processes share one JSONL file without
-    a lock. A symlink at `path` is refused (ELOOP) unless follow_symlinks is set.
+    POSIX appends of one write() under O_APPEND to a regular file are not interleaved
+    with other appenders, which is what lets many hook processes share one JSONL file
+    without a lock. Appenders also hold a shared flock while they write and check they
+    still hold the file at `path`; a trim (seam_trim) holds it exclusively while it
+    reads and renames. So no record is lost to a concurrent trim, and appenders never
+    wait for each other (nor more than `wait` seconds for a trim). A symlink, FIFO or
+    anything but a regular file at `path` is an OSError naming it.
     """
+    import fcntl
     path = os.fspath(path)
-    data = text.encode("utf-8") if isinstance(text, str) else text
-    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
-    if not follow_symlinks:
-        flags |= getattr(os, "O_NOFOLLOW", 0)
-    try:
-        fd = os.open(path, flags, 0o644)
-    except FileNotFoundError:
-        os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-        fd = os.open(path, flags, 0o644)
-    try:
-        append_whole(fd, data, path)
-    finally:
-        os.close(fd)
+    data = data.encode("utf-8") if isinstance(data, str) else data
+    flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT
+    for _ in range(50):
+        try:
+            fd = _open_regular(path, flags)
+        except FileNotFoundError:
+            os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+            fd = _open_regular(path, flags)
+        try:
+            if not flock_within(fd, fcntl.LOCK_SH, wait):
+                raise OSError("%s stayed locked for %.1fs" % (path, wait))
+            try:
+                current = os.lstat(path).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                current = False
+            if current:
+                _append_whole(fd, data, path)
+                return
+        finally:
+            os.close(fd)
+    raise OSError("%s keeps being replaced while appending" % path)
 
 
-def append_whole(fd, data, path):
-    """Append `data` (bytes) to `fd`, opened with O_APPEND, with one write(); raise an
-    OSError naming `path` when not all of it was written, leaving no torn fragment.
+def _append_whole(fd, data, path):
+    """Append `data` to `fd` with one write(); raise an OSError naming `path` when not all
+    of it was written, leaving no torn fragment.
 
     A write cut short (a full disk, a file size limit) leaves part of a record without
     its newline, and the next record appended would be glued onto it: both lost to every
@@ -298,7 +422,7 @@ def append_whole(fd, data, path):
 
 
 def _end_fragment(fd, path, before, written):
-    """Undo a short append of `written` bytes to `fd` (see append_whole); best effort."""
+    """Undo a short append of `written` bytes to `fd` (see _append_whole); best effort."""
     try:
         size = os.fstat(fd).st_size
         if size == before + written:
@@ -307,20 +431,17 @@ def _end_fragment(fd, path, before, written):
         # Someone appended too. Our fragment is the last line only if the file does not
         # end with a newline (every other writer appends whole lines); fd is write-only.
         last = b""
-        check = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOFOLLOW", 0))
-        try:
-            if os.fstat(check).st_ino == os.fstat(fd).st_ino:
-                last = os.pread(check, 1, size - 1)
-        finally:
-            os.close(check)
+        with open_input(path) as check:
+            if os.fstat(check.fileno()).st_ino == os.fstat(fd).st_ino:
+                last = os.pread(check.fileno(), 1, size - 1)
         if last != b"\n":
             os.write(fd, b"\n")
     except OSError:
         pass  # nothing more can be done here; the caller reports the failed write
 
 
-def append_jsonl(path, record, follow_symlinks=False):
-    append_text(path, json_compact(record) + "\n", follow_symlinks)
+def append_jsonl(path, record):
+    append_text(path, json_compact(record) + "\n")
 
 
 class JsonlLine(tuple):
@@ -339,26 +460,6 @@ class JsonlLine(tuple):
     record = property(lambda self: self[1])
     error = property(lambda self: self[2])
     raw = property(lambda self: self[3])
-
-
-def open_input_fd(path, follow=True):
-    """os.open(path) for reading a file other processes write or may plant. The open never
-    blocks: a FIFO, socket or device in place of the file is an OSError naming it (a reader,
-    a hook among them, must not wait forever for a writer that never comes); so is a symlink
-    when follow=False."""
-    import errno
-    import stat
-    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0)
-    fd = os.open(path, flags | (0 if follow else getattr(os, "O_NOFOLLOW", 0)))
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise OSError(errno.EINVAL, "not a regular file", path)
-    return fd
-
-
-def open_input(path, follow=True):
-    """open_input_fd as a binary file object."""
-    return os.fdopen(open_input_fd(path, follow), "rb")
 
 
 def scan_jsonl(path, start=0):
@@ -429,19 +530,21 @@ def count_complete_lines(path):
 
 # ---- locks ------------------------------------------------------------------
 
-def _read_small(path, follow=True):
-    """The first 64 KiB of a small file, decoded and stripped; None when it cannot be read.
-
-    follow=False (state other processes may plant, such as cursors): a symlink, or
-    anything but a regular file (a FIFO would block the reader), reads as None."""
+def _read_small(path):
+    """The first 64 KiB of a small file (open_input's rules), decoded and stripped; None when
+    it cannot be read: a symlink, or anything but a regular file, reads as None."""
     try:
-        if follow:
-            with open(path, "rb") as handle:
-                return handle.read(65536).decode("utf-8", "replace").strip()
-        with open_input(path, follow=False) as handle:
+        with open_input(path) as handle:
             return handle.read(65536).decode("utf-8", "replace").strip()
     except OSError:
         return None
+
+
+def open_lock(path, create=True):
+    """An fd (read-write) of the lock file `path`, created when missing (and `create`). A
+    symlink or anything but a regular file at `path` is an OSError naming it: a planted
+    symlink would make us create or lock a file elsewhere."""
+    return _open_regular(os.fspath(path), os.O_RDWR | (os.O_CREAT if create else 0))
 
 
 def _start_ticks(pid):
@@ -544,9 +647,11 @@ class FileLock:
         import fcntl
         meta = FileLock.read(path)
         try:
-            fd = os.open(path, os.O_RDONLY | getattr(os, "O_CLOEXEC", 0))
+            fd = open_lock(path, create=False)
         except FileNotFoundError:
             return "free", None
+        except OSError:
+            return "unknown", meta
         try:
             fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -567,8 +672,7 @@ class FileLock:
         import fcntl
         os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
         for _ in range(5):
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
-                         | getattr(os, "O_NOFOLLOW", 0), 0o644)
+            fd = open_lock(self.path)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -597,8 +701,7 @@ class FileLock:
     def _acquire_exclusive_create(self):
         for _ in range(3):
             try:
-                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL
-                             | getattr(os, "O_CLOEXEC", 0), 0o644)
+                fd = create_once(self.path)
             except FileExistsError:
                 meta = self.read(self.path)
                 if not self._breakable(meta):
@@ -723,14 +826,7 @@ def acquire_flock(path, timeout=5.0, interval=0.05):
     """
     import fcntl
     os.makedirs(os.path.dirname(os.fspath(path)) or ".", exist_ok=True)
-    try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
-                     | getattr(os, "O_NOFOLLOW", 0), 0o644)
-    except OSError as exc:
-        import errno
-        if exc.errno == errno.ELOOP:  # a planted symlink would make us create or lock a file elsewhere
-            raise OSError(exc.errno, "is a symlink; a lock file is never followed", os.fspath(path))
-        raise
+    fd = open_lock(path)
     if flock_within(fd, fcntl.LOCK_EX, timeout, interval):
         return fd
     os.close(fd)
@@ -1829,11 +1925,7 @@ def git_exclude(root, pattern, comment=None):
         path = os.path.join(os.fspath(root), path)
     bare = pattern.strip("/")
     variants = {v.encode("utf-8") for v in (bare, "/" + bare, bare + "/", "/" + bare + "/")}
-    try:
-        with open(path, "rb") as handle:
-            existing = handle.read()
-    except FileNotFoundError:
-        existing = b""
+    existing = read_input(path, "git exclude file", missing=b"")
     if any(line.strip() in variants for line in existing.split(b"\n")):
         return False
     data = b"\n" if existing and not existing.endswith(b"\n") else b""
@@ -3516,43 +3608,6 @@ def bridge_dir(root, create=False):
     return path
 
 
-def seam_append(path, data, wait=2.0):
-    """Append `data` (bytes, whole lines) with one write(), safe against trimming.
-
-    Appenders hold a shared flock while they write and check they still hold the
-    file that is at `path`; a trim holds it exclusively while it reads and
-    renames. So no appended line is lost to a concurrent trim, and appenders
-    never wait for each other (nor more than `wait` seconds for a trim). A
-    symlink at `path` is refused (ELOOP).
-    """
-    import fcntl
-    import stat
-    # O_NONBLOCK: opening a FIFO planted at `path` would otherwise wait for a reader forever
-    flags = (os.O_WRONLY | os.O_APPEND | os.O_CREAT | getattr(os, "O_CLOEXEC", 0)
-             | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
-    for _ in range(50):
-        try:
-            fd = os.open(path, flags, 0o644)
-        except FileNotFoundError:
-            os.makedirs(os.path.dirname(path), exist_ok=True)
-            fd = os.open(path, flags, 0o644)
-        try:
-            if not stat.S_ISREG(os.fstat(fd).st_mode):
-                raise OSError("%s is not a regular file" % path)
-            if not flock_within(fd, fcntl.LOCK_SH, wait):
-                raise OSError("%s stayed locked for %.1fs" % (path, wait))
-            try:
-                current = os.lstat(path).st_ino == os.fstat(fd).st_ino
-            except FileNotFoundError:
-                current = False
-            if current:
-                append_whole(fd, data, path)
-                return
-        finally:
-            os.close(fd)
-    raise OSError("%s keeps being replaced while appending" % path)
-
-
 def seam_trim(path, max_lines, keep_lines, protect=None, seen=None):
     """Keep the last `keep_lines` complete lines of `path` once it has more than `max_lines`.
 
@@ -3560,16 +3615,17 @@ def seam_trim(path, max_lines, keep_lines, protect=None, seen=None):
     tail) that must survive (open gate reviews, replies still needed); they are
     kept in order ahead of the tail, and when it keeps them all the file is left
     alone. The new file replaces the old one atomically under an exclusive flock
-    (see seam_append). Returns True when the file was trimmed. A `seen` dict
+    (see append_text). Returns True when the file was trimmed. A `seen` dict
     gets "mark" (what _mark_ok checks: the file as read) and "lines" once the
     file has been read.
     """
     import fcntl
     keep_lines = min(keep_lines, max_lines)
     try:
-        fd = open_input_fd(path, follow=False)
+        handle = open_input(path)
     except OSError:
         return False
+    fd = handle.fileno()
     try:
         if not flock_within(fd, fcntl.LOCK_EX, 2.0):
             return False  # busy: the next append tries again
@@ -3600,7 +3656,7 @@ def seam_trim(path, max_lines, keep_lines, protect=None, seen=None):
         atomic_write(path, b"".join(line + b"\n" for line in kept + tail) + partial, mode=0o644)
         return True
     finally:
-        os.close(fd)
+        handle.close()
 
 
 def write_state(path, obj):
@@ -3618,9 +3674,9 @@ def read_cursor(bdir, slug):
     """
     if not is_safe_name(slug):
         return 0
-    text = _read_small(os.path.join(bdir, ".inbox-cursor." + slug), follow=False)
+    text = _read_small(os.path.join(bdir, ".inbox-cursor." + slug))
     if text is None:
-        text = _read_small(os.path.join(bdir, ".inbox-cursor"), follow=False)
+        text = _read_small(os.path.join(bdir, ".inbox-cursor"))
     if text and text.isascii() and text.isdigit():
         return int(text)
     return 0
@@ -3652,7 +3708,7 @@ def adopt_cursor(bdir, slug, locked=False):
     if lock is None and not locked:
         return
     try:
-        text = _read_small(legacy, follow=False)
+        text = _read_small(legacy)
         if text is not None and not os.path.lexists(target):
             atomic_write(target, text + "\n", mode=0o644)
     finally:
@@ -3780,7 +3836,7 @@ def egress_emit(data, host_flag="", repo_root=None, debug=None):
         "detail": {"tool": clean["tool"], "source": clean["source"]},
     }
     events = os.path.join(bdir, "events.jsonl")
-    seam_append(events, go_line(record))
+    append_text(events, go_line(record))
     try:
         size = os.lstat(events).st_size
     except OSError:
@@ -3844,10 +3900,10 @@ def write_marker(bdir, marker):
     if os.path.lexists(final):
         return "marker exists (first write wins)"
     tmp = os.path.join(sessions, ".%s.%s.tmp" % (marker["actor_id"][:80], random_hex()))
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0), 0o644)
+    fd = create_once(tmp)
     try:
         try:
-            _write_all(fd, go_line(marker))
+            write_all(fd, go_line(marker))
         finally:
             os.close(fd)
         os.link(tmp, final)
@@ -3877,7 +3933,7 @@ def _entity_slug(rest):
 def _readme_state(path):
     """The `state:` value of a README.md's YAML front matter, or None."""
     try:
-        with open_input(path, follow=False) as handle:   # a symlink or FIFO is no README
+        with open_input(path) as handle:   # a symlink or FIFO is no README
             text = handle.read(65536).decode("utf-8", "replace")
     except OSError:
         return None
@@ -4434,7 +4490,7 @@ def inbox_drain(root, slug, host="", session_id=None, members=None):
     if acks:
         path = os.path.join(bdir, "fo-replies.jsonl")
         try:
-            seam_append(path, b"".join(go_line(ack) for ack in acks))
+            append_text(path, b"".join(go_line(ack) for ack in acks))
         except OSError as exc:
             errors.append(write_failure("acting acks not written:", path, exc))
             out["error"] = "; ".join(errors)
@@ -4526,7 +4582,7 @@ def inbox_ack(root, opts):
         ("session_id", session_id), ("host", host)))
     path = os.path.join(bdir, "fo-replies.jsonl")
     try:
-        seam_append(path, go_line(reply))
+        append_text(path, go_line(reply))
     except OSError as exc:
         raise SeamFailure(write_failure("cannot append to", path, exc))
     _trim_replies_after_append(bdir)
@@ -4698,7 +4754,7 @@ def append_record(root, name, rec, prefix, answer=None):
     except SeamFailure as exc:
         raise SeamFailure(prefix + exc.message, answer)
     try:
-        seam_append(path, go_line(rec))
+        append_text(path, go_line(rec))
     except OSError as exc:
         raise SeamFailure(write_failure(prefix + "cannot write", path, exc), answer)
     return path
@@ -4876,11 +4932,9 @@ def _wake_lock(bdir):
     """Go's wake lock: an fd of the exclusively created lock file, or None when another
     wake holds it. Raises SeamFailure naming the file when it cannot be created at all."""
     path = os.path.join(bdir, WAKE_LOCK)
-    flags = (os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0)
-             | getattr(os, "O_CLOEXEC", 0))
     for attempt in range(2):
         try:
-            fd = os.open(path, flags, 0o600)
+            fd = create_once(path, 0o600)
         except FileExistsError:
             try:
                 age = time.time() - os.lstat(path).st_mtime
@@ -4898,7 +4952,7 @@ def _wake_lock(bdir):
         except OSError as exc:
             raise SeamFailure(write_failure("cannot create the wake lock", path, exc))
         try:
-            append_whole(fd, b"%d\n" % os.getpid(), path)
+            write_all(fd, b"%d\n" % os.getpid())
         except OSError as exc:
             _wake_unlock(bdir, fd)
             raise SeamFailure(write_failure("cannot write the wake lock", path, exc))
@@ -5000,7 +5054,7 @@ def _start_resume(argv, cwd, prompt):
     try:
         try:
             try:
-                _write_all(fd, prompt.encode("utf-8"))
+                write_all(fd, prompt.encode("utf-8"))
             except OSError as exc:  # name the prompt file, not the command
                 raise OSError(exc.errno, exc.strerror, path) from None
             os.lseek(fd, 0, os.SEEK_SET)
@@ -5018,7 +5072,7 @@ def _wake_resumes(bdir):
     run (verified: same host and boot, the pid alive and started when it was recorded,
     so a recycled pid does not count, nor a zombie)."""
     try:
-        with open_input(os.path.join(bdir, WAKE_RESUMES), follow=False) as handle:
+        with open_input(os.path.join(bdir, WAKE_RESUMES)) as handle:
             saved = parse_json(handle.read(1 << 20))
     except (OSError, ValueError):
         return {}
@@ -5079,7 +5133,7 @@ def _wake_event(bdir, status, lines, targets, session, message="", error=""):
     if error:
         rec["error"] = error
     try:
-        seam_append(os.path.join(bdir, "wake-events.jsonl"), go_line(rec))
+        append_text(os.path.join(bdir, "wake-events.jsonl"), go_line(rec))
     except OSError as exc:
         warn(write_failure("wake: cannot append to", os.path.join(bdir, "wake-events.jsonl"), exc))
 

@@ -422,3 +422,143 @@ def test_redacting_a_short_id_compiles_only_the_rules_its_text_can_match(tmp_pat
     out = subprocess.run([PYTHON, "-I", "-S", "-c", code, str(BRIDGE.parent)], capture_output=True,
                          text=True, timeout=60)
     assert out.stdout.split() == ["True", "True", "False", "False", "0", "False", "False"], out
+
+
+# ---- the file layer: every open goes through the kernel ---------------------------
+
+import ast  # noqa: E402
+
+# Calls that open a file outside the kernel on purpose, as (enclosing function, first
+# argument). Each is not a path in a repository.
+OPEN_ALLOWED = {
+    ("cmd_redact", "os.devnull"),               # stdout redirected after a broken pipe
+    ("proxy_leftovers", "'/proc/%s/stat' % name"),  # the process table, read by the proxy
+}
+_OPENERS = {"open", "read_text", "read_bytes", "write_text", "write_bytes"}
+
+
+def stray_opens(source):
+    """(line, call) of every call that opens a file by path outside section 1 (KERNEL):
+    open(), os.open(), io.open(), x.open() (pathlib), Path.read_text() and friends."""
+    lines = source.splitlines()
+    kernel = (lines.index("# 1. KERNEL"), lines.index(next(l for l in lines if l.startswith("# 2. "))))
+    found, scope = [], []
+
+    class Visitor(ast.NodeVisitor):
+        def visit_FunctionDef(self, node):
+            scope.append(node.name)
+            self.generic_visit(node)
+            scope.pop()
+
+        def visit_Call(self, node):
+            func = node.func
+            name = func.id if isinstance(func, ast.Name) else \
+                func.attr if isinstance(func, ast.Attribute) else None
+            if name in _OPENERS and not kernel[0] < node.lineno <= kernel[1]:
+                first = ast.unparse(node.args[0]) if node.args else ""
+                if (scope[-1] if scope else None, first) not in OPEN_ALLOWED:
+                    found.append((node.lineno, ast.unparse(node)[:80]))
+            self.generic_visit(node)
+
+    Visitor().visit(ast.parse(source))
+    return found
+
+
+@pytest.mark.xfail(strict=True, reason="the sections are being converted to the file layer")
+def test_no_open_outside_the_kernel():
+    source = BRIDGE.read_text(encoding="utf-8")
+    assert stray_opens(source) == []
+    # every allowlist entry is still needed (a stale one would hide nothing, but mislead)
+    used = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.FunctionDef):
+            for call in ast.walk(node):
+                if isinstance(call, ast.Call) and call.args and (
+                        getattr(call.func, "id", None) == "open" or getattr(call.func, "attr", None) == "open"):
+                    used.add((node.name, ast.unparse(call.args[0])))
+    assert OPEN_ALLOWED <= used
+
+
+@pytest.mark.parametrize("stray", [
+    "    with open(path, 'rb') as handle:\n        return handle.read()\n",
+    "    return os.open(path, os.O_RDONLY)\n",
+    "    import io\n    return io.open(path).read()\n",
+    "    from pathlib import Path\n    return Path(path).open().read()\n",
+    "    from pathlib import Path\n    return Path(path).read_text()\n",
+])
+def test_a_new_stray_open_is_caught(stray):
+    """The detector flags an open added to a bridge section (here, the end of WATCH)."""
+    source = BRIDGE.read_text(encoding="utf-8")
+    banner = source.index("# 3. SEAM")
+    cut = source.rindex("\n# =====", 0, banner)
+    patched = source[:cut] + "\n\ndef _stray(path):\n" + stray + "\n" + source[cut:]
+    before = stray_opens(source)
+    found = [(line, call) for line, call in stray_opens(patched)
+             if patched.splitlines()[line - 2].startswith(("def _stray", "    import", "    from"))]
+    assert len(found) == 1 and len(stray_opens(patched)) == len(before) + 1
+
+
+def test_read_input_refuses_fifo_symlink_and_oversize(tmp_path):
+    fifo = tmp_path / "fifo.json"
+    os.mkfifo(fifo)
+    outside = tmp_path / "outside.json"
+    outside.write_text('{"secret": 1}')
+    link = tmp_path / "link.json"
+    link.symlink_to(outside)
+    for path, why in ((fifo, "not a regular file"), (link, "symlink")):
+        with pytest.raises(bridge.BridgeError) as err:
+            bridge.read_json_file(path, "task")  # a FIFO would block a plain open() forever
+        assert str(path) in err.value.message and why in err.value.message
+    with pytest.raises(bridge.BridgeError) as err:
+        bridge.read_input(outside, "plan", limit=5)
+    assert "larger than 5 bytes" in err.value.message
+    assert bridge.read_input(tmp_path / "missing", missing=None) is None
+
+
+def test_json_nesting_limit_without_recursion(tmp_path):
+    deep = "[" * 100000 + "]" * 100000
+    for data in (deep, deep.encode()):
+        with pytest.raises(ValueError, match="nested deeper than 256"):
+            bridge.parse_json(data)
+    # brackets inside strings do not count; the limit itself is fine
+    assert bridge.parse_json('["' + "[" * 5000 + '"]') == ["[" * 5000]
+    ok = "[" * 256 + "]" * 256
+    assert bridge.parse_json(ok) is not None
+    path = tmp_path / "deep.json"
+    path.write_text('{"a":' * 300 + "1" + "}" * 300)
+    with pytest.raises(bridge.BridgeError, match="nested deeper"):
+        bridge.read_json_file(path, "config file")
+
+
+def test_append_and_lock_refuse_fifo(tmp_path):
+    fifo = tmp_path / "log.jsonl"
+    os.mkfifo(fifo)
+    with pytest.raises(OSError) as err:
+        bridge.append_jsonl(fifo, {"a": 1})
+    assert "not a regular file" in str(err.value) and str(fifo) in str(err.value)
+    with pytest.raises(OSError):
+        bridge.open_lock(fifo)
+
+
+def test_open_lock_and_create_once_never_follow_a_symlink(tmp_path):
+    outside = tmp_path / "outside"
+    link = tmp_path / "x.lock"
+    link.symlink_to(outside)  # dangling: following it would create the file outside
+    with pytest.raises(OSError) as err:
+        bridge.open_lock(link)
+    assert "symlink" in str(err.value) and str(link) in str(err.value)
+    with pytest.raises(FileExistsError):
+        bridge.create_once(link)
+    assert not outside.exists()
+
+
+def test_make_dirs_refuses_a_symlinked_folder_on_the_way(tmp_path):
+    root, outside = tmp_path / "repo", tmp_path / "outside"
+    outside.mkdir()
+    (root / "state").mkdir(parents=True)
+    assert bridge.make_dirs(root / "state" / "a" / "b", root) == str(root / "state" / "a" / "b")
+    (root / "state" / "results").symlink_to(outside)
+    with pytest.raises(bridge.BridgeError) as err:
+        bridge.make_dirs(root / "state" / "results" / "x", root)
+    assert str(root / "state" / "results") in err.value.message and "symlink" in err.value.message
+    assert list(outside.iterdir()) == []
