@@ -1804,21 +1804,47 @@ EMPTY_TREE = "4b825dc642cb6eb9a060e54bf8d69288fbee4904"
 
 
 class Git:
-    """git in one work tree, safely: hooks off, no prompts, no optional locks, timeouts.
+    """git in one work tree, safely: nothing in any git config runs a program from
+    bridge.py's calls, no prompts, no optional locks, timeouts.
 
-    Every call goes through run(), so a hook planted in the repository (or a
-    global core.hooksPath) never fires from bridge.py, and a git that hangs on a
-    credential prompt or a lock is stopped.
+    Every call goes through run(), which pins off each config key that makes git
+    start a program or rewrite content (SAFE_CONFIG, plus every filter driver the
+    config defines), so a hook, fsmonitor, filter or signing program planted in
+    the repository's config (or set in your global one) never runs from bridge.py,
+    and a git that hangs on a credential prompt or a lock is stopped. Diffs are
+    taken with --no-ext-diff --no-textconv: patches are always git's own.
     """
+
+    # Keys that make git run a program: pinned for every call (bridge.py never
+    # talks to a remote, so every transport is refused; that also rules out
+    # core.sshCommand and askpass). filter.<driver>.* cannot be pinned by a
+    # wildcard: see filter_config().
+    SAFE_CONFIG = ("core.hooksPath=/dev/null", "core.fsmonitor=false", "core.pager=cat",
+                   "core.editor=:", "sequence.editor=:", "core.askPass=", "credential.helper=",
+                   "protocol.allow=never", "commit.gpgSign=false", "tag.gpgSign=false",
+                   "gc.auto=0", "maintenance.auto=false")
+    # Environment that outranks config, set or dropped the same way.
+    SAFE_ENV = {"GIT_TERMINAL_PROMPT": "0", "GIT_OPTIONAL_LOCKS": "0", "GIT_PAGER": "cat",
+                "GIT_EDITOR": ":", "GIT_SEQUENCE_EDITOR": ":", "GIT_ASKPASS": ""}
+    UNSAFE_ENV = ("GIT_EXTERNAL_DIFF", "GIT_SSH", "GIT_SSH_COMMAND", "GIT_PROXY_COMMAND")
 
     def __init__(self, root, timeout=120.0):
         self.root = os.fspath(root)
         self.timeout = timeout
-        self.env = dict(os.environ, GIT_TERMINAL_PROMPT="0", GIT_OPTIONAL_LOCKS="0")
+        self.env = {k: v for k, v in os.environ.items() if k not in self.UNSAFE_ENV}
+        self.env.update(self.SAFE_ENV)
         self._git_dir = None
+        self._config_seen = None  # (files, their bytes) when the filter drivers were listed
+        self._filter_args = []
+
+    def _base(self):
+        cmd = ["git", "--no-pager"]
+        for pair in self.SAFE_CONFIG:
+            cmd += ["-c", pair]
+        return cmd
 
     def run(self, *args, check=True, env=None, stdin_data=None, timeout=None):
-        cmd = ["git", "-c", "core.hooksPath=/dev/null", *args]
+        cmd = self._base() + self.filter_config() + list(args)
         merged_env = dict(self.env, **env) if env else self.env
         result = run_command(cmd, cwd=self.root, env=merged_env, stdin_data=stdin_data,
                              timeout=timeout or self.timeout)
@@ -1826,6 +1852,71 @@ class Git:
             raise BridgeError("git %s failed (%s): %s" % (
                 " ".join(args[:3]), result.describe(), result.stderr.strip()[-500:]), EXIT_FAILED)
         return result
+
+    def _config_files(self, origins=()):
+        """The config files git reads here (and those it was last seen including)."""
+        env = os.environ
+        home = os.path.expanduser("~")
+        xdg = env.get("XDG_CONFIG_HOME") or os.path.join(home, ".config")
+        files = [env.get("GIT_CONFIG_SYSTEM") or "/etc/gitconfig",
+                 env.get("GIT_CONFIG_GLOBAL") or os.path.join(home, ".gitconfig"),
+                 os.path.join(xdg, "git", "config")]
+        dotgit = os.path.join(self.root, ".git")
+        git_dir = self._git_dir or dotgit
+        files += [os.path.join(git_dir, "config"), os.path.join(git_dir, "config.worktree"),
+                  os.path.join(git_dir, "commondir"), dotgit]
+        return tuple(files) + tuple(sorted(set(origins) - set(files)))
+
+    @staticmethod
+    def _contents(files):
+        contents = []
+        for path in files:
+            try:
+                with open_input(path) as handle:
+                    contents.append(handle.read(1 << 20))
+            except OSError as exc:  # missing, a directory (.git), not a regular file
+                contents.append(exc.errno)
+        return contents
+
+    def filter_config(self):
+        """-c pairs that switch off every filter driver (clean, smudge, process) git's
+        config defines. git has no wildcard for filter.<driver>.*, so the drivers are
+        listed with one `git config` call, again only when a config file git reads (or
+        includes) has changed since: .git/config can be edited by anyone who can write
+        the work tree."""
+        files = self._config_seen[0] if self._config_seen else self._config_files()
+        contents = self._contents(files)
+        if self._config_seen and self._config_seen[1] == contents:
+            return self._filter_args
+        listed = run_command(self._base() + ["config", "-z", "--show-origin", "--list"],
+                             cwd=self.root, env=self.env, timeout=self.timeout)
+        drivers, origins, records = set(), [], listed.stdout.split("\0")
+        for origin, entry in zip(records[0::2], records[1::2]):
+            key, _, value = entry.partition("\n")
+            origin = os.path.join(self.root, origin[5:]) if origin.startswith("file:") else None
+            low = key.lower()
+            if low.startswith("filter.") and low.count(".") >= 2:
+                drivers.add(key[7:key.rindex(".")])
+            elif low.endswith(".path") and low.startswith(("include.", "includeif.")) and origin:
+                # an include (conditional or not) is watched even while it is not in effect;
+                # one on the branch makes HEAD part of the config
+                origins.append(os.path.join(os.path.dirname(origin), os.path.expanduser(value)))
+                if low.startswith("includeif.onbranch:"):
+                    origins.append(os.path.join(self._git_dir or os.path.join(self.root, ".git"),
+                                                "HEAD"))
+            if origin:
+                origins.append(origin)
+        args = []
+        for driver in sorted(drivers):
+            if "=" in driver or "\n" in driver:
+                raise BridgeError("git config defines a filter driver named %r, which cannot be "
+                                  "switched off with -c; bridge.py will not run git with it" % driver,
+                                  EXIT_FAILED)
+            for key in ("clean=", "smudge=", "process=", "required=false"):
+                args += ["-c", "filter.%s.%s" % (driver, key)]
+        files = self._config_files(origins)
+        self._config_seen, self._filter_args = (files, self._contents(files)), args
+        return args
 
     def git_dir(self):
         """The absolute .git directory (asked once per Git object)."""
@@ -1892,7 +1983,8 @@ class Git:
             # Exclusions go on the diff only: an exclude pathspec naming an ignored
             # path (e.g. .ai-handoff/ in info/exclude) makes `git add` exit 1.
             self.run("add", "-A", "--", ".", env=env)
-            return self.run("diff", "--cached", *diff_args, base or EMPTY_TREE,
+            return self.run("diff", "--cached", "--no-ext-diff", "--no-textconv", *diff_args,
+                            base or EMPTY_TREE,
                             *self._pathspec(exclude), env=env).stdout
         finally:
             try:
