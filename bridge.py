@@ -7983,12 +7983,12 @@ def canonical_loads(data, what="JSON"):
     if data.startswith("\ufeff"):
         raise CanonicalJSONError("%s: byte order mark is not allowed" % what)
     try:
-        value = json.loads(data, object_pairs_hook=pairs, parse_float=bad_float,
+        value = parse_json(data, object_pairs_hook=pairs, parse_float=bad_float,
                            parse_constant=bad_constant)
     except json.JSONDecodeError as exc:
         raise CanonicalJSONError("%s: line %d column %d: %s" % (what, exc.lineno, exc.colno,
                                                                 exc.msg))
-    except (ValueError, RecursionError) as exc:  # e.g. an integer of 5000 digits
+    except ValueError as exc:  # e.g. an integer of 5000 digits, or nested too deeply
         raise CanonicalJSONError("%s: %s" % (what, exc))
     try:
         _canonical_check(value)
@@ -7998,12 +7998,7 @@ def canonical_loads(data, what="JSON"):
 
 
 def read_canonical_file(path, what=None):
-    try:
-        with open(path, "rb") as f:
-            data = f.read()
-    except OSError as exc:
-        raise BridgeError("cannot read %s: %s" % (path, exc.strerror or exc))
-    return canonical_loads(data, what or str(path))
+    return canonical_loads(read_input(path), what or str(path))
 
 
 # ---- slug, repo key, id -------------------------------------------------------------------
@@ -8549,9 +8544,10 @@ class ChangeSets:
 
     def read_status(self, cs_id):
         path = self.path(cs_id, CS_STATUS)
-        if not os.path.exists(path):
+        raw = read_input(path, missing=None)
+        if raw is None:
             return None
-        status = read_canonical_file(path, path)
+        status = canonical_loads(raw, path)
         if (not isinstance(status, dict)
                 or status.get("schema_version") != CHANGESET_STATUS_SCHEMA
                 or status.get("state") not in CS_STATES
@@ -8637,9 +8633,9 @@ class ChangeSets:
             import hashlib
             for name, digest in sorted(meta["artifact_manifest"].items()):
                 try:
-                    with open(self.path(cs_id, safe_name(name, "artifact")), "rb") as f:
-                        actual = hashlib.sha256(f.read()).hexdigest()
-                except (OSError, BridgeError) as exc:
+                    data = read_input(self.path(cs_id, safe_name(name, "artifact")), "artifact")
+                    actual = hashlib.sha256(data).hexdigest()
+                except BridgeError as exc:
                     problems.append(("integrity_mismatch", "artifact %s: %s" % (name, exc)))
                     continue
                 if actual != digest.split(":")[-1]:
@@ -9151,17 +9147,12 @@ def changeset_new(sets, subject, plan_path, arch_path=None, snapshot=None, workt
     changeset_check_text(snapshot, "--snapshot")
     if not str(subject).strip():
         raise BridgeError("--subject must not be empty", EXIT_USAGE)
-    try:
-        with open(plan_path, "rb") as f:
-            plan = canonical_loads(f.read(), plan_path)
-    except OSError as exc:
-        raise BridgeError("cannot read %s: %s" % (plan_path, exc.strerror or exc))
+    plan = read_canonical_file(plan_path)
     arch = None
     if arch_path:
         try:
-            with open(arch_path, "r", encoding="utf-8") as f:
-                arch = f.read()
-        except (OSError, UnicodeDecodeError) as exc:
+            arch = read_input(arch_path, "architecture file").decode("utf-8")
+        except UnicodeDecodeError as exc:
             raise BridgeError("cannot read %s: %s" % (arch_path, exc))
     def refuse(problems):
         raise BridgeError("%s is not a valid %s plan (%d problem(s)): %s" % (
@@ -9187,9 +9178,7 @@ def changeset_new(sets, subject, plan_path, arch_path=None, snapshot=None, workt
         meta_path = sets.path(cs_id, CS_META)
         if not os.path.exists(meta_path):
             break
-        with open(meta_path, "rb") as f:
-            existing = f.read()
-        if existing == canonical_json(meta):
+        if read_input(meta_path) == canonical_json(meta):
             break
         if length == 16:
             raise BridgeError(
