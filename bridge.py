@@ -843,92 +843,111 @@ def release_flock(fd):
 
 # ---- config -------------------------------------------------------------------
 
-# Every configuration key bridge.py knows, with its default. A key whose default
-# is an empty dict is free-form (its contents are not checked). Sections are in
-# the order of the bridges below; bridge.config.example.json documents each key.
-CONFIG_DEFAULTS = {
-    # ---- watch (seed 000): top-level keys, as the seed's bridge.config.json ----
-    "stop_on_failure": True,
-    "continue_on_failure": False,
-    "worker_lock_ttl_sec": 7200,
-    "log_size_cap_kb": 10,
-    "redaction_patterns": [],
-    "protected_branches": ["main", "master"],
-    "commit_on_success": True,
-    "return_to_base": True,
-    "poll_sec": 1.0,
-    "progress_sec": 10.0,
-    "executor": {"command": ["opencode", "run", "{prompt}"], "env": {}},
-    "bead": {"command": None, "timeout_sec": 30},
-    # ---- end watch ----
+# Every configuration key bridge.py knows: dotted key, default, type, and for a number the
+# least and greatest value it may take (None: no upper bound). A float key takes whole
+# numbers too; a key whose default is null also takes null; a string whose default is not
+# empty may not be empty; a key whose default is {} is free-form (its contents are not
+# checked). Every value is checked when the config is loaded (load_config), so the rest of
+# bridge.py reads `config[...]` and never restates a default. Sections are in the order of
+# the bridges below; bridge.config.example.json documents each key.
+ARGV = "argv"                   # a non-empty list of strings
+COMMAND = "command"             # a string split like a shell would, or an argv list: checked by
+                                # split_command where it is used (a bad relay.nudge_command is a
+                                # warning that must not keep `relay down` from queueing)
+POLL_RANGE = (0.05, 3600)       # seconds between two looks at a queue
+TIMEOUT = (0.1, None)           # seconds a step may take
+CONFIG_KEYS = (
+    # watch: top-level keys, as the Bridge Protocol's bridge.config.json
+    ("stop_on_failure", True, bool, None),
+    ("continue_on_failure", False, bool, None),
+    ("worker_lock_ttl_sec", 7200, int, (1, None)),
+    ("log_size_cap_kb", 10, int, (1, None)),
+    ("redaction_patterns", [], list, None),
+    ("protected_branches", ["main", "master"], list, None),
+    ("commit_on_success", True, bool, None),
+    ("return_to_base", True, bool, None),
+    ("poll_sec", 1.0, float, POLL_RANGE),
+    ("progress_sec", 10.0, float, (0.1, None)),
+    ("executor.command", ["opencode", "run", "{prompt}"], ARGV, None),
+    ("executor.env", {}, dict, None),
+    ("bead.command", None, COMMAND, None),
+    ("bead.timeout_sec", 30, float, TIMEOUT),
+    # seam: how the Stop-hook reason and the wake prompt tell an agent to run bridge.py;
+    # `wake --host codex` starts wake_command per parked session ({session_id} replaced),
+    # the prompt on stdin, and does not wait for it
+    ("seam.command", "python3 scripts/bridge.py", str, None),
+    ("seam.wake_command", ["codex", "exec", "resume", "{session_id}", "-"], ARGV, None),
+    # relay: queue_file is captain_queue.yaml in newer repos; nudge wakes the vice captain
+    # after `down`: nudge_command (argv list or string, e.g. "bash scripts/inbox_write.sh",
+    # gets TARGET CONTENT cmd_new CAPTAIN_ID) or, when null, natively; nudge_target
+    # "@cluster_captain" is the captain: of clusters/<s>/config.yaml; the queue lock is
+    # lock_attempts tries of `flock -w lock_timeout_sec`, lock_retry_sleep_sec apart
+    ("relay.queue_file", "captain_to_vice_captain.yaml", str, None),
+    ("relay.nudge", True, bool, None),
+    ("relay.nudge_command", None, COMMAND, None),
+    ("relay.nudge_target", "vice_captain", str, None),
+    ("relay.nudge_timeout_sec", 30.0, float, TIMEOUT),
+    ("relay.lock_timeout_sec", 5.0, float, (0, None)),
+    ("relay.lock_attempts", 3, int, (1, None)),
+    ("relay.lock_retry_sleep_sec", 1.0, float, (0, None)),
+    # proxy: the Doctor (the real MCP server), observability and lifecycle
+    ("doctor.command", None, COMMAND, None),
+    ("doctor.args", [], list, None),
+    ("doctor.commandLine", None, str, None),
+    ("doctor.cwd", None, str, None),
+    ("doctor.env", {}, dict, None),
+    ("observability.enabled", True, bool, None),
+    ("observability.port", 3334, int, (0, 65535)),
+    ("observability.host", "127.0.0.1", str, None),
+    ("observability.token", None, str, None),
+    ("observability.allowed_origins", [], list, None),
+    ("lifecycle.maxRestarts", 10, int, (0, None)),
+    ("lifecycle.restartWindow", 60.0, float, (0, None)),
+    ("lifecycle.cooldown", 1000.0, float, (0, None)),          # milliseconds
+    ("proxy.max_line_bytes", 16 << 20, int, (0, None)),
+    ("proxy.pause_buffer_messages", 1000, int, (0, None)),
+    ("proxy.pause_buffer_bytes", 64 << 20, int, (0, None)),
+    ("proxy.pause_timeout_sec", 30.0, float, (0, None)),
+    ("proxy.close_grace_sec", 2.0, float, (0, None)),
+    ("proxy.kill_after_sec", 5.0, float, (0, None)),
+    ("proxy.stats_interval_sec", 5.0, float, (0, None)),
+    ("proxy.event_params_max", 512, int, (0, None)),
+    ("proxy.events_per_sec_max", 200, int, (0, None)),
+    ("proxy.log_level", "info", str, None),
+    ("proxy.health_check_sec", 60.0, float, (0, None)),        # 0: off
+    ("proxy.health_timeout_sec", 30.0, float, (0, None)),
+    ("proxy.start_timeout_sec", 60.0, float, (0, None)),       # 0: off
+    # changes
+    ("changes.dir", "changes", str, None),                     # relative to the root
+    ("changes.mcp.command", None, COMMAND, None),              # the MCP server, e.g. axiomregent
+    ("changes.mcp.framing", "content-length", str, None),      # or line
+    ("changes.mcp.timeout_sec", 30, float, TIMEOUT),           # every request
+    ("changes.mcp.apply_timeout_sec", 120, float, TIMEOUT),    # workspace.apply_patch
+    ("changes.mcp.env", {}, dict, None),                       # extra environment for the server
+    ("changes.critical_features", [], list, None),             # their impact always asks for review
+    ("changes.poll_sec", 2.0, float, POLL_RANGE),              # `changes run` without --once
+    ("changes.lock_ttl_sec", 7200, int, (1, None)),            # worktree.lock heartbeat age: stale
+)
+CONFIG_SPEC = {key: (default, kind, limits) for key, default, kind, limits in CONFIG_KEYS}
+CONFIG_DEFAULTS = {}
+for _key, _default, _kind, _limits in CONFIG_KEYS:
+    _node = CONFIG_DEFAULTS
+    for _name in _key.split(".")[:-1]:
+        _node = _node.setdefault(_name, {})
+    _node[_key.rsplit(".", 1)[-1]] = _default
 
-    # ---- seam (seed 001) ----
-    "seam": {
-        # how the Stop-hook reason and the wake prompt tell an agent to run bridge.py
-        "command": "python3 scripts/bridge.py",
-        # `wake --host codex`: argv started per parked session ({session_id} replaced),
-        # the prompt on stdin; not waited for (as Go's wake)
-        "wake_command": ["codex", "exec", "resume", "{session_id}", "-"],
-    },
-    # ---- end seam ----
-
-    # ---- relay (seed 002) ----
-    "relay": {
-        "queue_file": "captain_to_vice_captain.yaml",   # or captain_queue.yaml (newer repos)
-        "nudge": True,                 # wake the vice captain after `down`
-        "nudge_command": None,         # argv list or string, e.g. "bash scripts/inbox_write.sh";
-                                       # gets TARGET CONTENT cmd_new CAPTAIN_ID; None = native
-        "nudge_target": "vice_captain",  # "@cluster_captain": captain: of clusters/<s>/config.yaml
-        "nudge_timeout_sec": 30.0,
-        "lock_timeout_sec": 5.0,       # flock -w 5
-        "lock_attempts": 3,
-        "lock_retry_sleep_sec": 1.0,
-    },
-    # ---- end relay ----
-
-    # ---- proxy (seed 003): the seed's doctor / observability / lifecycle ----
-    "doctor": {"command": None, "args": [], "commandLine": None, "cwd": None, "env": {}},
-    "observability": {"enabled": True, "port": 3334, "host": "127.0.0.1", "token": None,
-                      "allowed_origins": []},
-    "lifecycle": {"maxRestarts": 10, "restartWindow": 60.0, "cooldown": 1000.0},
-    "proxy": {"max_line_bytes": 16 << 20, "pause_buffer_messages": 1000, "pause_buffer_bytes": 64 << 20,
-              "pause_timeout_sec": 30.0, "close_grace_sec": 2.0, "kill_after_sec": 5.0,
-              "stats_interval_sec": 5.0, "event_params_max": 512, "events_per_sec_max": 200,
-              "log_level": "info", "health_check_sec": 60.0, "health_timeout_sec": 30.0,
-              "start_timeout_sec": 60.0},
-    # ---- end proxy ----
-
-    # ---- changes (seed 004) ----
-    "changes": {
-        "dir": "changes",               # where change sets live, relative to the root
-        "mcp": {
-            "command": None,            # argv list (or string) of the MCP server, e.g. axiomregent
-            "framing": "content-length",  # what we send: content-length (axiomregent) or line
-            "timeout_sec": 30,          # every request
-            "apply_timeout_sec": 120,   # workspace.apply_patch
-            "env": {},                  # extra environment for the server
-        },
-        "critical_features": [],        # feature ids whose impact always asks for review
-        "poll_sec": 2.0,                # `changes run` without --once
-        "lock_ttl_sec": 7200,           # worktree.lock heartbeat age before it counts as stale
-    },
-    # ---- end changes ----
-}
-
-# Environment variables that override config keys: NAME -> (key path, type).
+# Environment variables that override config keys (their type is the key's).
 ENV_OVERRIDES = {
-    # ---- proxy ----
-    "BRIDGE_DOCTOR_CMD": (("doctor", "commandLine"), str),
-    "BRIDGE_DOCTOR_CWD": (("doctor", "cwd"), str),
-    "BRIDGE_OBS_ENABLED": (("observability", "enabled"), bool),
-    "BRIDGE_OBS_PORT": (("observability", "port"), int),
-    "BRIDGE_OBS_HOST": (("observability", "host"), str),
-    "BRIDGE_OBS_TOKEN": (("observability", "token"), str),
-    "BRIDGE_MAX_RESTARTS": (("lifecycle", "maxRestarts"), int),
-    "BRIDGE_RESTART_WINDOW": (("lifecycle", "restartWindow"), float),
-    "BRIDGE_RESTART_COOLDOWN": (("lifecycle", "cooldown"), float),
-    "BRIDGE_LOG_LEVEL": (("proxy", "log_level"), str),
-    # ---- end proxy ----
+    "BRIDGE_DOCTOR_CMD": "doctor.commandLine",
+    "BRIDGE_DOCTOR_CWD": "doctor.cwd",
+    "BRIDGE_OBS_ENABLED": "observability.enabled",
+    "BRIDGE_OBS_PORT": "observability.port",
+    "BRIDGE_OBS_HOST": "observability.host",
+    "BRIDGE_OBS_TOKEN": "observability.token",
+    "BRIDGE_MAX_RESTARTS": "lifecycle.maxRestarts",
+    "BRIDGE_RESTART_WINDOW": "lifecycle.restartWindow",
+    "BRIDGE_RESTART_COOLDOWN": "lifecycle.cooldown",
+    "BRIDGE_LOG_LEVEL": "proxy.log_level",
 }
 
 CONFIG_FILE_NAME = "bridge.config.json"
@@ -943,17 +962,40 @@ def _parse_bool(text):
     raise ValueError("expected true or false, got %r" % text)
 
 
-def _coerce(value, kind):
+def check_number(name, value, limits, source=None):
+    """`value` when it lies within `limits` (least, greatest or None); else a BridgeError
+    (exit 2) naming `name` and, when given, where the value came from. Refuses nan."""
+    low, high = limits
+    if not (low <= value and (high is None or value <= high)):
+        where = "between %s and %s" % (low, high) if high is not None else ">= %s" % low
+        raise BridgeError("%s%s must be a number %s, got %s" % (
+            source + ": " if source else "", name, where, json.dumps(value)))
+    return value
+
+
+def config_value(name, value, source):
+    """`value` for config key `name` when it has the key's type and range (CONFIG_KEYS); else
+    a BridgeError (exit 2) naming the key and `source`, the file or environment variable."""
+    default, kind, limits = CONFIG_SPEC[name]
+    if value is None and default is None or kind is COMMAND:
+        return value
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
     if kind is bool:
-        return _parse_bool(value)
-    if kind is list:
-        return json.loads(value) if value.strip().startswith("[") else value.split()
-    return kind(value)
-
-
-def _type_name(value):
-    return {bool: "true/false", int: "a number", float: "a number", str: "a string",
-            list: "a list", dict: "an object"}.get(type(value), type(value).__name__)
+        ok, what = isinstance(value, bool), "true or false"
+    elif kind in (int, float):
+        ok = number and (kind is float or isinstance(value, int))
+        what = "a whole number" if kind is int else "a number"
+    elif kind is ARGV:
+        ok, what = isinstance(value, list) and value and all(isinstance(a, str) for a in value), \
+            "a non-empty list of strings (an argv template)"
+    else:
+        ok = isinstance(value, kind) and (value != "" or default in ("", None))
+        what = {str: "a non-empty string" if default else "a string", list: "a list",
+                dict: "an object"}[kind]
+    if not ok:
+        raise BridgeError("%s: %s must be %s%s, got %s" % (
+            source, name, what, " or null" if default is None else "", json.dumps(value)))
+    return check_number(name, value, limits, source) if limits else value
 
 
 def _merge_config(defaults, given, prefix, source, unknown):
@@ -963,27 +1005,14 @@ def _merge_config(defaults, given, prefix, source, unknown):
         if key.startswith("_comment"):  # documentation inside the file, as in the example
             continue
         if key not in defaults:
-            if defaults or not prefix:  # an empty default dict is free-form
-                unknown.append(name)
+            unknown.append(name)
             merged[key] = value
-            continue
-        default = defaults[key]
-        if isinstance(default, dict):
-            if not isinstance(value, dict):
-                raise BridgeError("%s: %s must be an object" % (source, name))
-            merged[key] = _merge_config(default, value, name + ".", source, unknown)
-        elif default is None or value is None:
-            merged[key] = value
-        elif isinstance(default, bool) != isinstance(value, bool) or (
-                not isinstance(value, type(default))
-                and not (isinstance(default, float) and isinstance(value, int))):
-            raise BridgeError("%s: %s must be %s, got %s" % (
-                source, name, _type_name(default), json.dumps(value)))
-        elif isinstance(value, (int, float)) and not isinstance(value, bool) and not value >= 0:
-            # every number bridge.py reads is a time, size, count or port: none is negative
-            raise BridgeError("%s: %s must be a number >= 0, got %s" % (source, name, value))
+        elif name in CONFIG_SPEC:
+            merged[key] = config_value(name, value, source)
+        elif not isinstance(value, dict):
+            raise BridgeError("%s: %s must be an object, got %s" % (source, name, json.dumps(value)))
         else:
-            merged[key] = value
+            merged[key] = _merge_config(defaults[key], value, name + ".", source, unknown)
     return merged
 
 
@@ -992,7 +1021,7 @@ def load_config(root=None, path=None, env=None):
 
     `path` (from --config) must exist; otherwise ROOT/bridge.config.json is used
     when present. Unknown keys are kept but warned about (a typo should not pass
-    silently); a value of the wrong type is an error naming the key.
+    silently); a value of the wrong type or out of range is an error naming the key.
     """
     env = os.environ if env is None else env
     given, source = {}, "defaults"
@@ -1005,32 +1034,25 @@ def load_config(root=None, path=None, env=None):
         if not isinstance(given, dict):
             raise BridgeError("config file %s must hold a JSON object" % source)
     unknown = []
-    config = _merge_config(CONFIG_DEFAULTS, given, "", source, unknown)
+    defaults = json.loads(json.dumps(CONFIG_DEFAULTS))   # a copy: the caller may change it
+    config = _merge_config(defaults, given, "", source, unknown)
     for name in unknown:
         warn("%s: unknown config key %r (kept, but nothing reads it)" % (source, name))
-    for var, (keys, kind) in ENV_OVERRIDES.items():
+    for var, name in ENV_OVERRIDES.items():
         if var not in env:
             continue
+        kind = CONFIG_SPEC[name][1]
         try:
-            value = _coerce(env[var], kind)
+            value = _parse_bool(env[var]) if kind is bool else kind(env[var])
         except ValueError as exc:
             raise BridgeError("environment variable %s: %s" % (var, exc))
+        *parents, leaf = name.split(".")
         node = config
-        for key in keys[:-1]:
-            node = node.setdefault(key, {})
-        node[keys[-1]] = value
+        for key in parents:
+            node = node[key]
+        node[leaf] = config_value(name, value, "environment variable %s" % var)
     config["_source"] = source
     return config
-
-
-def config_get(config, dotted, default=None):
-    """config_get(cfg, "observability.port") -> the value, or `default` when absent."""
-    node = config
-    for key in dotted.split("."):
-        if not isinstance(node, dict) or key not in node:
-            return default
-        node = node[key]
-    return node
 
 
 def split_command(value, what):
@@ -2416,8 +2438,8 @@ class Beads:
     def __init__(self, root, config):
         import shutil
         self.root = root
-        self.timeout = float(config_get(config, "bead.timeout_sec", 30) or 30)
-        command = split_command(config_get(config, "bead.command"), "bead.command")
+        self.timeout = config["bead"]["timeout_sec"]
+        command = split_command(config["bead"]["command"], "bead.command")
         self.required = command is not None
         self.skip_reason = None
         if command:
@@ -2503,23 +2525,14 @@ class Watcher:
         self.git = Git(self.root)
         self.redactor = get_redactor(config)
         self.once = once
-        self.poll = float(poll if poll is not None else config.get("poll_sec", 1.0))
-        if not 0.05 <= self.poll <= 3600:
-            raise BridgeError("poll interval must be between 0.05 and 3600 seconds, got %s" % self.poll)
-        self.cap = int(config.get("log_size_cap_kb", 10)) * 1024
-        if self.cap < 1024:
-            raise BridgeError("log_size_cap_kb must be at least 1, got %s" % config.get("log_size_cap_kb"))
-        self.stop_on_failure = bool(config.get("stop_on_failure", True)) and not bool(
-            config.get("continue_on_failure", False))
-        self.continue_on_failure = bool(config.get("continue_on_failure", False))
-        self.protected = list(config.get("protected_branches") or [])
+        self.poll = poll if poll is not None else config["poll_sec"]
+        self.cap = config["log_size_cap_kb"] * 1024
+        self.continue_on_failure = config["continue_on_failure"]
+        self.stop_on_failure = config["stop_on_failure"] and not self.continue_on_failure
+        self.protected = list(config["protected_branches"])
         self.exclude = [HANDOFF_DIR]
-        self.progress_sec = float(config.get("progress_sec", 10) or 10)
-        command = config_get(config, "executor.command") or []
-        if isinstance(command, str) or not command or not all(isinstance(a, str) for a in command):
-            raise BridgeError("executor.command must be a non-empty list of strings (an argv "
-                              "template), got %s" % json.dumps(command))
-        self.executor = list(command)
+        self.progress_sec = config["progress_sec"]
+        self.executor = list(config["executor"]["command"])
         self.out = out or sys.stdout
         self.worker = None
         self.task_lock = None
@@ -2556,7 +2569,7 @@ class Watcher:
         self.handoff.require()
         if not self.git.run("rev-parse", "--is-inside-work-tree", check=False).ok:
             raise BridgeError("%s is not a git work tree; the watcher needs git" % self.root)
-        ttl = int(self.config.get("worker_lock_ttl_sec", 7200))
+        ttl = self.config["worker_lock_ttl_sec"]
         self.worker = FileLock(self.handoff.path("locks", WORKER_LOCK), ttl_sec=ttl,
                                meta={"role": "worker", "root": self.root})
         if not self.worker.acquire():
@@ -2757,7 +2770,7 @@ class Watcher:
                         git_state["wip_commit"] = self.commit_all(
                             "WIP(bridge): %s interrupted (stale_lock_recovered, attempt %s) - "
                             "NOT verified" % (task_id, task["attempt"]))
-                    if base_branch and self.config.get("return_to_base", True):
+                    if base_branch and self.config["return_to_base"]:
                         back = self.git.run("checkout", "-q", base_branch, check=False)
                         git_state["returned_to_base"] = back.ok
                 except BridgeError as exc:
@@ -3114,7 +3127,7 @@ class Watcher:
                 word = word.replace(key, value)
             argv.append(word)
         env = dict(os.environ)
-        extra_env = config_get(self.config, "executor.env") or {}
+        extra_env = self.config["executor"]["env"]
         env.update({str(k): str(v) for k, v in extra_env.items()})
         env.update(BRIDGE_TASK_ID=task_id, BRIDGE_TASK_FILE=running, BRIDGE_PROMPT_FILE=prompt_path,
                    BRIDGE_ROOT=self.root)
@@ -3167,7 +3180,7 @@ class Watcher:
         if failed is not None:
             raise Stop("failed", "verify_failed", "`%s` %s" % (failed[0][:200], failed[1].describe()))
         # 12-13. success: commit on the task branch, return to base, close the bead
-        if self.config.get("commit_on_success", True) and git_state["dirty_after_verify"]:
+        if self.config["commit_on_success"] and git_state["dirty_after_verify"]:
             git_state["commit"] = self.commit_all("bridge: %s: %s\n\nTask %s (attempt %d) passed: %s\n" % (
                 task_id, task["bead_title"], task_id, task["attempt"],
                 "; ".join(task["commands_to_run"])))
@@ -3220,7 +3233,7 @@ class Watcher:
     def return_to_base(self, result):
         git_state = result["git"]
         base_branch, branch = git_state.get("base_branch"), git_state.get("branch")
-        if not self.config.get("return_to_base", True) or branch == base_branch:
+        if not self.config["return_to_base"] or branch == base_branch:
             return
         target = base_branch or git_state.get("base_commit")
         args = ("checkout", "-q", target) if base_branch else ("checkout", "-q", "--detach", target)
@@ -4720,7 +4733,7 @@ def inbox_commit(root, slug, cursor_text):
 def _seam_command(root):
     """How instructions name bridge.py (config `seam.command`)."""
     try:
-        return config_get(load_config(root), "seam.command") or "python3 scripts/bridge.py"
+        return load_config(root)["seam"]["command"]
     except BridgeError:
         return "python3 scripts/bridge.py"
 
@@ -5084,7 +5097,7 @@ def _wake_pass(root, bdir, config, members, codex_bin):
                     message="no resumable Codex session id")
         return {"status": "skipped-no-session", "lines": all_lines, "targets": sorted(pending),
                 "message": "no resumable Codex session id"}
-    template = config_get(config, "seam.wake_command") or ["codex", "exec", "resume", "{session_id}", "-"]
+    template = config["seam"]["wake_command"]
     command = _seam_command(root)
     resumes = _wake_resumes(bdir)
     woke, running, failures = 0, [], []
@@ -5779,9 +5792,8 @@ def relay_lock(lock_path, config, log, what="queue"):
     every attempt failed, `ERROR: Failed to acquire lock after 3 attempts`
     and raises (exit 1, the script's code).
     """
-    timeout = float(config_get(config, "relay.lock_timeout_sec", 5.0))
-    attempts = max(1, int(config_get(config, "relay.lock_attempts", 3)))
-    pause = float(config_get(config, "relay.lock_retry_sleep_sec", 1.0))
+    relay = config["relay"]
+    timeout, attempts, pause = relay["lock_timeout_sec"], relay["lock_attempts"], relay["lock_retry_sleep_sec"]
     for attempt in range(1, attempts + 1):
         fd = acquire_flock(lock_path, timeout=timeout)
         if fd is not None:
@@ -5796,7 +5808,7 @@ def relay_lock(lock_path, config, log, what="queue"):
 
 def relay_queue_path(root, session, config):
     """clusters/<session>/queue/<file> when that directory exists, else queue/<file>."""
-    name = safe_name(config_get(config, "relay.queue_file", "captain_to_vice_captain.yaml"),
+    name = safe_name(config["relay"]["queue_file"],
                      "relay.queue_file")
     clustered = os.path.join(root, "clusters", session, "queue")
     if os.path.isdir(clustered):
@@ -5901,7 +5913,7 @@ def relay_down(root, config, captain_id, session, message, project, priority="",
 def relay_nudge_target(root, config, log, captain_id, session):
     """relay.nudge_target, or with "@cluster_captain" (the newer script) the
     `captain:` of clusters/<session>/config.yaml, falling back to captain_id."""
-    target = config_get(config, "relay.nudge_target", "vice_captain")
+    target = config["relay"]["nudge_target"]
     if target != "@cluster_captain":
         return target
     cfg = os.path.join(root, "clusters", session, "config.yaml")
@@ -5919,11 +5931,11 @@ def relay_nudge_target(root, config, log, captain_id, session):
 
 def relay_nudge(root, config, log, captain_id, cluster_id, cmd_id, session=""):
     """Wake the vice captain; a failure is a WARN line, never an error (seed 3.2)."""
-    if not config_get(config, "relay.nudge", True):
+    if not config["relay"]["nudge"]:
         return
     target = relay_nudge_target(root, config, log, captain_id, session)
     content = RELAY_NUDGE_TEXT.format(cmd_id=cmd_id)
-    command = config_get(config, "relay.nudge_command")
+    command = config["relay"]["nudge_command"]
     try:
         argv = split_command(command, "relay.nudge_command")
         if argv:
@@ -5931,8 +5943,7 @@ def relay_nudge(root, config, log, captain_id, cluster_id, cmd_id, session=""):
             if cluster_id:
                 env["CLUSTER_ID"] = cluster_id
             result = run_command(argv + [target, content, "cmd_new", captain_id], cwd=root,
-                                 env=env, timeout=float(config_get(
-                                     config, "relay.nudge_timeout_sec", 30)))
+                                 env=env, timeout=config["relay"]["nudge_timeout_sec"])
             if not result.ok:
                 tail = (result.stderr or result.stdout or "").strip().splitlines()[-1:]
                 log("WARN: inbox nudge failed (%s)%s; %s is queued, the vice captain's "
@@ -8474,8 +8485,8 @@ class ChangeSets:
     def __init__(self, root, config):
         self.root = str(root)
         self.config = config
-        self.cfg = config.get("changes") or {}
-        self.dir = os.path.join(self.root, self.cfg.get("dir") or "changes")
+        self.cfg = config["changes"]
+        self.dir = os.path.join(self.root, self.cfg["dir"])
         self.lock_path = os.path.join(self.dir, ".locks", "worktree.lock")
         self.log_path = os.path.join(self.dir, ".log", "executor.jsonl")
         self.redactor = get_redactor(config)
@@ -8495,20 +8506,20 @@ class ChangeSets:
                 and os.path.isdir(os.path.join(self.dir, n))]
 
     def mcp_configured(self):
-        return bool((self.cfg.get("mcp") or {}).get("command"))
+        return bool(self.cfg["mcp"]["command"])
 
     def client(self):
-        mcp = self.cfg.get("mcp") or {}
-        if not mcp.get("command"):
+        mcp = self.cfg["mcp"]
+        if not mcp["command"]:
             raise BridgeError("no MCP server configured: set changes.mcp.command in "
                               "bridge.config.json", EXIT_USAGE)
-        framing = mcp.get("framing") or "content-length"
+        framing = mcp["framing"]
         if framing not in ("content-length", "line"):
             raise BridgeError("changes.mcp.framing must be content-length or line, not %r"
                               % framing, EXIT_USAGE)
         return McpClient(mcp["command"], self.root, framing=framing,
-                         timeout=float(mcp.get("timeout_sec") or 30),
-                         env={str(k): str(v) for k, v in (mcp.get("env") or {}).items()},
+                         timeout=mcp["timeout_sec"],
+                         env={str(k): str(v) for k, v in mcp["env"].items()},
                          log=self.say)
 
     def say(self, msg):
@@ -8761,7 +8772,7 @@ class ChangeSets:
         touched, source = self.impact(client, paths, base)
         details["touched_features"] = touched
         details["impact_source"] = source
-        critical = sorted(set(touched) & set(self.cfg.get("critical_features") or []))
+        critical = sorted(set(touched) & set(self.cfg["critical_features"]))
         reasons = []
         if tier == "tier2":
             reasons.append("gov.preflight: Tier 2 change")
@@ -8854,7 +8865,7 @@ class ChangeExecutor:
 
     def acquire(self):
         cfg = self.sets.cfg
-        self.lock = FileLock(self.sets.lock_path, ttl_sec=int(cfg.get("lock_ttl_sec") or 7200),
+        self.lock = FileLock(self.sets.lock_path, ttl_sec=cfg["lock_ttl_sec"],
                              meta={"command": "changes run", "root": self.sets.root})
         if not self.lock.acquire():
             raise BridgeError("another executor holds %s: %s" % (
@@ -9034,7 +9045,7 @@ class ChangeExecutor:
                         params["lease_id"] = lease_id
                     if snapshot_id and base["kind"] == "snapshot":
                         params["snapshot_id"] = snapshot_id
-                    timeout = float((sets.cfg.get("mcp") or {}).get("apply_timeout_sec") or 120)
+                    timeout = sets.cfg["mcp"]["apply_timeout_sec"]
                 result = client.call_tool(task["tool"], params, timeout=timeout)
                 if task["tool"] == "workspace.apply_patch":
                     rejects = result.get("rejects") if isinstance(result, dict) else None
@@ -9282,6 +9293,15 @@ def changeset_approve(sets, cs_id):
 # 7. CLI
 # =============================================================================
 
+def poll_seconds(text):
+    """The type of --poll: seconds, in the range poll_sec and changes.poll_sec have."""
+    import argparse
+    try:
+        return check_number("SECONDS", float(text), POLL_RANGE)
+    except BridgeError as exc:
+        raise argparse.ArgumentTypeError(exc.message)
+
+
 def add_command(subparsers, name, func, help, example, description=None):
     """Register a subcommand with the options every command takes and an example."""
     import argparse
@@ -9372,7 +9392,7 @@ def add_watch_parsers(subparsers):
                          "python3 scripts/bridge.py watch --once     # process the queue, then exit\n"
                          "python3 scripts/bridge.py watch --poll 2   # keep watching")
     parser.add_argument("--once", action="store_true", help="process what is queued, then exit")
-    parser.add_argument("--poll", type=float, metavar="SECONDS",
+    parser.add_argument("--poll", type=poll_seconds, metavar="SECONDS",
                         help="polling interval when idle (default: poll_sec, 1 s)")
     parser = add_command(subparsers, "status", cmd_status,
                          "counts per state and the most recent failures with their reasons",
@@ -9868,7 +9888,7 @@ def add_changes_parsers(subparsers):
     p = add_command(sub, "run", cmd_changes_run, "the executor: validate, gate and apply",
                     "python3 bridge.py changes run --once")
     p.add_argument("--once", action="store_true", help="one pass over changes/, then exit")
-    p.add_argument("--poll", type=float, metavar="SECONDS",
+    p.add_argument("--poll", type=poll_seconds, metavar="SECONDS",
                    help="seconds between passes (default changes.poll_sec)")
 
     p = add_command(sub, "status", cmd_changes_status, "states and decisions of change sets",
@@ -9938,21 +9958,10 @@ def cmd_changes_validate(args):
 
 def cmd_changes_run(args):
     import signal
-    if args.poll is not None and not 0.05 <= args.poll <= 3600:  # also refuses nan
-        raise BridgeError("--poll must be between 0.05 and 3600 seconds, got %s" % args.poll,
-                          EXIT_USAGE)
     sets = _changes_open(args)
     if not sets.mcp_configured():
         raise BridgeError("changes run needs an MCP server: set changes.mcp.command", EXIT_USAGE)
-    poll = args.poll
-    if poll is None:
-        try:
-            poll = float(sets.cfg.get("poll_sec") or 2.0)
-        except (TypeError, ValueError):
-            poll = float("nan")
-        if not 0.05 <= poll <= 3600:
-            raise BridgeError("changes.poll_sec must be between 0.05 and 3600 seconds, got %r"
-                              % sets.cfg.get("poll_sec"), EXIT_USAGE)
+    poll = args.poll if args.poll is not None else sets.cfg["poll_sec"]
     executor = ChangeExecutor(sets)
     executor.acquire()
 

@@ -801,7 +801,7 @@ def test_new_refuses_non_utf8_text_and_leaves_nothing(env):
 
 
 def test_new_failure_midway_leaves_no_half_set(env, monkeypatch):
-    sets = B.ChangeSets(str(env.repo), {"changes": {}})
+    sets = B.ChangeSets(str(env.repo), B.load_config(env.repo, env={}))
     plan_path = env.tmp / "plan.json"
     plan_path.write_text(json.dumps(plan([task("t1", NOTES_PATCH)])))
 

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from conftest import BRIDGE, PYTHON, git, process_running, run_bridge
+from conftest import BRIDGE, PYTHON, clean_env, git, process_running, run_bridge
 
 spec = importlib.util.spec_from_file_location("bridge", BRIDGE)
 bridge = importlib.util.module_from_spec(spec)
@@ -333,7 +333,7 @@ def test_negative_numbers_in_config_are_refused(tmp_path):
     (tmp_path / "bridge.config.json").write_text('{"worker_lock_ttl_sec": -5}')
     with pytest.raises(bridge.BridgeError) as err:
         bridge.load_config(tmp_path, env={})
-    assert "worker_lock_ttl_sec must be a number >= 0" in err.value.message
+    assert "worker_lock_ttl_sec must be a number >= 1, got -5" in err.value.message
 
 
 def test_append_short_write_cuts_or_ends_its_fragment(tmp_path):
@@ -562,3 +562,58 @@ def test_make_dirs_refuses_a_symlinked_folder_on_the_way(tmp_path):
         bridge.make_dirs(root / "state" / "results" / "x", root)
     assert str(root / "state" / "results") in err.value.message and "symlink" in err.value.message
     assert list(outside.iterdir()) == []
+
+
+@pytest.mark.parametrize("config, message", [
+    ({"bead": {"timeout_sec": 0}}, "bead.timeout_sec must be a number >= 0.1, got 0"),
+    ({"changes": {"mcp": {"timeout_sec": 0}}}, "changes.mcp.timeout_sec must be a number >= 0.1, got 0"),
+    ({"changes": {"lock_ttl_sec": 0}}, "changes.lock_ttl_sec must be a number >= 1, got 0"),
+    ({"progress_sec": 0}, "progress_sec must be a number >= 0.1, got 0"),
+    ({"relay": {"lock_attempts": 0}}, "relay.lock_attempts must be a number >= 1, got 0"),
+    ({"poll_sec": None}, "poll_sec must be a number, got null"),
+    ({"log_size_cap_kb": None}, "log_size_cap_kb must be a whole number, got null"),
+    ({"worker_lock_ttl_sec": None}, "worker_lock_ttl_sec must be a whole number, got null"),
+    ({"relay": {"lock_attempts": None}}, "relay.lock_attempts must be a whole number, got null"),
+    ({"seam": {"command": None}}, "seam.command must be a non-empty string, got null"),
+    ({"poll_sec": 5000}, "poll_sec must be a number between 0.05 and 3600, got 5000"),
+    ({"changes": {"poll_sec": 0.01}}, "changes.poll_sec must be a number between 0.05 and 3600, got 0.01"),
+    ({"observability": {"port": 70000}}, "observability.port must be a number between 0 and 65535, got 70000"),
+    ({"changes": {"dir": ""}}, "changes.dir must be a non-empty string, got \"\""),
+    ({"seam": {"wake_command": ["codex", 5]}},
+     "seam.wake_command must be a non-empty list of strings (an argv template), got [\"codex\", 5]"),
+    ({"doctor": {"cwd": 5}}, "doctor.cwd must be a string or null, got 5"),
+])
+def test_config_value_errors_name_the_key_and_file(tmp_path, config, message):
+    """Every value of the wrong type or out of range (0 where it means nothing, null for a
+    number) is refused when the config is read, exit 2, naming the file and the key, whatever
+    command reads it; none is replaced by a default or left to fail later."""
+    path = tmp_path / "bridge.config.json"
+    path.write_text(json.dumps(config))
+    out = run_bridge("status", "--root", tmp_path, cwd=tmp_path)
+    assert out.returncode == 2, out.stderr
+    assert out.stderr == "bridge: error: %s: %s\n" % (path, message)
+
+
+def test_config_error_from_the_environment_names_the_variable(tmp_path):
+    env = clean_env(BRIDGE_OBS_PORT="70000")
+    out = run_bridge("status", "--root", tmp_path, cwd=tmp_path, env=env)
+    assert out.returncode == 2 and out.stderr == (
+        "bridge: error: environment variable BRIDGE_OBS_PORT: observability.port must be a number "
+        "between 0 and 65535, got 70000\n")
+
+
+def test_config_defaults_and_ranges_are_one_table():
+    """CONFIG_DEFAULTS is built from CONFIG_KEYS, and every default passes its own check."""
+    for key, default, _kind, _limits in bridge.CONFIG_KEYS:
+        node = bridge.CONFIG_DEFAULTS
+        for name in key.split("."):
+            node = node[name]
+        assert node == default
+        assert bridge.config_value(key, default, "defaults") == default
+
+
+def test_poll_flag_range_is_the_config_range(tmp_path):
+    for argv in (["watch", "--poll", "0"], ["changes", "run", "--poll", "nan"]):
+        out = run_bridge(*argv, "--root", tmp_path, cwd=tmp_path)
+        assert out.returncode == 2 and "argument --poll: SECONDS must be a number between 0.05 and 3600" \
+            in out.stderr, out.stderr
