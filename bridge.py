@@ -5795,7 +5795,10 @@ def relay_lock(lock_path, config, log, what="queue"):
     relay = config["relay"]
     timeout, attempts, pause = relay["lock_timeout_sec"], relay["lock_attempts"], relay["lock_retry_sleep_sec"]
     for attempt in range(1, attempts + 1):
-        fd = acquire_flock(lock_path, timeout=timeout)
+        try:
+            fd = acquire_flock(lock_path, timeout=timeout)
+        except OSError as exc:
+            raise BridgeError("cannot lock %s: %s" % (lock_path, exc.strerror or exc))
         if fd is not None:
             return fd
         if attempt < attempts:
@@ -5821,14 +5824,11 @@ def relay_queue_path(root, session, config):
 
 
 def _relay_read(path):
-    """(raw bytes, bom, text) of a queue file; a missing file reads as `commands: []`."""
-    try:
-        with open(path, "rb") as handle:
-            raw = handle.read()
-    except FileNotFoundError:
+    """(raw bytes, bom, text) of a queue file; a missing file reads as `commands: []`. A
+    symlink (never followed, so never written through) or a FIFO is an error naming it."""
+    raw = read_input(path, "queue file", missing=None)
+    if raw is None:
         return None, "", ""
-    except OSError as exc:
-        raise BridgeError("cannot read %s: %s" % (path, exc.strerror or exc), EXIT_FAILED)
     bom, text = relay_decode(path, raw)
     return raw, bom, text
 
@@ -5873,9 +5873,7 @@ def relay_down(root, config, captain_id, session, message, project, priority="",
     if priority not in RELAY_PRIORITIES:
         raise BridgeError("priority must be one of %s, got %r" % (", ".join(RELAY_PRIORITIES), priority))
     queue, clustered = relay_queue_path(root, session, config)
-    # Lock the path the shell scripts lock; write where a symlinked queue points.
     fd = relay_lock(queue + ".lock", config, log)
-    queue = os.path.realpath(queue)
     try:
         raw, bom, text = _relay_read(queue)
         try:
@@ -5918,10 +5916,9 @@ def relay_nudge_target(root, config, log, captain_id, session):
         return target
     cfg = os.path.join(root, "clusters", session, "config.yaml")
     try:
-        with open(cfg, encoding="utf-8") as handle:
-            m = re.search(r"^captain:[ \t]*(['\"]?)([A-Za-z0-9._-]+)\1[ \t]*(?:#.*)?$",
-                          handle.read(), re.M)
-    except (OSError, UnicodeDecodeError):
+        m = re.search(r"^captain:[ \t]*(['\"]?)([A-Za-z0-9._-]+)\1[ \t]*(?:#.*)?$",
+                      read_input(cfg, "cluster config").decode("utf-8"), re.M)
+    except (BridgeError, UnicodeDecodeError):
         m = None
     if m is None:
         log("WARNING: captain not found in %s — falling back to '%s'" % (cfg, captain_id))
@@ -5965,10 +5962,9 @@ def inbox_write(root, config, log, target, content, msg_type, sender):
     existing messages are kept byte for byte (bridge.py never trims an inbox).
     """
     inbox_dir = os.path.join(root, "queue", "inbox")
-    os.makedirs(inbox_dir, exist_ok=True)
+    make_dirs(inbox_dir, root)
     path = os.path.join(inbox_dir, target + ".yaml")
     fd = relay_lock(path + ".lock", config, log, "inbox")
-    path = os.path.realpath(path)
     try:
         raw, bom, text = _relay_read(path)
         layout = relay_layout(path, text, ("messages",))

@@ -285,16 +285,39 @@ def test_down_other_layouts(tmp_path, text, expected, shape):
         assert yaml_entries(after)[-1]["id"] == expected
 
 
-def test_symlinked_queue_is_written_through_and_locked_where_the_script_locks(tmp_path):
+@pytest.mark.parametrize("kind", ["outside", "dangling", "fifo"])
+def test_symlinked_or_fifo_queue_is_refused_naming_it(tmp_path, kind):
+    """A symlink is never followed (neither read nor written through, even to a file
+    outside the repository or to nowhere), and a FIFO never blocks: exit 2 naming it."""
     root, queue = make_root(tmp_path, config={"relay": {"nudge": False}})
     real = tmp_path / "shared" / "q.yaml"
     real.parent.mkdir()
-    shutil.copy(RELAY_FIX / "legacy_queue.yaml", real)
-    queue.symlink_to(real)
-    assert down(root, "miho", "main", "m", "p").stdout == "cmd_006\n"
-    assert queue.is_symlink() and "cmd_006" in real.read_text()
-    assert (queue.parent / (QUEUE + ".lock")).exists()
-    assert not (real.parent / "q.yaml.lock").exists()
+    if kind == "fifo":
+        os.mkfifo(queue)
+    else:
+        if kind == "outside":
+            shutil.copy(RELAY_FIX / "legacy_queue.yaml", real)
+        queue.symlink_to(real)
+    before = real.read_bytes() if real.exists() else None
+    for result in (run_bridge("relay", "down", "--root", root, "miho", "main", "m", "p", timeout=20),
+                   run_bridge("relay", "up", "--root", root, "miho", "main", "cmd_001", "done", "s",
+                              timeout=20)):
+        assert result.returncode == 2, result.stderr
+        assert str(queue) in result.stderr
+        assert ("symlink" if kind != "fifo" else "not a regular file") in result.stderr
+    assert (real.read_bytes() if real.exists() else None) == before
+    assert sorted(p.name for p in real.parent.iterdir()) == (["q.yaml"] if before else [])
+
+
+def test_symlinked_inbox_folder_is_refused(tmp_path):
+    root, _queue = make_root(tmp_path, fixture="legacy_queue.yaml")
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (root / "queue" / "inbox").symlink_to(outside)
+    result = down(root, "miho", "main", "m", "p")
+    assert result.returncode == 0 and "inbox nudge failed" in result.stderr
+    assert str(root / "queue" / "inbox") in result.stderr
+    assert list(outside.iterdir()) == []
 
 
 def test_down_ids_grow_past_999_and_ignore_text_inside_blocks(tmp_path):
