@@ -2086,12 +2086,16 @@ class MessageReader:
             if not 0 <= length <= self.max_bytes:
                 raise BridgeError("Content-Length %d exceeds the %d byte limit" % (
                     length, self.max_bytes), EXIT_FAILED)
-            while True:  # further headers (Content-Type) until the blank line
-                header = self.stream.readline()
+            for _ in range(32):  # further headers (Content-Type) until the blank line
+                header = self.stream.readline(1024)
                 if not header:
                     return None
                 if not header.strip():
                     break
+                if not header.endswith(b"\n"):
+                    raise BridgeError("a header line exceeds 1024 bytes", EXIT_FAILED)
+            else:
+                raise BridgeError("more than 32 header lines", EXIT_FAILED)
             body = self.stream.read(length)
             if body is None or len(body) < length:
                 return None
@@ -7901,6 +7905,10 @@ CS_META_KEYS = ("artifact_manifest", "base_state", "plan_sha256", "protocol", "r
 # rejects the whole plan: mutation goes through patches the server checks, nothing else.
 CS_READ_TOOLS = ("gov.preflight", "gov.drift", "features.overview", "features.locate",
                  "features.impact", "xray.scan")
+# Matched exactly: snapshot.export writes files wherever it is told, so no prefix match.
+CS_TOOLS = ("workspace.apply_patch", "snapshot.create", "snapshot.info", "snapshot.list",
+            "snapshot.read", "snapshot.grep", "snapshot.diff", "snapshot.changes") + CS_READ_TOOLS
+CS_MAX_STRIP = 32  # git apply -pN: no real patch has deeper prefixes to strip
 CS_MAX_SAFE_INT = 2 ** 53 - 1
 
 
@@ -8166,8 +8174,11 @@ class McpClient:
             self._replies.put(("msg", msg))
 
     def _read_stderr(self):
-        for line in iter(self.proc.stderr.readline, b""):
-            self._stderr_tail.append(line.decode("utf-8", "replace").rstrip())
+        """Keep the last 20 lines, each cut to 300 characters, read in bounded pieces: a
+        server that writes without newlines must not grow one line forever."""
+        for line in iter(lambda: self.proc.stderr.readline(4096), b""):
+            text = line.decode("utf-8", "replace").rstrip()
+            self._stderr_tail.append(text[:300] + (" ..." if len(text) > 300 else ""))
             del self._stderr_tail[:-20]
 
     def _send(self, obj):
@@ -8308,44 +8319,41 @@ def _mcp_text(result):
 
 # ---- change sets on disk ------------------------------------------------------------------
 
-def changeset_patch_paths(patch, strip=1):
-    """Paths a unified diff touches (its `---`/`+++` headers, /dev/null skipped; hunk bodies
-    are skipped by their line counts, so a removed line `-- x` is not a header)."""
+def changeset_patch_paths(root, patch, strip=1):
+    """Every path `git apply -pSTRIP` in `root` would create, change, delete or rename, and
+    every copy source, as git's own parser reads the patch: `git apply --numstat` only
+    reports (it touches neither the work tree nor the index), run forwards for the paths
+    written and reversed (-R) for the sources of renames and copies. So hunk headers, quoted
+    names, renames, copies, mode changes and empty new files are read exactly as the applier
+    reads them. A patch git cannot parse, a name that is not UTF-8 text or holds a control
+    character, and a patch that makes a symlink raise BridgeError: a patch is judged by the
+    paths git will write, or refused, never taken to touch nothing."""
+    data = str(patch).encode("utf-8")
     paths = set()
-    old_left = new_left = 0
-    for line in str(patch).splitlines():
-        if old_left > 0 or new_left > 0:  # inside a hunk
-            if line.startswith("\\"):
-                continue  # "\ No newline at end of file"
-            tag = line[:1]
-            if tag in (" ", ""):
-                old_left, new_left = old_left - 1, new_left - 1
-            elif tag == "-":
-                old_left -= 1
-            elif tag == "+":
-                new_left -= 1
-            continue
-        m = re.match(r"^@@ -\d+(?:,(\d+))? \+\d+(?:,(\d+))? @@", line)
-        if m:
-            old_left = int(m.group(1)) if m.group(1) is not None else 1
-            new_left = int(m.group(2)) if m.group(2) is not None else 1
-            continue
-        if not (line.startswith("+++ ") or line.startswith("--- ")):
-            continue
-        name = line[4:].split("\t", 1)[0].strip()
-        if name.startswith('"') and name.endswith('"') and len(name) > 1:
-            name = name[1:-1]
-        if name == "/dev/null" or not name:
-            continue
-        parts = name.split("/")
-        if len(parts) > strip:
-            paths.add("/".join(parts[strip:]))
+    for extra in (["--summary"], ["-R"]):
+        res = Git(root).run("apply", "--numstat", "-z", "-p%d" % strip, *extra,
+                            stdin_data=data, check=False)
+        if not res.ok:
+            why = (res.stderr.strip().splitlines() or [res.describe()])[0]
+            raise BridgeError("git apply cannot parse the patch: %s" % why.strip())
+        entries, _, summary = res.stdout.rpartition("\0")
+        for entry in entries.split("\0") if entries else ():
+            fields = entry.split("\t", 2)
+            name = fields[-1]
+            if len(fields) < 3 or not name or "\ufffd" in name or any(
+                    ord(ch) < 32 or ord(ch) == 127 for ch in name):
+                raise BridgeError("the patch names a file bridge.py cannot check (%r): names "
+                                  "must be UTF-8 text without control characters" % name)
+            paths.add(name)
+        if re.search(r"^ (?:create mode|mode change \d+ =>) 120000 ", summary, re.M):
+            raise BridgeError("the patch makes a symlink; change sets may not create symlinks")
+    if not paths:
+        raise BridgeError("git apply finds no file in the patch")
     return sorted(paths)
 
 
-def changeset_tool_allowed(tool):
-    return (tool == "workspace.apply_patch" or tool in CS_READ_TOOLS
-            or (tool.startswith("snapshot.") and len(tool) > len("snapshot.")))
+def changeset_strip_ok(strip):
+    return isinstance(strip, int) and not isinstance(strip, bool) and 0 <= strip <= CS_MAX_STRIP
 
 
 def changeset_plan_problems(plan, base_kind=None, folder=None):
@@ -8402,9 +8410,9 @@ def changeset_plan_problems(plan, base_kind=None, folder=None):
         tool = task.get("tool")
         if not isinstance(tool, str) or not tool:
             bad("invalid_plan", "%s.tool must be a non-empty string" % where)
-        elif not changeset_tool_allowed(tool):
-            bad("forbidden_tool", "%s.tool %r is not allowlisted (workspace.apply_patch, "
-                "snapshot.*, %s)" % (where, tool, ", ".join(CS_READ_TOOLS)))
+        elif tool not in CS_TOOLS:
+            bad("forbidden_tool", "%s.tool %r is not allowlisted (%s)"
+                % (where, tool, ", ".join(CS_TOOLS)))
         params = task.get("params", {})
         if not isinstance(params, dict):
             bad("invalid_plan", "%s.params must be an object" % where)
@@ -8420,9 +8428,9 @@ def changeset_plan_problems(plan, base_kind=None, folder=None):
             elif base_kind and mode != base_kind:
                 bad("invalid_plan", "%s.params.mode %r does not match base_state.kind %r"
                     % (where, mode, base_kind))
-            if "strip" in params and (not isinstance(params["strip"], int)
-                                      or isinstance(params["strip"], bool)):
-                bad("invalid_plan", "%s.params.strip must be an integer" % where)
+            if not changeset_strip_ok(params.get("strip", 1)):
+                bad("invalid_plan", "%s.params.strip must be an integer from 0 to %d"
+                    % (where, CS_MAX_STRIP))
         risk = task.get("risk_profile")
         if not isinstance(risk, dict):
             bad("invalid_plan", "%s.risk_profile must be an object" % where)
@@ -8630,7 +8638,7 @@ class ChangeSets:
                                      "plan_sha256 in 00-meta.json is %s but the plan hashes "
                                      "to %s" % (meta["plan_sha256"][:16], actual[:16])))
             problems.extend(changeset_plan_problems(plan, base_kind, cs_id))
-            problems.extend(self.path_problems(plan))
+            problems.extend(self.patch_paths(plan)[1])
             if (base_kind == "snapshot" and isinstance(plan.get("prerequisites"), dict)
                     and plan["prerequisites"].get("base_snapshot_id") not in
                     (None, meta["base_state"]["id"])):
@@ -8650,23 +8658,56 @@ class ChangeSets:
                                      "artifact_manifest" % name))
         return meta, plan, problems
 
-    def path_problems(self, plan):
-        """Patches may not reach outside the repository, into .git, or into changes/ (the
-        executor's own records and other change sets)."""
-        problems = []
-        own = os.path.relpath(self.dir, self.root).replace(os.sep, "/").strip("/")
-        for i, task in enumerate(plan.get("tasks") or []):
+    def patch_paths(self, plan):
+        """({task index: paths}, problems) for the plan's workspace.apply_patch tasks: the
+        paths git will write (changeset_patch_paths), each one checked by forbidden_path."""
+        found, problems = {}, []
+        tasks = plan.get("tasks") if isinstance(plan, dict) else None
+        for i, task in enumerate(tasks if isinstance(tasks, list) else ()):
             if not isinstance(task, dict) or task.get("tool") != "workspace.apply_patch":
                 continue
             params = task.get("params") if isinstance(task.get("params"), dict) else {}
-            strip = params.get("strip", 1) if isinstance(params.get("strip", 1), int) else 1
-            for path in changeset_patch_paths(params.get("patch") or "", strip):
-                parts = path.split("/")
-                if (path.startswith("/") or ".." in parts or parts[0] == ".git"
-                        or path == own or path.startswith(own + "/")):
-                    problems.append(("forbidden_path", "tasks[%d] patches %s (outside the "
-                                     "repository, .git or %s/)" % (i, path, own)))
-        return problems
+            patch, strip = params.get("patch"), params.get("strip", 1)
+            if not isinstance(patch, str) or not patch or not changeset_strip_ok(strip):
+                continue  # changeset_plan_problems reports these
+            try:
+                found[i] = changeset_patch_paths(self.root, patch, strip)
+            except BridgeError as exc:
+                problems.append(("invalid_patch", "tasks[%d]: %s" % (i, exc)))
+                continue
+            for path in found[i]:
+                why = self.forbidden_path(path)
+                if why:
+                    problems.append(("forbidden_path", "tasks[%d] patches %s: %s"
+                                     % (i, path, why)))
+        return found, problems
+
+    def forbidden_path(self, path):
+        """Why a patch may not touch `path` (relative to the root, as git names it), or None:
+        outside the repository, inside .git or changes/ (the executor's records and other
+        change sets), or at or through a symlink in the repository. Names are compared
+        case-insensitively, as case-insensitive file systems (macOS) would resolve them."""
+        import stat
+        parts = path.split("/")
+        if path.startswith("/") or any(p in ("", ".", "..") for p in parts):
+            return "outside the repository"
+        folded = [p.casefold() for p in parts]
+        if ".git" in folded:
+            return "inside .git/"
+        own = os.path.relpath(self.dir, self.root).replace(os.sep, "/")
+        if folded[:len(own.split("/"))] == own.casefold().split("/"):
+            return "inside %s/ (change sets and the executor's records)" % own
+        current = self.root
+        for part in parts:
+            current = os.path.join(current, part)
+            try:
+                if stat.S_ISLNK(os.lstat(current).st_mode):
+                    return "through the symlink %s" % os.path.relpath(current, self.root)
+            except FileNotFoundError:
+                return None
+            except OSError as exc:
+                return "cannot be checked: %s" % (exc.strerror or exc)
+        return None
 
     def state_of(self, cs_id):
         """(state, decision, reason) for display: the status file, else draft/ready."""
@@ -8726,12 +8767,9 @@ class ChangeSets:
             except McpError as exc:
                 return ("reject", "stale_base", "snapshot %s is not available: %s"
                         % (base["id"], exc), details)
-        paths = set()
-        for task in plan["tasks"]:
-            if task["tool"] == "workspace.apply_patch":
-                paths.update(changeset_patch_paths(task["params"]["patch"],
-                                                   task["params"].get("strip", 1)))
-        paths = sorted(paths)
+        found, problems = self.patch_paths(plan)  # again: the worktree may have changed
+        rejects.extend(problems)
+        paths = sorted(set(p for task_paths in found.values() for p in task_paths))
         details["changed_paths"] = paths
         args = {"repo_root": self.root, "intent": "edit", "mode": kind, "changed_paths": paths}
         if kind == "snapshot":
@@ -9108,12 +9146,12 @@ def _rejects_text(rejects):
 
 # ---- creating and approving change sets ---------------------------------------------------
 
-def changeset_task_list(cs_id, title, plan):
+def changeset_task_list(cs_id, title, plan, paths):
     """03-task-list.md: the human checklist derived from the plan (never edited by hand)."""
     lines = ["# Task list: %s" % (title or cs_id), "",
              "Change set `%s`. Derived from `%s`; regenerate it instead of editing it." % (
                  cs_id, CS_PLAN), ""]
-    for task in plan.get("tasks") or []:
+    for i, task in enumerate(plan.get("tasks") or []):
         risk = task.get("risk_profile") or {}
         bits = ["impact %s" % risk.get("impact_score", "?")]
         if risk.get("touched_features"):
@@ -9123,11 +9161,8 @@ def changeset_task_list(cs_id, title, plan):
         line = "- [ ] `%s` %s (%s)" % (task.get("id"), task.get("tool"), "; ".join(bits))
         if task.get("description"):
             line += " - " + " ".join(str(task["description"]).split())
-        if task.get("tool") == "workspace.apply_patch":
-            paths = changeset_patch_paths((task.get("params") or {}).get("patch", ""),
-                                          (task.get("params") or {}).get("strip", 1))
-            if paths:
-                line += "\n  - files: " + ", ".join("`%s`" % p for p in paths)
+        if paths.get(i):
+            line += "\n  - files: " + ", ".join("`%s`" % p for p in paths[i])
         lines.append(line)
     return "\n".join(lines) + "\n"
 
@@ -9166,7 +9201,8 @@ def changeset_new(sets, subject, plan_path, arch_path=None, snapshot=None, workt
             plan_path, PLAN_VERSION, len(problems),
             "; ".join("%s: %s" % p for p in problems)), EXIT_USAGE)
 
-    problems = changeset_plan_problems(plan) + sets.path_problems(plan)
+    paths, path_problems = sets.patch_paths(plan)
+    problems = changeset_plan_problems(plan) + path_problems
     if problems:  # before starting any server
         refuse(problems)
     base = changeset_resolve_base(sets, snapshot, worktree)
@@ -9206,7 +9242,7 @@ def changeset_new(sets, subject, plan_path, arch_path=None, snapshot=None, workt
     # Everything that can fail (serialising, encoding, writing) happens in a hidden folder
     # that ids() skips; the set appears complete or not at all.
     files = [(CS_PLAN, canonical_json(plan)),
-             (CS_TASKS, changeset_task_list(cs_id, title, plan).encode("utf-8"))]
+             (CS_TASKS, changeset_task_list(cs_id, title, plan, paths).encode("utf-8"))]
     if arch is not None:
         files.append((CS_ARCH, arch.encode("utf-8")))
     # The meta goes last: its presence with the plan is what makes the change set READY.

@@ -640,11 +640,183 @@ def test_status_json_lists_everything(env):
     assert env.cli("status", "nope").returncode == 2
 
 
-def test_patch_paths_come_from_headers_only():
-    patch = ("--- a/x.sql\n+++ b/x.sql\n@@ -1,2 +1,2 @@\n--- comment\n+++ plus\n keep\n"
-             "--- /dev/null\n+++ b/new.txt\n@@ -0,0 +1 @@\n+hi\n\\ No newline at end of file\n")
-    assert B.changeset_patch_paths(patch) == ["new.txt", "x.sql"]
-    assert B.changeset_patch_paths(patch, strip=0) == ["a/x.sql", "b/new.txt", "b/x.sql"]
+PATCH_FORMS = {  # name -> (patch, the paths git apply -p1 reads or writes)
+    "headers only": ("--- a/x.sql\n+++ b/x.sql\n@@ -1,2 +1,2 @@\n--- comment\n+++ plus\n keep\n"
+                     "--- /dev/null\n+++ b/new.txt\n@@ -0,0 +1 @@\n+hi\n"
+                     "\\ No newline at end of file\n", ["new.txt", "x.sql"]),
+    "non-ASCII digits": ("@@ -\u0669 +\u0669 @@\n" + NOTES_PATCH, ["notes.txt"]),
+    "rename only": ("diff --git a/src/gen.py b/src/gen2.py\nsimilarity index 100%\n"
+                    "rename from src/gen.py\nrename to src/gen2.py\n", ["src/gen.py", "src/gen2.py"]),
+    "copy": ("diff --git a/notes.txt b/n2.txt\nsimilarity index 100%\ncopy from notes.txt\n"
+             "copy to n2.txt\n", ["n2.txt", "notes.txt"]),
+    "new empty file": ("diff --git a/e.txt b/e.txt\nnew file mode 100644\nindex 0000000..e69de29\n",
+                       ["e.txt"]),
+    "deleted": ("diff --git a/notes.txt b/notes.txt\ndeleted file mode 100644\n--- a/notes.txt\n"
+                "+++ /dev/null\n@@ -1 +0,0 @@\n-hello\n", ["notes.txt"]),
+    "mode change": ("diff --git a/notes.txt b/notes.txt\nold mode 100644\nnew mode 100755\n",
+                    ["notes.txt"]),
+    "C-quoted names": ('--- "a/\\143hanges/x"\n+++ "b/\\143hanges/x"\n@@ -0,0 +1 @@\n+hi\n',
+                       ["changes/x"]),
+    "two files": (NOTES_PATCH + GEN_PATCH, ["notes.txt", "src/gen.py"]),
+}
+
+
+@pytest.mark.parametrize("form", sorted(PATCH_FORMS))
+def test_patch_paths_are_the_ones_git_apply_reads(tmp_path, form):
+    patch, paths = PATCH_FORMS[form]
+    repo = make_git_repo(tmp_path / "r")
+    assert B.changeset_patch_paths(str(repo), patch) == paths
+    assert git(repo, "status", "--porcelain") == ""  # nothing applied
+
+
+@pytest.mark.parametrize("patch,words", [
+    ("hello world\n", "No valid patches"),
+    ("--- a/x\n+++ b/x\n@@ -1 +1 @@\n", "corrupt patch"),
+    ('--- "a/\\377x"\n+++ "b/\\377x"\n@@ -0,0 +1 @@\n+hi\n', "UTF-8 text"),
+    ('--- "a/x\\ny"\n+++ "b/x\\ny"\n@@ -0,0 +1 @@\n+hi\n', "control characters"),
+    ("diff --git a/l b/l\nnew file mode 120000\n--- /dev/null\n+++ b/l\n@@ -0,0 +1 @@\n"
+     "+../changes\n\\ No newline at end of file\n", "symlink"),
+])
+def test_patches_git_cannot_read_are_refused(tmp_path, patch, words):
+    repo = make_git_repo(tmp_path / "r")
+    with pytest.raises(B.BridgeError) as err:
+        B.changeset_patch_paths(str(repo), patch)
+    assert words in err.value.message
+
+
+def plant(env, subject, tasks):
+    """A change set written by hand, as a planning agent can (skipping `changes new`'s
+    checks): a real id and base, and the given tasks with a matching plan_sha256."""
+    cs_id = env.new(subject, [task("t1", NOTES_PATCH)])
+    doc = dict(plan(tasks), change_set_id=cs_id)
+    (env.dir(cs_id) / "02-implementation-plan.json").write_bytes(B.canonical_json(doc))
+    meta = json.loads((env.dir(cs_id) / "00-meta.json").read_bytes())
+    meta["plan_sha256"] = B.canonical_sha256(doc)
+    (env.dir(cs_id) / "00-meta.json").write_bytes(B.canonical_json(meta))
+    return cs_id
+
+
+NONASCII = "@@ -\u0669 +\u0669 @@\n"  # \d matches U+0669; git's hunk-header parser does not
+RENAME_GEN = ("diff --git a/src/gen.py b/src/gen2.py\nsimilarity index 100%\n"
+              "rename from src/gen.py\nrename to src/gen2.py\n")
+
+
+@pytest.mark.parametrize("form,patch", [
+    ("non-ASCII digits", NONASCII + AUTH_PATCH),
+    ("C-quoted name", AUTH_PATCH.replace("a/src/auth.py", '"a/src/\\141uth.py"').replace(
+        "b/src/auth.py", '"b/src/\\141uth.py"')),
+])
+def test_critical_feature_is_seen_through_every_patch_form(tmp_path, form, patch):
+    # Reading only ---/+++ lines its own way, bridge.py saw no path (or a different one) and
+    # ran this patch of the critical auth_core as `completed (auto)`.
+    env = Env(tmp_path, critical_features=["auth_core"])
+    cs_id = env.new("Change login", [task("t1", patch)])
+    res = env.run()
+    assert res.returncode == 0, res.stderr
+    status = env.status(cs_id)
+    assert status["state"] == "pending_review", status["reason"]
+    assert "critical feature(s) auth_core" in status["reason"]
+    assert status["validation"]["changed_paths"] == ["src/auth.py"]
+    assert "return 1" in (env.repo / "src" / "auth.py").read_text()
+    assert "`src/auth.py`" in (env.dir(cs_id) / "03-task-list.md").read_text()  # the reviewer
+
+
+@pytest.mark.parametrize("form,patch", [
+    ("non-ASCII digits", NONASCII + GEN_PATCH), ("rename only", RENAME_GEN),
+])
+def test_tier3_is_seen_through_every_patch_form(env, form, patch):
+    # Tier 3 (a generated file) ran automatically: the paths bridge.py sent to gov.preflight
+    # were empty, and an empty change is Tier 1.
+    cs_id = env.new("Edit generated", [task("t1", patch)])
+    assert env.run().returncode == 1
+    status = env.status(cs_id)
+    assert status["state"] == "failed" and status["reason"].startswith("tier3:"), status
+    assert "src/gen.py" in status["validation"]["changed_paths"]
+    assert (env.repo / "src" / "gen.py").read_text() == "X = 1\n"
+
+
+FORGED = B.canonical_json({"schema_version": "changeset_status_v1", "state": "completed",
+                           "decision": "auto", "reason": "planted"}).decode()
+INTO_CHANGES = {
+    "non-ASCII digits": NONASCII + "--- /dev/null\n+++ b/changes/victim/05-status.json\n"
+                        "@@ -0,0 +1 @@\n+%s\n" % FORGED,
+    "rename only": "diff --git a/notes.txt b/changes/victim/05-status.json\nsimilarity index "
+                   "100%\nrename from notes.txt\nrename to changes/victim/05-status.json\n",
+    "new empty file": "diff --git a/changes/victim/05-status.json b/changes/victim/"
+                      "05-status.json\nnew file mode 100644\nindex 0000000..e69de29\n",
+    "C-quoted name": '--- /dev/null\n+++ "b/\\143hanges/victim/05-status.json"\n'
+                     "@@ -0,0 +1 @@\n+%s\n" % FORGED,
+    "upper-case .GIT": "--- /dev/null\n+++ b/.GIT/hooks/pre-commit\n@@ -0,0 +1 @@\n+evil\n",
+    "quoted .git": '--- /dev/null\n+++ "b/\\056git/hooks/pre-commit"\n@@ -0,0 +1 @@\n+x\n',
+    "through a symlinked folder": "--- a/linked/guide.md\n+++ b/linked/guide.md\n"
+                                  "@@ -1 +1 @@\n-guide\n+better guide\n",
+    "through a symlink out of the repository": "--- /dev/null\n+++ b/out/planted.txt\n"
+                                               "@@ -0,0 +1 @@\n+x\n",
+}
+
+
+@pytest.mark.parametrize("form", sorted(INTO_CHANGES))
+def test_forbidden_paths_are_refused_in_every_patch_form(tmp_path, form):
+    # Each of these ran as `completed (auto)` (or reached git apply) with bridge.py seeing
+    # no forbidden path: a planted 05-status.json in changes/, hooks in .git/, writes
+    # through symlinks. Refused by `new` (exit 2) and by the executor for a hand-made set.
+    env = Env(tmp_path)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    os.symlink("docs", env.repo / "linked")
+    os.symlink(str(outside), env.repo / "out")
+    git(env.repo, "add", "-A")
+    git(env.repo, "commit", "-q", "-m", "links")
+    patch = INTO_CHANGES[form]
+    cs_id = plant(env, "Evil planted", [task("t1", patch)])
+    assert env.run().returncode == 1
+    status = env.status(cs_id)
+    assert status["decision"] == "rejected" and status["reason"].startswith(
+        "forbidden_path:"), status["reason"]
+    assert not (env.repo / "changes" / "victim").exists()
+    assert not (env.repo / ".GIT").exists() and os.listdir(outside) == []
+    assert (env.repo / "docs" / "guide.md").read_text() == "guide\n"
+    res = env.new("Evil", [task("t1", patch)], ok=False)
+    assert res.returncode == 2 and "forbidden_path" in res.stderr, res.stderr
+
+
+@pytest.mark.parametrize("params,words", [
+    ({"strip": -1}, "strip must be an integer from 0 to 32"),
+    ({"strip": 33}, "strip must be an integer from 0 to 32"),
+    ({"strip": True}, "strip must be an integer"),
+])
+def test_strip_is_validated(env, params, words):
+    # strip -1 made bridge.py judge only the last name component ("05-status.json")
+    evil = "--- a/changes/x/05-status.json\n+++ b/changes/x/05-status.json\n@@ -1 +1 @@\n-a\n+b\n"
+    res = env.new("Strip", [task("t1", evil, **params)], ok=False)
+    assert res.returncode == 2 and words in res.stderr, res.stderr
+
+
+@pytest.mark.parametrize("tool", ["snapshot.export", "snapshot.", "snapshot.anything"])
+def test_tools_are_matched_exactly(env, tool):
+    res = env.new("Export", [task("t1", tool=tool, destination="/tmp/x")], ok=False)
+    assert res.returncode == 2 and "forbidden_tool" in res.stderr, res.stderr
+
+
+def test_mcp_header_lines_are_bounded(tmp_path):
+    env = Env(tmp_path)
+    cs_id = env.new("Add world", [task("t1", NOTES_PATCH)])
+    env.configure(["--long-header"], mcp={"timeout_sec": 5})
+    t0 = time.time()
+    assert env.run().returncode == 1
+    status = env.status(cs_id)
+    assert "a header line exceeds 1024 bytes" in status["reason"], status["reason"]
+    assert time.time() - t0 < 5  # not waited out: the endless header line is an error
+
+
+def test_mcp_stderr_lines_are_bounded(tmp_path):
+    env = Env(tmp_path, server_args=["--crash-on", "gov.preflight", "--stderr-flood"])
+    cs_id = env.new("Add world", [task("t1", NOTES_PATCH)])
+    assert env.run().returncode == 1
+    status = env.status(cs_id)
+    assert "crashing on purpose" in status["reason"] and "exit code 3" in status["reason"]
+    assert len(status["reason"]) < 2000
+    assert (env.dir(cs_id) / "05-status.json").stat().st_size < 10000
 
 
 def test_preflight_warnings_ask_for_review_and_odd_values_are_kept(tmp_path):
