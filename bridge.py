@@ -2142,6 +2142,7 @@ CANONICAL_REASONS = ("schema_invalid", "dirty_repo", "branch_checkout_failed",
                      "stale_lock_recovered", "internal_error")
 TRUNCATED_MARKER = "[TRUNCATED - see logs/%s.log]"
 TASK_MAX_BYTES = 1 << 20
+TASK_MAX_DEPTH = 32  # nesting of objects and lists in a task (the result holds a copy of it)
 RISK_LEVELS = ("low", "medium", "high")
 
 # field -> (type(s), required, default). Unknown fields are kept (planners add
@@ -2220,10 +2221,29 @@ def _type_label(kind):
             dict: "an object"}[kind]
 
 
+def too_deep(value, limit, path=""):
+    """The path of the first list or object nested deeper than `limit` in `value`, or
+    None. A loop, not recursion: the depth it guards against is the recursion limit's."""
+    stack = [(value, path, 1)]
+    while stack:
+        node, here, depth = stack.pop()
+        if isinstance(node, (dict, list)):
+            if depth > limit:
+                return here or "(top level)"
+            items = node.items() if isinstance(node, dict) else enumerate(node)
+            stack.extend((child, ("%s.%s" % (here, key) if here else str(key))
+                          if isinstance(node, dict) else "%s[%d]" % (here, key), depth + 1)
+                         for key, child in items)
+    return None
+
+
 def validate_task(task, stem=None):
     """Every schema error of a task object, as a list of messages naming the field."""
     if not isinstance(task, dict):
         return ["the task must be a JSON object, got %s" % type(task).__name__]
+    deep = too_deep(task, TASK_MAX_DEPTH)
+    if deep:
+        return ["%s: nested deeper than %d levels" % (deep[:200], TASK_MAX_DEPTH)]
     errors = []
     for name, (kind, required, _default) in TASK_FIELDS.items():
         if name not in task:
@@ -2325,7 +2345,7 @@ def read_task_file(path, check_stem=True, fresh_sec=2.0):
     except UnicodeDecodeError as exc:
         raise TaskFileError(["%s is not UTF-8 (byte %d)" % (name, exc.start)], raw=raw)
     try:
-        task = json.loads(text)
+        task = parse_json(text)
     except ValueError as exc:
         # A producer that does not rename atomically may still be writing it.
         raise TaskFileError(["%s is not JSON: %s" % (name, exc)], defer=fresh, raw=text)
@@ -2336,14 +2356,25 @@ def read_task_file(path, check_stem=True, fresh_sec=2.0):
 
 
 def list_task_files(directory):
-    """Queued task files in FIFO order: *.json, not dot-prefixed, not .tmp."""
+    """Queued task files in FIFO order: *.json, not dot-prefixed (a writer's temporary
+    file). Every id `submit` accepts names such a file (ids never start with a dot)."""
     try:
         names = os.listdir(directory)
     except FileNotFoundError:
         return []
     # ids of the form YYYY-MM-DD_NN_slug sort chronologically by name
-    return sorted(name for name in names
-                  if name.endswith(".json") and not name.startswith(".") and ".tmp" not in name)
+    return sorted(name for name in names if name.endswith(".json") and not name.startswith("."))
+
+
+def skipped_task_files(directory):
+    """[{name, reason}] for what sits in tasks/ but is never run (reported by `status`)."""
+    try:
+        names = sorted(os.listdir(directory))
+    except FileNotFoundError:
+        return []
+    return [{"name": name, "reason": "a dot file: a writer's temporary file, never run"
+             if name.startswith(".") else "not a .json file, never run"}
+            for name in names if not (name.endswith(".json") and not name.startswith("."))]
 
 
 def build_prompt(task):
@@ -2548,6 +2579,7 @@ class Watcher:
         self.beads = None
         self.counts = {}
         self.beat_lock = None  # serialises heartbeats with lock releases (fd reuse)
+        self.active = None  # the result of the task being executed (see internal_error)
 
     # -- small helpers --
 
@@ -2665,7 +2697,10 @@ class Watcher:
                 for name in list_task_files(tasks_dir):
                     if self.stopping:
                         break
-                    outcome = self.process(os.path.join(tasks_dir, name))
+                    try:
+                        outcome = self.process(os.path.join(tasks_dir, name))
+                    except Exception as exc:  # the last line of defence: see internal_error
+                        outcome = self.internal_error(name, exc)
                     if outcome == "deferred":
                         deferred = True
                         last_mtime = None
@@ -2698,37 +2733,44 @@ class Watcher:
                         pass
         running = self.handoff.dir("running")
         for name in list_task_files(running):
-            task_id = name[:-5]
-            path = os.path.join(running, name)
-            lock_path = self.handoff.path("locks", task_id + ".lock")
-            state, meta = FileLock.probe(lock_path)
-            if state == "held":
-                self.say("%s is in running/ and its lock is held by %s; leaving it" % (
-                    task_id, describe_holder(meta)))
-                continue
-            result = read_result(self.handoff, task_id)
             try:
-                task = task_defaults(read_task_file(path, fresh_sec=0))
-            except TaskFileError:
-                task = None
-            if result and task and result.get("attempt") == task.get("attempt"):
-                # finished, crashed before tidying up: the result is the truth
-                os.unlink(path)
-                self.drop_lock_file(lock_path)
-                continue
-            if meta and not meta.get("released_at") and not holder_is_dead(meta):
-                timeout = (task or {}).get("timeout_sec", 1800)
-                limit = max(timeout * 2, 7200)
-                beat = meta.get("heartbeat_ts") or meta.get("created_ts") or 0
-                if time.time() - beat <= limit:
-                    self.say("%s is in running/; its lock (%s) is not provably stale yet "
-                             "(limit %ds); leaving it" % (task_id, describe_holder(meta), limit))
-                    continue
-                why = "lock older than %ds" % limit
-            else:
-                why = ("its watcher (%s) no longer runs" % describe_holder(meta) if meta
-                       else "no lock held for it")
-            self.recover(task_id, path, task, meta, why)
+                self.sweep_task(running, name)
+            except Exception as exc:  # one task it cannot recover never stops every start
+                self.internal_error(name, exc, quarantine=True)
+
+    def sweep_task(self, running, name):
+        """Recover one task file left in running/ (see sweep)."""
+        task_id = name[:-5]
+        path = os.path.join(running, name)
+        lock_path = self.handoff.path("locks", task_id + ".lock")
+        state, meta = FileLock.probe(lock_path)
+        if state == "held":
+            self.say("%s is in running/ and its lock is held by %s; leaving it" % (
+                task_id, describe_holder(meta)))
+            return
+        result = read_result(self.handoff, task_id)
+        try:
+            task = task_defaults(read_task_file(path, fresh_sec=0))
+        except TaskFileError:
+            task = None
+        if result and task and result.get("attempt") == task.get("attempt"):
+            # finished, crashed before tidying up: the result is the truth
+            os.unlink(path)
+            self.drop_lock_file(lock_path)
+            return
+        if meta and not meta.get("released_at") and not holder_is_dead(meta):
+            timeout = (task or {}).get("timeout_sec", 1800)
+            limit = max(timeout * 2, 7200)
+            beat = meta.get("heartbeat_ts") or meta.get("created_ts") or 0
+            if time.time() - beat <= limit:
+                self.say("%s is in running/; its lock (%s) is not provably stale yet "
+                         "(limit %ds); leaving it" % (task_id, describe_holder(meta), limit))
+                return
+            why = "lock older than %ds" % limit
+        else:
+            why = ("its watcher (%s) no longer runs" % describe_holder(meta) if meta
+                   else "no lock held for it")
+        self.recover(task_id, path, task, meta, why)
 
     def recover(self, task_id, path, task, meta, why):
         """Seed step 4 stale recovery: result, bead blocked, re-queue or failed/."""
@@ -2921,8 +2963,15 @@ class Watcher:
                                        "archived_because")}
                 for r in result_history(self.handoff, task_id)]
             result.setdefault("artifacts", {})["history"] = self.handoff.rel(history)
-        atomic_write_json(self.handoff.path("results", task_id + ".json"),
-                          self.redactor.redact_obj(result))
+        try:
+            data = json.dumps(self.redactor.redact_obj(result), ensure_ascii=False, indent=2)
+        except Exception as exc:  # e.g. a snapshot nested too deeply to redact or encode
+            result = {key: result.get(key) for key in ("id", "status", "exit_path", "reason",
+                                                       "detail", "attempt", "timestamp")}
+            result["result_error"] = "the full result could not be encoded (%s: %s); only its " \
+                "outcome is kept" % (type(exc).__name__, str(exc)[:200])
+            data = json.dumps(self.redactor.redact_obj(result), ensure_ascii=False, indent=2)
+        atomic_write(self.handoff.path("results", task_id + ".json"), data + "\n")
         self.counts[result.get("exit_path")] = self.counts.get(result.get("exit_path"), 0) + 1
 
     def git_snapshot(self):
@@ -3028,7 +3077,7 @@ class Watcher:
     def execute(self, task, running):
         """Steps 6-14 for a task already in running/ under its lock."""
         task_id = task["id"]
-        result = self.new_result(task)
+        result = self.active = self.new_result(task)
         started = monotonic()
         outcome = None
         try:
@@ -3037,11 +3086,8 @@ class Watcher:
             result.update(status=stop.status, exit_path=stop.status, reason=stop.reason,
                           detail=stop.detail)
         except Exception as exc:  # the result is still written: no silent failure
-            if debug_enabled():
-                import traceback
-                traceback.print_exc()
             result.update(status="failed", exit_path="failed", reason="internal_error",
-                          detail="%s: %s" % (type(exc).__name__, getattr(exc, "message", exc)))
+                          detail=self.log_exception(task_id, exc))
         if outcome != "pending":
             if result["status"] != "success":
                 self.after_failure(task, result)
@@ -3055,7 +3101,64 @@ class Watcher:
                 move_no_clobber(running, self.handoff.dir("failed"), task_id + ".json")
             self.say("%s: %s (%s)%s" % (task_id, result["status"], result["reason"],
                                         (": " + result["detail"]) if result["detail"] else ""))
+        self.active = None
         return result["exit_path"]
+
+    def log_exception(self, task_id, exc):
+        """Put an unexpected exception's traceback in the task's log; its one-line summary."""
+        import traceback
+        trace = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+        if debug_enabled():
+            sys.stderr.write(trace)
+        summary = "%s: %s" % (type(exc).__name__, getattr(exc, "message", exc))
+        try:
+            self.log(task_id, "--- internal error (a bug in bridge.py or a broken .ai-handoff/)\n"
+                     + trace)
+        except Exception as again:
+            summary += " (and the traceback could not be logged: %s)" % again
+        return summary
+
+    def internal_error(self, name, exc, quarantine=False):
+        """The last line of defence: an exception no step expected while one task was
+        processed (or recovered, when quarantine=True). That task alone fails: a result
+        with reason internal_error and the traceback in its log, its file moved from
+        running/ (or tasks/) to failed/, the repository back on the base branch; then the
+        queue goes on, or stops per stop_on_failure. Each step is tried on its own: what
+        cannot be done is said, never raised."""
+        stem = name[:-5] if name.endswith(".json") else name
+        task_id = stem if re.fullmatch(TASK_ID_PATTERN, stem) else "invalid-" + random_hex()
+        result, self.active = self.active or self.new_result(None, task_id), None
+        detail = self.log_exception(task_id, exc)
+        problems = []
+        git_state = result["git"]
+        if git_state.get("branch") and not git_state.get("returned_to_base") and (
+                git_state["branch"] != git_state.get("base_branch") or self.continue_on_failure):
+            try:
+                self.park(task_id, result, "internal_error")
+            except Exception as again:
+                problems.append("returning to base failed: %s" % again)
+        for state in ("running", "tasks"):
+            path = self.handoff.path(state, name)
+            if os.path.lexists(path):
+                try:
+                    where = move_no_clobber(path, self.handoff.dir("failed"), name)
+                    detail += "; moved from %s/ to %s" % (state, self.handoff.rel(where))
+                except OSError as again:
+                    problems.append("moving %s/%s to failed/ failed: %s" % (state, name, again))
+                break
+        result.update(status="failed", exit_path="failed", reason="internal_error",
+                      detail=detail + "".join("; " + p for p in problems),
+                      finished_at=now_iso())
+        result["artifacts"]["logs"] = self.handoff.rel(self.handoff.path("logs", task_id + ".log"))
+        try:
+            archive_result(self.handoff, task_id, "superseded by an internal_error")
+            self.write_result(task_id, result)
+        except Exception as again:
+            problems.append("its result could not be written: %s" % again)
+        self.say("%s: %s (internal_error): %s%s" % (
+            task_id, "quarantined" if quarantine else "failed", detail[:400],
+            "".join("; " + p for p in problems)))
+        return "failed"
 
     def steps(self, task, running, result):
         task_id = task["id"]
@@ -3271,15 +3374,20 @@ class Watcher:
         if not self.continue_on_failure or git_state.get("branch") is None:
             return
         try:
-            dirty = self.git_snapshot()["dirty"]
-            if git_state.get("branch") != git_state.get("base_branch") or dirty:
-                if dirty:
-                    git_state["wip_commit"] = self.commit_all(
-                        "WIP(bridge): %s FAILED (%s) - NOT verified, kept for inspection\n\n%s\n" % (
-                            task["id"], result["reason"], result["detail"][:500]))
-                self.return_to_base(result)
+            self.park(task["id"], result, result["reason"])
         except (BridgeError, Stop) as exc:
             result["detail"] += "; and parking the work failed: %s" % exc
+
+    def park(self, task_id, result, why):
+        """Commit a failed task's work on its branch (WIP, when there is any) and go back."""
+        git_state = result["git"]
+        dirty = self.git_snapshot()["dirty"]
+        if git_state.get("branch") != git_state.get("base_branch") or dirty:
+            if dirty:
+                git_state["wip_commit"] = self.commit_all(
+                    "WIP(bridge): %s FAILED (%s) - NOT verified, kept for inspection\n\n%s\n" % (
+                        task_id, why, result["detail"][:500]))
+            self.return_to_base(result)
 
 
 # ---- queue commands (init, submit, status, approve, unlock) ----------------------
@@ -3291,7 +3399,7 @@ def submit_task(root, source, retry=False):
     if source == "-":
         raw = sys.stdin.buffer.read(TASK_MAX_BYTES + 1)
         try:
-            task = json.loads(raw.decode("utf-8"))
+            task = parse_json(raw.decode("utf-8"))
         except (UnicodeDecodeError, ValueError) as exc:
             raise BridgeError("stdin: not a UTF-8 JSON task: %s" % exc)
         errors = validate_task(task)
@@ -3303,7 +3411,7 @@ def submit_task(root, source, retry=False):
             task, errors = exc.raw, exc.errors
     if errors:
         raise BridgeError("task %s refused, %d error(s):\n  %s" % (
-            source, len(errors), "\n  ".join(errors)))
+            "from stdin" if source == "-" else source, len(errors), "\n  ".join(errors)))
     task_id = task["id"]
     for state in ("tasks", "running", "pending"):
         if os.path.lexists(handoff.path(state, task_id + ".json")):
@@ -3381,7 +3489,8 @@ def queue_status(root, recent=5):
         worker = {k: meta.get(k) for k in ("pid", "host", "created_at", "heartbeat_at")} if meta else {}
     return {"queued": counts["tasks"], "running": counts["running"], "pending": counts["pending"],
             "failed": counts["failed"], "results": by_status, "worker": worker,
-            "recent_failures": failures[:recent]}
+            "recent_failures": failures[:recent],
+            "skipped_in_tasks": skipped_task_files(handoff.dir("tasks"))}
 
 
 def unlock_worker(root, force=False):
@@ -9477,6 +9586,8 @@ def cmd_status(args):
         for item in report["recent_failures"]:
             print("  %s  %s/%s  %s" % (item.get("id"), item.get("exit_path"), item.get("reason"),
                                        (item.get("detail") or "")[:160]))
+    for item in report["skipped_in_tasks"]:
+        print("skipped in tasks/: %s (%s)" % (item["name"], item["reason"]))
     return EXIT_OK
 
 

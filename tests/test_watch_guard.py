@@ -107,3 +107,116 @@ def test_global_diff_external_does_not_replace_the_audit_patch(queue, tmp_path):
     assert not log.exists(), log.read_text()
     patch = (queue.handoff / "patches" / "g1_pre.patch").read_text()
     assert patch.startswith("diff --git a/README.md b/README.md") and "+changed" in patch
+
+
+# ---- poison pills: one bad task never wedges the queue ------------------------------------
+
+def nested(levels, leaf="x"):
+    value = leaf
+    for _ in range(levels):
+        value = {"a": value}
+    return value
+
+
+def test_submit_refuses_a_deeply_nested_task_naming_the_field(queue, tmp_path):
+    source = tmp_path / "deep.json"
+    for levels in (100, 500, 200000):  # beyond the task's limit; beyond any JSON bridge.py reads
+        source.write_text(json.dumps(queue.task("deep1", extra=nested(levels))) if levels < 1000
+                          else "[" * levels + "]" * levels)
+        for args, stdin in ((("submit", source), None), (("submit", "-"), source.read_text())):
+            out = run_bridge(*args, "--root", queue.repo, "--config", queue.config_path,
+                             input=stdin)
+            assert out.returncode == 2, out.stderr
+            assert "nested deeper than" in out.stderr, out.stderr
+            assert ("extra.a.a" if levels == 100 else "256 levels") in out.stderr
+            assert ("stdin" if stdin else str(source)) in out.stderr
+    assert queue.names("tasks") == []
+
+
+def test_a_nested_task_in_tasks_is_schema_invalid_and_the_queue_goes_on(queue):
+    queue.put(queue.task("deep2", extra=nested(200)))
+    queue.put(queue.task("ok2"))
+    out = queue.watch()
+    r = queue.result("deep2")
+    assert (r["reason"], r["exit_path"]) == ("schema_invalid", "skipped"), out.stderr
+    assert any("extra.a.a" in e and "nested deeper than" in e for e in r["errors"])
+    assert queue.result("ok2")["status"] == "success"
+    assert queue.names("running") == [] and "deep2.json" in queue.names("failed")
+
+
+def test_a_200000_level_task_file_never_crashes_a_start(queue):
+    path = queue.handoff / "tasks" / "deep.json"
+    path.write_text("[" * 200000 + "]" * 200000)
+    os.utime(path, (1, 1))
+    for _ in range(2):  # and the next start is fine too
+        out = queue.watch()
+        assert "Traceback" not in out.stderr and "internal error" not in out.stderr, out.stderr
+    r = queue.result("deep")
+    assert r["reason"] == "schema_invalid" and "nested" in " ".join(r["errors"])
+    assert queue.names("tasks") == [] and queue.names("failed") == ["deep.json"]
+
+
+def test_sweep_quarantines_a_running_task_it_cannot_recover(queue):
+    """A task left in running/ whose result path is a directory: recovery cannot write
+    there. The start goes on (the task is set aside in failed/), and so does the next one."""
+    task = queue.task("stuck")
+    (queue.handoff / "running" / "stuck.json").write_text(json.dumps(task))
+    (queue.handoff / "results" / "stuck.json").mkdir()
+    queue.put(queue.task("after"))
+    out = queue.watch()
+    assert "Traceback" not in out.stderr and "internal error" not in out.stderr, out.stderr
+    assert "stuck" in out.stderr and "quarantined" in out.stderr
+    assert queue.names("running") == [] and "stuck.json" in queue.names("failed")
+    assert queue.result("after")["status"] == "success"
+    assert queue.watch().returncode == 0
+
+
+def break_own_task_file(task_id):
+    """A verification command that replaces the task's running/ file by a folder: the
+    watcher's tidying after the result fails in a way no step expects."""
+    path = ".ai-handoff/running/%s.json" % task_id
+    return "rm %s && mkdir %s && touch %s/planted" % (path, path, path)
+
+
+def test_an_unexpected_error_fails_only_that_task_with_internal_error(git_repo, tmp_path):
+    queue = Queue(git_repo, tmp_path, continue_on_failure=True)
+    queue.put(queue.task("boom", commands_to_run=[break_own_task_file("boom")]))
+    queue.put(queue.task("next"))
+    out = queue.watch()
+    assert "Traceback" not in out.stderr and "internal error:" not in out.stderr, out.stderr
+    r = queue.result("boom")
+    assert (r["status"], r["reason"]) == ("failed", "internal_error")
+    assert "IsADirectoryError" in r["detail"] or "Is a directory" in r["detail"]
+    assert "Traceback (most recent call last)" in (queue.handoff / "logs" / "boom.log").read_text()
+    assert queue.history("boom")[-1]["status"] == "success"  # the result it replaced is kept
+    assert queue.names("running") == [] and "boom.json" in queue.names("failed")
+    assert queue.result("next")["status"] == "success"
+    assert branch(queue.repo) == "main"
+
+
+def test_an_unexpected_error_stops_the_queue_per_stop_on_failure(queue):
+    queue.put(queue.task("boom1", commands_to_run=[break_own_task_file("boom1")]))
+    queue.put(queue.task("boom2"))
+    out = queue.watch()
+    assert out.returncode == 1, out.stderr
+    assert queue.result("boom1")["reason"] == "internal_error"
+    assert queue.names("tasks") == ["boom2.json"] and queue.names("running") == []
+
+
+def test_every_id_submit_accepts_runs_and_status_reports_skipped_files(queue, tmp_path):
+    source = tmp_path / "t.json"
+    source.write_text(json.dumps(queue.task("fix.tmp.parser")))
+    assert queue.bridge("submit", source).returncode == 0
+    (queue.handoff / "tasks" / "notes.txt").write_text("not a task")
+    (queue.handoff / "tasks" / ".half-written.json").write_text("{")
+    queue.watch()
+    assert queue.result("fix.tmp.parser")["status"] == "success"
+    status = json.loads(queue.bridge("status", "--json").stdout)
+    skipped = {item["name"]: item["reason"] for item in status["skipped_in_tasks"]}
+    assert set(skipped) == {"notes.txt", ".half-written.json"}
+    text = queue.bridge("status").stdout
+    assert "notes.txt" in text and ".half-written.json" in text
+    for bad in (".hidden", "-dash", "a" * 101, "x.lock", "a..b", "tail."):
+        source.write_text(json.dumps(queue.task(bad)))
+        out = queue.bridge("submit", source)
+        assert out.returncode == 2 and "id:" in out.stderr, (bad, out.stderr)
