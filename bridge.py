@@ -6163,22 +6163,25 @@ PROXY_REASONS = {
                           "proxy.pause_buffer_bytes) is full",
     "too_large": "request longer than proxy.max_line_bytes; it was not relayed",
     "answer_too_large": "answer longer than proxy.max_line_bytes; it was dropped",
+    "stdout_closed": "MCP server closed its stdout, so it can answer nothing more, and was stopped; the "
+                     "request was not retried",
 }
 
 
 def proxy_decoder():
     """A `json.loads` for relayed lines, minus its per-call wrapper work (the relay's main cost
-    under load). A line starting `{"` is UTF-8 (all `json.detect_encoding` would conclude) and
-    goes straight to the decoder's scanner, which raises the very errors `json.loads` would; the
-    result is taken as is only when nothing but the final newline follows the value. Any other
-    line, or trailing whitespace of another kind, goes the full `json.loads` way."""
+    under load). MCP stdio is UTF-8: a line is decoded strictly first, so UTF-16 JSON, a byte
+    order mark or an encoded surrogate (all of which `json.loads(bytes)` accepts) is malformed.
+    The text goes straight to the decoder's scanner, which raises the very errors `json.loads`
+    would; the result is taken as is only when nothing but the final newline follows the value.
+    Anything else goes the full decode way."""
     decoder, loads = json.JSONDecoder(), json.loads
     scan, decode = decoder.scan_once, decoder.decode
 
     def fast(line):
-        if line[:2] != b'{"':
-            return loads(line)
-        text = line.decode("utf-8", "surrogatepass")
+        text = line.decode("utf-8")
+        if text[:2] != '{"':
+            return decode(text)
         try:
             obj, end = scan(text, 0)
         except StopIteration:
@@ -6195,7 +6198,8 @@ def proxy_decoder():
             # valid JSON: keep such numbers (only those) as text instead of calling it malformed.
             if "integer string conversion" not in str(exc):
                 raise
-            return loads(line, parse_int=lambda digits: int(digits) if len(digits) <= 4000 else digits)
+            return loads(line.decode("utf-8"),
+                         parse_int=lambda digits: int(digits) if len(digits) <= 4000 else digits)
     return parse
 
 
@@ -6372,6 +6376,7 @@ class ProxyChild:
         self.replay_id = None           # id of the replayed initialize until it is answered
         self.owned = {}                 # id -> method of bridge.py's own requests awaiting an answer
         self.heard = self.started       # when stdout last gave anything (health check)
+        self.eof_at = None              # when stdout closed (its exit should follow at once)
         self.ping_at = None             # when the health-check ping in flight was sent
         self.concurrent = False         # it has answered a ping while busy: its silence means stuck
         self.witness = None             # requests in progress when a ping was answered (see answered)
@@ -6705,9 +6710,12 @@ class Proxy:
 
     # ---- the Doctor's life ----
     def spawn(self):
+        import shlex
         self.gen += 1
         self.tail.clear()                          # a crash event shows its own generation's stderr
-        self.emit("doctor:starting", {"generation": self.gen, "argv": self.argv})
+        # redacted as one line, so that a flag meets its value (`--password x`)
+        self.emit("doctor:starting", {"generation": self.gen, "command": self.redactor.redact(
+            " ".join(shlex.quote(arg) for arg in self.argv))})
         try:
             child = self.child = ProxyChild(self.argv, self.cwd, self.env, self.gen, self.cap)
         except (OSError, ValueError) as exc:
@@ -7149,6 +7157,7 @@ class Proxy:
                 else:
                     self.child_lines(child.lines.finish())
                     child.close("fout")
+                    child.eof_at = monotonic()
             return
         import select
         for name in ("fout", "ferr"):
@@ -7209,6 +7218,10 @@ class Proxy:
                     self.next_check = now + 0.25
                     if child.exited():
                         self.child_exited()
+                    elif child.fout is None and not child.stop_reason:
+                        # Alive with its stdout closed, it can answer nothing: the end of it.
+                        if now - child.eof_at >= self.close_grace:
+                            self.stop_child("stdout_closed", now=True)
                     elif not child.stop_reason and (self.pending or child.replay_id is not None):
                         self.check_health(now)
                 if self.shutting and (self.child is None or self.child.exit is not None):
@@ -7277,8 +7290,8 @@ class Proxy:
                 if now >= child.kill_at:
                     child.signal_group(signal.SIGKILL)
                 due.append(now + 0.01)
-            elif child.fout is None:
-                due.append(now + 0.002)            # stdout closed: the exit is imminent
+            elif child.fout is None:               # stdout closed: the exit is imminent, or overdue
+                due.append(now + 0.002 if now - child.eof_at < 0.1 else child.eof_at + self.close_grace)
             else:
                 due.append(self.next_check)
         elif not self.stopped and not self.shutting:

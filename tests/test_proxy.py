@@ -1054,3 +1054,52 @@ def test_secrets_are_redacted_before_long_lines_are_cut(session):
     s.close()
     err = s.err()
     assert "ghp_QQQ" not in err and "[REDACTED]" in err
+
+
+# ---- a server that goes mute, lines that are not UTF-8 ------------------------------------
+
+def test_a_server_that_closes_stdout_is_stopped_answered_and_restarted(session):
+    """Alive but with its stdout closed, a server can answer nothing more: its requests are
+    answered with an error, its group stopped and a new generation started."""
+    s = session(harness=True)
+    s.initialize()
+    s.request("ignore", mid=8)
+    s.request("tools/call", {"name": "closeout", "arguments": {}}, mid=9)
+    got = {s.recv()["id"]: None, s.recv()["id"]: None}
+    assert set(got) == {8, 9}
+    crashed = s.wait_event("doctor:crashed")[0]["data"]
+    assert crashed["reason"] == "stdout_closed" and crashed["generation"] == 1
+    assert s.wait_event("doctor:ready", count=2)[1]["data"]["generation"] == 2
+    s.request("ping", mid=10)
+    assert s.reply()["id"] == 10
+    assert not process_running(s.pids()[0])
+    s.close()
+
+
+@pytest.mark.parametrize("encode", [
+    lambda text: text.encode("utf-16-be"),                     # json.loads(bytes) detects UTF-16
+    lambda text: b"\xef\xbb\xbf" + text.encode(),              # a UTF-8 byte order mark
+    lambda text: text.replace("RESULT", "\\ud800").encode().replace(b"\\ud800", b"\xed\xa0\x80"),
+], ids=["utf-16", "bom", "encoded-surrogate"])
+def test_lines_that_are_not_utf8_are_dropped_and_answer_nothing(session, encode):
+    s = session(harness=True)
+    s.request("ignore", mid=8)
+    bad = encode('{"jsonrpc":"2.0","id":8,"result":{"text":"RESULT"}}\n')
+    s.request("tools/call", {"name": "raw", "arguments": {"hex": bad.hex()}}, mid=9)
+    assert s.recv()["id"] == 9                                # the bad line is not relayed
+    dropped = s.wait_event("bridge:dropped")[0]["data"]
+    assert dropped["from"] == "doctor" and "malformed" in dropped["reason"]
+    s.call("crash", code=3)
+    assert {s.recv()["id"], s.recv()["id"]} == {8, s.next_id}   # 8 was still owed: answered now
+    s.close()
+
+
+def test_the_command_line_is_redacted_as_a_whole(session):
+    s = session(["--api-key", "Xq7kP2mZ9vLw4", "--password", "Yh8nT3rB6cQs1"], harness=True)
+    s.request("ping", mid=1)
+    s.recv()
+    s.close()
+    starting = s.wait_event("doctor:starting")[0]["data"]
+    text = json.dumps(starting) + s.err()
+    assert "Xq7kP2mZ9vLw4" not in text and "Yh8nT3rB6cQs1" not in text
+    assert "--api-key [REDACTED]" in starting["command"] and "mcp_server.py" in starting["command"]

@@ -250,7 +250,7 @@ def test_lifecycle_events_are_redacted_and_fatal_is_published(tmp_path):
     assert [e for e in seen if e["type"] == "doctor:fatal"], seen
     starting = [e for e in seen if e["type"] == "doctor:starting"]
     assert starting and all(secret not in json.dumps(e) for e in seen)
-    assert "[REDACTED]" in json.dumps(starting[0]["data"]["argv"])
+    assert "--token [REDACTED]" in starting[0]["data"]["command"]
 
 
 def test_observability_disabled_leaves_the_relay(tmp_path):
