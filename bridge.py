@@ -28,8 +28,10 @@ Subcommands
 Run `python3 bridge.py COMMAND --help` for each command's options and an example.
 
 Exit codes: 0 done, 1 the work stopped on a failure, 2 usage or configuration
-error, 3 another process holds the lock. Errors are one line on stderr; set
-BRIDGE_DEBUG=1 to get a traceback instead.
+error, 3 another process holds the lock; `watch` also exits 4 when its run ended
+but a task needs a person (blocked, refused, failed, waiting for approval) and
+128+N when signal N interrupted a task (re-queued). Errors are one line on
+stderr; set BRIDGE_DEBUG=1 to get a traceback instead.
 
 Configuration: defaults < ROOT/bridge.config.json (or --config FILE) < environment
 variables < command-line flags. Every key is listed in CONFIG_DEFAULTS below and
@@ -69,6 +71,7 @@ EXIT_OK = 0
 EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_LOCKED = 3
+EXIT_ATTENTION = 4  # watch: the run ended, but a task needs a person (see Watcher.exit_code)
 
 
 class BridgeError(Exception):
@@ -594,6 +597,34 @@ def holder_is_dead(meta):
         return False
     ticks = _start_ticks(pid)
     return bool(meta.get("start_ticks") and ticks and ticks != meta["start_ticks"])
+
+
+def kill_recorded_groups(meta):
+    """SIGKILL the process groups a dead lock holder recorded (meta["groups"]).
+
+    Only on the holder's host and boot. A group whose leader's pid now belongs to a
+    process that started at another time was reused, and is left alone; a leader that
+    is gone leaves its group id to its group while any member lives. Returns the
+    group ids signalled.
+    """
+    import signal
+    me = process_identity()
+    if meta.get("host") != me["host"] or meta.get("boot_id") not in (None, me["boot_id"]):
+        return []
+    killed = []
+    for group in meta.get("groups") or []:
+        pid = group.get("pid") if isinstance(group, dict) else None
+        if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 1:
+            continue
+        ticks = _start_ticks(pid)
+        if ticks is not None and ticks != group.get("start_ticks"):
+            continue
+        try:
+            os.killpg(pid, signal.SIGKILL)
+            killed.append(pid)
+        except (ProcessLookupError, PermissionError):
+            pass
+    return killed
 
 
 def _parse_lock_meta(text):
@@ -2578,6 +2609,8 @@ class Watcher:
         self.git_dir = None
         self.beads = None
         self.counts = {}
+        self.outcomes = {}  # task id -> exit_path of its last result in this run
+        self.interrupted = False
         self.beat_lock = None  # serialises heartbeats with lock releases (fd reuse)
         self.active = None  # the result of the task being executed (see internal_error)
 
@@ -2632,8 +2665,19 @@ class Watcher:
             self.restore_signals(previous)
         if self.counts:
             self.say("done: %s" % ", ".join("%s %d" % item for item in sorted(self.counts.items())))
+        return self.exit_code()
+
+    def exit_code(self):
+        """What this run tells CI: 1 the queue stopped on a failure; 128+N a signal N
+        interrupted a task (it is re-queued); 4 a task of this run ended in a state that
+        needs a person (blocked, refused, failed, waiting for approval); else 0."""
         if self.stopped_on_failure:
             return EXIT_FAILED
+        if self.interrupted:
+            import signal
+            return 128 + getattr(signal, self.stopping, signal.SIGTERM)
+        if any(path not in ("success", "requeued") for path in self.outcomes.values()):
+            return EXIT_ATTENTION
         return EXIT_OK
 
     def install_signals(self):
@@ -2701,6 +2745,7 @@ class Watcher:
                         outcome = self.process(os.path.join(tasks_dir, name))
                     except Exception as exc:  # the last line of defence: see internal_error
                         outcome = self.internal_error(name, exc)
+                    self.interrupted = self.interrupted or outcome == "interrupted"
                     if outcome == "deferred":
                         deferred = True
                         last_mtime = None
@@ -2773,23 +2818,14 @@ class Watcher:
         self.recover(task_id, path, task, meta, why)
 
     def recover(self, task_id, path, task, meta, why):
-        """Seed step 4 stale recovery: result, bead blocked, re-queue or failed/."""
-        import signal
+        """Seed step 4 stale recovery: every process group of the run killed, the work
+        parked and the base checked out again, result, bead blocked, re-queue or failed/."""
         lock = FileLock(self.handoff.path("locks", task_id + ".lock"))
         if not lock.acquire():
             return
         try:
             meta = meta or {}
-            agent = meta.get("agent")
-            killed = False
-            if isinstance(agent, dict) and isinstance(agent.get("pid"), int):
-                ident = process_identity(agent["pid"])
-                if ident["start_ticks"] and ident["start_ticks"] == agent.get("start_ticks"):
-                    try:
-                        os.killpg(agent["pid"], signal.SIGKILL)
-                        killed = True
-                    except (ProcessLookupError, PermissionError):
-                        pass
+            killed = kill_recorded_groups(meta)
             if task is None:
                 safe = task_id if re.fullmatch(TASK_ID_PATTERN, task_id) else "invalid-" + random_hex()
                 target = move_no_clobber(path, self.handoff.dir("failed"), os.path.basename(path))
@@ -2800,27 +2836,9 @@ class Watcher:
                 self.write_result(safe, result)
                 return
             result = self.new_result(task)
-            result["lock"] = {"recovered_from": meta, "why": why, "orphan_agent_killed": killed}
-            git_state = result["git"]
-            snap = self.git_snapshot()
-            base_branch, branch = meta.get("base_branch"), meta.get("branch")
-            git_state.update(base_branch=base_branch, branch=snap["current_branch"],
-                             head_commit=snap["head"], status_after_verify=snap["status"],
-                             dirty_after_verify=snap["dirty"])
-            parking = ""
-            if branch and snap["current_branch"] == branch and branch != base_branch:
-                # Park the interrupted work on its branch so the next task (or the
-                # retry) starts clean; nothing is reverted.
-                try:
-                    if snap["dirty"]:
-                        git_state["wip_commit"] = self.commit_all(
-                            "WIP(bridge): %s interrupted (stale_lock_recovered, attempt %s) - "
-                            "NOT verified" % (task_id, task["attempt"]))
-                    if base_branch and self.config["return_to_base"]:
-                        back = self.git.run("checkout", "-q", base_branch, check=False)
-                        git_state["returned_to_base"] = back.ok
-                except BridgeError as exc:
-                    parking = "; parking the interrupted work failed: %s" % exc.message
+            result["lock"] = {"recovered_from": meta, "why": why, "groups_killed": killed}
+            result["git"].update({key: meta.get(key) for key in ("base_branch", "base_commit", "branch")})
+            parking = self.park(task, result, "stale_lock_recovered")
             retry = task["attempt"] < task["retry_policy"]["max_attempts"]
             detail = "task lock was stale (%s); %s" % (
                 why, "re-queued as attempt %d" % (task["attempt"] + 1) if retry
@@ -2832,19 +2850,50 @@ class Watcher:
             if bead_id and self.beads.argv:
                 error = self.beads.block(bead_id, "stale lock recovered: " + why)
                 result["bead"].update(id=bead_id, error=error)
-            self.write_result(task_id, result)
             self.say("%s: %s" % (task_id, detail))
             if retry:
-                archive_result(self.handoff, task_id, "re-queued for attempt %d" % (task["attempt"] + 1))
-                requeued = dict(read_task_file(path, fresh_sec=0))
-                requeued["attempt"] = task["attempt"] + 1
-                atomic_write_json(self.handoff.path("tasks", task_id + ".json"), requeued)
-                os.unlink(path)
+                self.requeue(task_id, path, result, task["attempt"] + 1)
             else:
+                self.write_result(task_id, result)
                 move_no_clobber(path, self.handoff.dir("failed"), task_id + ".json")
         finally:
             lock.release()
             self.drop_lock_file(lock.path)
+
+    def park(self, task, result, why):
+        """Interrupted work: committed as WIP on its task branch, then back to the base.
+
+        Nothing is reverted: the next task (or the re-run) starts from a clean base,
+        and the work stays on the branch for inspection. Returns a note for the detail
+        when parking failed.
+        """
+        git_state = result["git"]
+        snap = self.git_snapshot()
+        git_state.update(head_commit=snap["head"], status_after_verify=snap["status"],
+                         dirty_after_verify=snap["dirty"])
+        branch = git_state.get("branch")
+        if not branch or branch == git_state.get("base_branch") or snap["current_branch"] != branch:
+            return ""
+        try:
+            if snap["dirty"]:
+                git_state["wip_commit"] = self.commit_all(
+                    "WIP(bridge): %s interrupted (%s, attempt %s) - NOT verified" % (
+                        task["id"], why, task["attempt"]))
+            self.return_to_base(result)
+        except (BridgeError, Stop) as exc:
+            return "; parking the interrupted work failed: %s" % getattr(exc, "message", exc)
+        return ""
+
+    def requeue(self, task_id, path, result, attempt):
+        """Write the result, archive it in the history and queue the task file again as
+        `attempt`. A crash on the way leaves a duplicate history record, never a loss."""
+        self.write_result(task_id, result)
+        archive_result(self.handoff, task_id, "re-queued for attempt %d" % attempt)
+        self.outcomes[task_id] = "requeued"
+        requeued = dict(read_task_file(path, fresh_sec=0))
+        requeued["attempt"] = attempt
+        atomic_write_json(self.handoff.path("tasks", task_id + ".json"), requeued)
+        os.unlink(path)
 
     @staticmethod
     def drop_lock_file(path):
@@ -2973,6 +3022,7 @@ class Watcher:
             data = json.dumps(self.redactor.redact_obj(result), ensure_ascii=False, indent=2)
         atomic_write(self.handoff.path("results", task_id + ".json"), data + "\n")
         self.counts[result.get("exit_path")] = self.counts.get(result.get("exit_path"), 0) + 1
+        self.outcomes[task_id] = result.get("exit_path")
 
     def git_snapshot(self):
         """HEAD, branch and porcelain status (.ai-handoff/ excluded) in ONE git call.
@@ -3039,6 +3089,11 @@ class Watcher:
                               EXIT_FAILED)
         return self.git.head()
 
+    def ran_on(self, task_id, branch):
+        """True when an earlier, archived run of this task used `branch` (it is ours)."""
+        return any(isinstance(r.get("git"), dict) and r["git"].get("branch") == branch
+                   for r in result_history(self.handoff, task_id))
+
     def note_in_task_lock(self, **fields):
         """Record fields in the task lock's metadata (read by a later crash recovery)."""
         with self.beat_lock:
@@ -3063,9 +3118,10 @@ class Watcher:
                     os.killpg(proc.pid, signal.SIGTERM)
                 except (ProcessLookupError, PermissionError):
                     pass
-            if step == "agent" and self.task_lock is not None:
-                agent = {"pid": proc.pid, "start_ticks": _start_ticks(proc.pid)}
-                self.note_in_task_lock(agent=agent)
+            lock = self.task_lock
+            if lock is not None:  # every group, so a crash recovery can end them all
+                group = {"pid": proc.pid, "start_ticks": _start_ticks(proc.pid), "step": step}
+                self.note_in_task_lock(groups=lock.meta.get("groups", []) + [group])
         try:
             return run_command(cmd, cwd=self.root, env=env, timeout=task["timeout_sec"],
                                shell=shell, on_tick=self.progress(task["id"], step),
@@ -3089,10 +3145,19 @@ class Watcher:
             result.update(status="failed", exit_path="failed", reason="internal_error",
                           detail=self.log_exception(task_id, exc))
         if outcome != "pending":
+            interrupted = result["reason"] == "interrupted"
+            if interrupted:  # ends like a crash recovery, but the attempt does not count
+                result["detail"] += self.park(task, result, "interrupted") + (
+                    "; re-queued as attempt %d (an interrupted run is not an attempt)"
+                    % task["attempt"])
             if result["status"] != "success":
                 self.after_failure(task, result)
             result["duration_ms"] = int((monotonic() - started) * 1000)
             result["finished_at"] = now_iso()
+            if interrupted:
+                self.say("%s: interrupted: %s" % (task_id, result["detail"]))
+                self.requeue(task_id, running, result, task["attempt"])
+                return "interrupted"
             self.write_result(task_id, result)
             # the result is written first: a crash now leaves a result, never a lost task
             if result["status"] == "success":
@@ -3197,10 +3262,14 @@ class Watcher:
         branch = base_branch
         if base_branch is None or base_branch in self.protected:
             branch = "feat/ai/" + task_id
+        # recorded before any git change: a crash from here on returns to this base
+        self.note_in_task_lock(base_branch=base_branch, base_commit=snap["head"], branch=branch)
+        if branch != base_branch:
             made = self.git.run("checkout", "-q", "-b", branch, check=False)
             if made.ok:
                 git_state["branch_created"] = True
-            elif "already exists" in made.stderr and task["attempt"] > 1:
+            elif "already exists" in made.stderr and (
+                    task["attempt"] > 1 or self.ran_on(task_id, branch)):
                 switched = self.git.run("checkout", "-q", branch, check=False)
                 if not switched.ok:
                     raise Stop("blocked", "branch_checkout_failed", "cannot switch to the existing "
@@ -3208,13 +3277,12 @@ class Watcher:
                 git_state["base_commit"] = self.git.head()
             elif "already exists" in made.stderr:
                 raise Stop("blocked", "branch_checkout_failed", "branch %s already exists and this "
-                           "is attempt 1, not a retry of the same task; rename the task or delete "
+                           "is attempt 1 of a task that never ran; rename the task or delete "
                            "the branch" % branch)
             else:
                 raise Stop("blocked", "branch_checkout_failed", "git checkout -b %s failed: %s" % (
                     branch, made.stderr.strip()[-300:]))
         git_state["branch"] = branch
-        self.note_in_task_lock(branch=branch, base_branch=base_branch)  # for crash recovery
         # 7. bead
         self.bead_create(task, result)
         # 8. the editing agent
@@ -3253,7 +3321,7 @@ class Watcher:
         # 9. audit 1 (also the partial evidence when the agent failed)
         self.audit_into(task_id, result, "pre")
         if self.stopping:
-            raise Stop("failed", "opencode_failed", "the watcher received %s while the agent ran; "
+            raise Stop("failed", "interrupted", "the watcher received %s while the agent ran; "
                        "the agent was stopped" % self.stopping)
         if not ran.ok:
             self.post_state(result)
@@ -3282,7 +3350,7 @@ class Watcher:
         self.audit_into(task_id, result, "post")
         self.post_state(result)
         if self.stopping:
-            raise Stop("failed", "verify_failed", "the watcher received %s during verification; "
+            raise Stop("failed", "interrupted", "the watcher received %s during verification; "
                        "the verification was stopped" % self.stopping)
         if failed is not None:
             raise Stop("failed", "verify_failed", "`%s` %s" % (failed[0][:200], failed[1].describe()))
@@ -3357,7 +3425,7 @@ class Watcher:
             error = self.beads.block(bead_id, "%s: %s" % (result["reason"], result["detail"])[:500])
             if error:
                 result["bead"]["error"] = error
-        if result["status"] == "blocked":
+        if result["status"] == "blocked" or result["reason"] == "interrupted":
             return
         git_state = result["git"]
         if result.get("executor") is None and git_state.get("branch_created"):

@@ -264,7 +264,7 @@ def test_continue_on_failure_parks_wip_commit_and_goes_on(git_repo, tmp_path):
     queue.put(queue.task("w1", agent={"write": {"w.txt": "x\n"}}, commands_to_run=["false"]))
     queue.put(queue.task("w2"))
     out = queue.watch()
-    assert out.returncode == 0, out.stderr
+    assert out.returncode == 4, out.stderr  # went on, but a failure needs a person
     r = queue.result("w1")
     assert r["reason"] == "verify_failed" and r["git"]["wip_commit"]
     assert head(git_repo, "feat/ai/w1") == r["git"]["wip_commit"]
@@ -278,7 +278,7 @@ def test_stop_on_failure_false_goes_on_without_parking(git_repo, tmp_path):
     queue = Queue(git_repo, tmp_path, stop_on_failure=False)
     queue.put(queue.task("s1", commands_to_run=["false"]))
     queue.put(queue.task("s2"))
-    assert queue.watch().returncode == 0
+    assert queue.watch().returncode == 4
     assert queue.result("s1")["reason"] == "verify_failed"
     # s1's work is left in place, so s2 is refused as dirty rather than mixing work
     assert queue.result("s2")["reason"] == "dirty_repo"
@@ -339,7 +339,7 @@ def test_dirty_repo_is_blocked_and_does_not_stop_the_queue(queue):
     (queue.repo / "stray.txt").write_text("uncommitted\n")
     queue.put(queue.task("d1"))
     queue.put(queue.task("d2", allow_dirty=True))
-    assert queue.watch().returncode == 0
+    assert queue.watch().returncode == 4  # blocked: the queue goes on, CI is told
     r = queue.result("d1")
     assert (r["status"], r["exit_path"], r["reason"]) == ("blocked", "blocked", "dirty_repo")
     assert r["git"]["dirty_before"] is True and "?? stray.txt" in r["git"]["status_before"]
@@ -350,7 +350,7 @@ def test_dirty_repo_is_blocked_and_does_not_stop_the_queue(queue):
 def test_branch_checkout_failed_when_branch_exists_on_first_attempt(queue):
     git(queue.repo, "branch", "feat/ai/b1")
     queue.put(queue.task("b1"))
-    assert queue.watch().returncode == 0  # blocked does not stop the queue
+    assert queue.watch().returncode == 4  # blocked does not stop the queue
     r = queue.result("b1")
     assert (r["status"], r["exit_path"], r["reason"]) == ("blocked", "blocked", "branch_checkout_failed")
     assert "already exists" in r["detail"] and r["git"]["base_commit"]
@@ -387,7 +387,7 @@ def test_schema_invalid_files_are_refused_listed_and_moved(queue, tmp_path):
     (tasks / "notes.txt").write_text("ignored")
     queue.put(queue.task("z-valid"))
     out = queue.watch()
-    assert out.returncode == 0, out.stderr  # skipped does not stop the queue
+    assert out.returncode == 4, out.stderr  # skipped does not stop the queue
     for stem in ("link", "notjson", "latin1", "types", "other-name", "bad..id", "missing"):
         r = queue.result(stem)
         assert SEED_RESULT_KEYS <= set(r) and SEED_GIT_KEYS <= set(r["git"]), stem
@@ -457,7 +457,7 @@ def test_confirmation_gate_before_any_git_change_then_approve(queue, tmp_path):
     queue.put(queue.task("g1", requires_confirmation=True, agent={"count_file": str(count)}))
     queue.put(queue.task("g2"))
     out = queue.watch()
-    assert out.returncode == 0, out.stderr
+    assert out.returncode == 4, out.stderr  # waiting for a person's approval
     r = queue.result("g1")
     assert (r["status"], r["exit_path"], r["reason"]) == (
         "needs_confirmation", "needs_confirmation", "requires_confirmation")
@@ -495,7 +495,7 @@ def test_beads_create_block_close_by_explicit_id(git_repo, tmp_path):
     queue.env = clean_env(BD_FIXTURE_STATE=state)
     queue.put(queue.task("e1"))
     queue.put(queue.task("e2", commands_to_run=["false"]))
-    assert queue.watch().returncode == 0
+    assert queue.watch().returncode == 4
     ok, bad = queue.result("e1"), queue.result("e2")
     assert ok["bead"]["id"] == "bd-1" and bad["bead"]["id"] == "bd-2"
     assert (queue.handoff / "meta" / "e1.bead").read_text().strip() == "bd-1"
@@ -512,7 +512,7 @@ def test_beads_failures_and_absence(git_repo, tmp_path):
                   stop_on_failure=False)
     queue.env = clean_env(BD_FIXTURE_STATE=tmp_path / "bd.json", BD_FIXTURE_FAIL="create")
     queue.put(queue.task("f1"))
-    assert queue.watch().returncode == 0
+    assert queue.watch().returncode == 4
     r = queue.result("f1")
     assert (r["status"], r["reason"]) == ("failed", "bead_failed") and "exclusive lock" in r["detail"]
     assert r["executor"] is None  # the agent never ran
@@ -598,7 +598,7 @@ def test_planted_git_hooks_never_fire(queue, tmp_path):
     queue.put(queue.task("h2", commands_to_run=["false"]))
     queue.config["continue_on_failure"] = True
     queue.save_config()
-    assert queue.watch().returncode == 0
+    assert queue.watch().returncode == 4
     assert queue.result("h1")["git"]["commit"] and queue.result("h2")["git"]["wip_commit"]
     assert not marker.exists()
 
@@ -621,21 +621,47 @@ def test_two_watchers_exactly_one_works_and_sigterm_releases(queue):
     assert queue.watch().returncode == 0  # the lock is free again
 
 
-def test_sigterm_while_the_agent_runs_stops_it_and_writes_a_result(queue, tmp_path):
+@pytest.mark.parametrize("sig, step", [(signal.SIGINT, "agent"), (signal.SIGTERM, "verify")])
+def test_a_stop_during_a_task_parks_the_work_and_requeues_the_same_attempt(queue, tmp_path,
+                                                                             sig, step):
+    """SIGINT/SIGTERM mid-task ends like a crash recovery: the groups are stopped, the
+    work parked on its branch, the base checked out, the task re-queued as the same
+    attempt with the interrupted result kept in the history; exit 128+N."""
     pids = tmp_path / "pids"
-    queue.put(queue.task("term", agent={"sleep": 60, "grandchild": True, "pidfile": str(pids)}))
+    agent = {"write": {"t.txt": "partial\n"}, "grandchild": True, "pidfile": str(pids)}
+    commands = ["true"]
+    if step == "agent":
+        agent["sleep"] = 60
+    else:
+        commands = ["echo $$ >> %s; sleep 60" % pids]
+    queue.put(queue.task("term", agent=agent, commands_to_run=commands))
     watcher = queue.popen_watch("--once")
-    assert wait_for(lambda: pids.exists() and pids.read_text().strip())
-    watcher.send_signal(signal.SIGINT)
-    code = watcher.wait(20)
-    r = queue.result("term")
-    assert r["reason"] == "opencode_failed" and "SIGINT" in r["detail"]
-    assert code == 1
-    assert queue.names("running") == []
+    assert wait_for(lambda: pids.exists() and len(pids.read_text().split()) == (2 if step == "agent" else 3))
+    watcher.send_signal(sig)
+    assert watcher.wait(20) == 128 + sig
+    assert not (queue.handoff / "results" / "term.json").exists()
+    [record] = queue.history("term")
+    assert (record["status"], record["reason"], record["attempt"]) == ("failed", "interrupted", 1)
+    assert sig.name in record["detail"] and "re-queued as attempt 1" in record["detail"]
+    assert record["git"]["wip_commit"] and record["git"]["returned_to_base"] is True
+    assert queue.names("running") == [] and queue.names("failed") == []
+    assert queue.names("tasks") == ["term.json"]
     for pid in map(int, pids.read_text().split()):
-        assert wait_for(lambda: not process_running(pid), 5)
+        assert wait_for(lambda: not process_running(pid), 5), pid
+    assert branch(queue.repo) == "main" and git(queue.repo, "status", "--porcelain") == ""
+    assert git(queue.repo, "show", "feat/ai/term:t.txt") == "partial\n"
     meta = json.loads((queue.handoff / "locks" / "__worker__.lock").read_text())
     assert meta.get("released_at")
+    # the re-run is attempt 1 again, on the same branch, and keeps the history
+    task = json.loads((queue.handoff / "tasks" / "term.json").read_text())
+    assert task["attempt"] == 1
+    task["fixture_agent"] = {"write": {"t.txt": "done\n"}}
+    task["commands_to_run"] = ["true"]
+    queue.put(task)
+    assert queue.watch().returncode == 0
+    r = queue.result("term")
+    assert (r["status"], r["attempt"], r["git"]["branch"]) == ("success", 1, "feat/ai/term")
+    assert [p["reason"] for p in r["previous_results"]] == ["interrupted"]
 
 
 def crash_while_agent_runs(queue, tmp_path, **task_fields):
@@ -655,7 +681,7 @@ def crash_while_agent_runs(queue, tmp_path, **task_fields):
 def test_kill_9_then_restart_recovers_with_a_result(queue, tmp_path):
     agent_pid, _count = crash_while_agent_runs(queue, tmp_path)
     out = queue.watch()
-    assert out.returncode == 0, out.stderr
+    assert out.returncode == 4, out.stderr  # failed after recovery
     r = queue.result("crash")
     assert (r["status"], r["exit_path"], r["reason"]) == ("failed", "failed", "stale_lock_recovered")
     assert SEED_RESULT_KEYS <= set(r) and SEED_GIT_KEYS <= set(r["git"])
@@ -751,7 +777,7 @@ def test_sweep_age_rule_for_locks_not_provably_dead(queue):
             {"pid": 12345, "host": "another-host", "task_id": task_id, "created_ts": beat,
              "heartbeat_ts": beat, "mode": "flock"}))
     out = queue.watch()
-    assert out.returncode == 0, out.stderr
+    assert out.returncode == 4, out.stderr
     r = queue.result("old")
     assert r["reason"] == "stale_lock_recovered" and "older than 7200s" in r["detail"]
     assert r["lock"]["recovered_from"]["host"] == "another-host"
