@@ -2838,7 +2838,7 @@ class Watcher:
             result = self.new_result(task)
             result["lock"] = {"recovered_from": meta, "why": why, "groups_killed": killed}
             result["git"].update({key: meta.get(key) for key in ("base_branch", "base_commit", "branch")})
-            parking = self.park(task, result, "stale_lock_recovered")
+            parking = self.park_interrupted(task_id, result, "stale_lock_recovered")
             retry = task["attempt"] < task["retry_policy"]["max_attempts"]
             detail = "task lock was stale (%s); %s" % (
                 why, "re-queued as attempt %d" % (task["attempt"] + 1) if retry
@@ -2860,26 +2860,11 @@ class Watcher:
             lock.release()
             self.drop_lock_file(lock.path)
 
-    def park(self, task, result, why):
-        """Interrupted work: committed as WIP on its task branch, then back to the base.
-
-        Nothing is reverted: the next task (or the re-run) starts from a clean base,
-        and the work stays on the branch for inspection. Returns a note for the detail
-        when parking failed.
-        """
-        git_state = result["git"]
-        snap = self.git_snapshot()
-        git_state.update(head_commit=snap["head"], status_after_verify=snap["status"],
-                         dirty_after_verify=snap["dirty"])
-        branch = git_state.get("branch")
-        if not branch or branch == git_state.get("base_branch") or snap["current_branch"] != branch:
-            return ""
+    def park_interrupted(self, task_id, result, why):
+        """park() for a run that was interrupted (crash or stop); '' or a note saying
+        why the work could not be parked."""
         try:
-            if snap["dirty"]:
-                git_state["wip_commit"] = self.commit_all(
-                    "WIP(bridge): %s interrupted (%s, attempt %s) - NOT verified" % (
-                        task["id"], why, task["attempt"]))
-            self.return_to_base(result)
+            self.park(task_id, result, why, "interrupted")
         except (BridgeError, Stop) as exc:
             return "; parking the interrupted work failed: %s" % getattr(exc, "message", exc)
         return ""
@@ -3147,7 +3132,7 @@ class Watcher:
         if outcome != "pending":
             interrupted = result["reason"] == "interrupted"
             if interrupted:  # ends like a crash recovery, but the attempt does not count
-                result["detail"] += self.park(task, result, "interrupted") + (
+                result["detail"] += self.park_interrupted(task_id, result, "interrupted") + (
                     "; re-queued as attempt %d (an interrupted run is not an attempt)"
                     % task["attempt"])
             if result["status"] != "success":
@@ -3446,16 +3431,24 @@ class Watcher:
         except (BridgeError, Stop) as exc:
             result["detail"] += "; and parking the work failed: %s" % exc
 
-    def park(self, task_id, result, why):
-        """Commit a failed task's work on its branch (WIP, when there is any) and go back."""
+    def park(self, task_id, result, why, label="FAILED"):
+        """Commit a task's unfinished work on its branch (WIP, when there is any) and go
+        back to the base. Nothing is reverted: the next task (or the re-run) starts from
+        a clean base, and the work stays on the branch for inspection. A checkout that is
+        not on the task's branch any more is not the task's to commit."""
         git_state = result["git"]
-        dirty = self.git_snapshot()["dirty"]
-        if git_state.get("branch") != git_state.get("base_branch") or dirty:
-            if dirty:
-                git_state["wip_commit"] = self.commit_all(
-                    "WIP(bridge): %s FAILED (%s) - NOT verified, kept for inspection\n\n%s\n" % (
-                        task_id, why, result["detail"][:500]))
-            self.return_to_base(result)
+        snap = self.git_snapshot()
+        git_state.update(head_commit=snap["head"], status_after_verify=snap["status"],
+                         dirty_after_verify=snap["dirty"])
+        branch = git_state.get("branch")
+        if not branch or snap["current_branch"] != branch or (
+                branch == git_state.get("base_branch") and not snap["dirty"]):
+            return
+        if snap["dirty"]:
+            git_state["wip_commit"] = self.commit_all(
+                "WIP(bridge): %s %s (%s) - NOT verified, kept for inspection\n\n%s\n" % (
+                    task_id, label, why, result["detail"][:500]))
+        self.return_to_base(result)
 
 
 # ---- queue commands (init, submit, status, approve, unlock) ----------------------
