@@ -87,8 +87,32 @@ class BridgeError(Exception):
         self.code = code
 
 
+class Stop(Exception):
+    """Ends one unit of work (a watch task, a change set's task) with an outcome that is
+    recorded, not a crash: `status` (failed, blocked), `reason` (the code a result records)
+    and `detail` (the sentence)."""
+
+    def __init__(self, status, reason, detail):
+        super().__init__(detail)
+        self.status, self.reason, self.detail = status, reason, detail
+
+
 def debug_enabled():
     return os.environ.get("BRIDGE_DEBUG", "") not in ("", "0", "false")
+
+
+def check_text(value, what):
+    """`value` (None passes) if it is encodable UTF-8 text, else a usage error naming `what`:
+    argv bytes that are not UTF-8 arrive as lone surrogates (surrogateescape) and could not be
+    written."""
+    if value is None:
+        return value
+    try:
+        str(value).encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise BridgeError("%s is not valid UTF-8 text (undecodable byte or lone surrogate at "
+                          "character %d)" % (what, exc.start + 1), EXIT_USAGE)
+    return value
 
 
 def warn(message):
@@ -619,11 +643,8 @@ def kill_recorded_groups(meta):
         ticks = _start_ticks(pid)
         if ticks is not None and ticks != group.get("start_ticks"):
             continue
-        try:
-            os.killpg(pid, signal.SIGKILL)
+        if signal_group(pid, signal.SIGKILL):
             killed.append(pid)
-        except (ProcessLookupError, PermissionError):
-            pass
     return killed
 
 
@@ -1699,6 +1720,16 @@ def wait_exited(pid, timeout):
         delay = min(delay * 2, 0.05)
 
 
+def signal_group(pgid, sig):
+    """Send `sig` to process group `pgid`; False when the group is gone or is not ours to
+    signal (not an error: every caller is making sure something ends)."""
+    try:
+        os.killpg(pgid, sig)
+        return True
+    except OSError:
+        return False
+
+
 def kill_process_group(proc, grace=5.0):
     """End the process group of `proc`: SIGTERM, `grace` seconds for the leader to
     exit, then SIGKILL to whatever of the group is left, then reap the leader.
@@ -1710,15 +1741,9 @@ def kill_process_group(proc, grace=5.0):
     import signal
     import subprocess
     if grace and not wait_exited(proc.pid, 0):
-        try:
-            os.killpg(proc.pid, signal.SIGTERM)
-        except (ProcessLookupError, PermissionError):
-            pass
+        signal_group(proc.pid, signal.SIGTERM)
         wait_exited(proc.pid, grace)
-    try:
-        os.killpg(proc.pid, signal.SIGKILL)
-    except (ProcessLookupError, PermissionError):
-        pass
+    signal_group(proc.pid, signal.SIGKILL)
     try:
         proc.wait(timeout=5.0)
     except subprocess.TimeoutExpired:
@@ -2573,14 +2598,6 @@ def bead_id_from_meta(handoff, task_id):
 
 # ---- the watcher ----------------------------------------------------------------
 
-class Stop(Exception):
-    """Raised inside a task run to end it with a given outcome (always with a result)."""
-
-    def __init__(self, status, reason, detail):
-        super().__init__(detail)
-        self.status, self.reason, self.detail = status, reason, detail
-
-
 class Watcher:
     """One watcher process: the worker lock, the startup sweep and the task loop."""
 
@@ -2687,10 +2704,7 @@ class Watcher:
             self.stopping = signal.Signals(signum).name
             child = self.child
             if child is not None:
-                try:
-                    os.killpg(child.pid, signal.SIGTERM)
-                except (ProcessLookupError, PermissionError):
-                    pass
+                signal_group(child.pid, signal.SIGTERM)
         previous = {}
         for sig in (signal.SIGTERM, signal.SIGINT):
             try:
@@ -3099,10 +3113,7 @@ class Watcher:
             self.child = proc
             if self.stopping:  # the signal came between two steps: stop this one at once
                 import signal
-                try:
-                    os.killpg(proc.pid, signal.SIGTERM)
-                except (ProcessLookupError, PermissionError):
-                    pass
+                signal_group(proc.pid, signal.SIGTERM)
             lock = self.task_lock
             if lock is not None:  # every group, so a crash recovery can end them all
                 group = {"pid": proc.pid, "start_ticks": _start_ticks(proc.pid), "step": step}
@@ -6027,13 +6038,6 @@ def relay_criteria(text):
     return items or [RELAY_DEFAULT_CRITERIA]
 
 
-def _require_text(value, what):
-    for ch in value:
-        if 0xd800 <= ord(ch) <= 0xdfff:
-            raise BridgeError("%s is not valid UTF-8 text (undecodable byte)" % what)
-    return value
-
-
 def relay_down(root, config, captain_id, session, message, project, priority="",
                criteria=""):
     """Append a new cmd to the queue; returns its id. The seed's `down`."""
@@ -6042,7 +6046,7 @@ def relay_down(root, config, captain_id, session, message, project, priority="",
         log("ERROR: down mode requires message_content and project")
         raise BridgeError("down requires a non-empty message and project")
     for value, what in ((message, "message"), (project, "project"), (criteria, "acceptance_criteria")):
-        _require_text(value, what)
+        check_text(value, what)
     priority = priority or "medium"
     if priority not in RELAY_PRIORITIES:
         raise BridgeError("priority must be one of %s, got %r" % (", ".join(RELAY_PRIORITIES), priority))
@@ -6162,7 +6166,7 @@ def relay_up(root, config, captain_id, session, cmd_id, status, summary, force=F
         log("ERROR: up mode requires cmd_id, status, and summary")
         raise BridgeError("up requires a non-empty cmd_id, status and summary")
     for value, what in ((cmd_id, "cmd_id"), (status, "status"), (summary, "summary")):
-        _require_text(value, what)
+        check_text(value, what)
     queue, _clustered = relay_queue_path(root, session, config)
     raw, _bom, text = _relay_read(queue)
     if raw is None:
@@ -6464,18 +6468,12 @@ class ProxyChild:
         except ChildProcessError:
             pass
         if self.stop_reason is None:
-            self.signal_group(signal.SIGKILL)
+            signal_group(self.pid, signal.SIGKILL)
         code = self.proc.poll()
         if code is None:
             return False
         self.exit = {"signal": signal.Signals(-code).name} if code < 0 else {"code": code}
         return True
-
-    def signal_group(self, sig):
-        try:
-            os.killpg(self.pid, sig)
-        except OSError:
-            pass
 
 
 class Outbox(bytearray):
@@ -6835,7 +6833,7 @@ class Proxy:
         self.emit("doctor:hung", {"generation": child.gen, "pid": child.pid, "reason": reason,
                                   "pending": len(self.pending), "silentMs": round((now - child.heard) * 1000)})
         self.stop_child(reason, now=True)
-        child.signal_group(signal.SIGKILL)
+        signal_group(child.pid, signal.SIGKILL)
 
     def mark_ready(self, how):
         child = self.child
@@ -7346,10 +7344,10 @@ class Proxy:
                     self.to_child.clear()
                     child.close("fin")
                 if child.term_at is not None and now >= child.term_at:
-                    child.signal_group(signal.SIGTERM)
+                    signal_group(child.pid, signal.SIGTERM)
                     child.term_at = None
                 if now >= child.kill_at:
-                    child.signal_group(signal.SIGKILL)
+                    signal_group(child.pid, signal.SIGKILL)
                 due.append(now + 0.01)
             elif child.fout is None:               # stdout closed: the exit is imminent, or overdue
                 due.append(now + 0.002 if now - child.eof_at < 0.1 else child.eof_at + self.close_grace)
@@ -7415,7 +7413,7 @@ class Proxy:
             pgid = child.pid if not self.adopting and (child.exit is None or child.stop_reason == "shutdown") \
                 else None
             if child.exit is None:
-                child.signal_group(signal.SIGKILL)
+                signal_group(child.pid, signal.SIGKILL)
                 child.proc.wait()
             for name in ("fin", "fout", "ferr"):
                 child.close(name)
@@ -9267,11 +9265,11 @@ class ChangeExecutor:
                 if task["tool"] == "workspace.apply_patch":
                     rejects = result.get("rejects") if isinstance(result, dict) else None
                     if rejects:
-                        raise _TaskFailed("patch_rejected", "task %s: the server rejected %s"
-                                          % (task["id"], _rejects_text(rejects)))
+                        raise Stop("failed", "patch_rejected", "task %s: the server rejected %s"
+                                   % (task["id"], _rejects_text(rejects)))
                     if not isinstance(result, dict):
-                        raise _TaskFailed("mcp_error", "task %s: workspace.apply_patch "
-                                          "returned no result object" % task["id"])
+                        raise Stop("failed", "mcp_error", "task %s: workspace.apply_patch "
+                                   "returned no result object" % task["id"])
                     lease_id = result.get("lease_id") or lease_id
                     if base["kind"] == "snapshot" and result.get("snapshot_id"):
                         snapshot_id = result["snapshot_id"]
@@ -9281,8 +9279,8 @@ class ChangeExecutor:
                 else:
                     results.append({"task_id": task["id"], "tool": task["tool"]})
                 execution["completed_task_ids"].append(task["id"])
-        except _TaskFailed as exc:
-            return self._fail(cs_id, meta, status, decision, execution, exc.code, exc.message)
+        except Stop as exc:
+            return self._fail(cs_id, meta, status, decision, execution, exc.reason, exc.detail)
         except McpError as exc:
             code = "stale_lease" if exc.mcp_code == "STALE_LEASE" else "mcp_error"
             return self._fail(cs_id, meta, status, decision, execution, code, str(exc))
@@ -9306,13 +9304,6 @@ class ChangeExecutor:
                                         meta=meta, prev=status, execution=execution)
         self.sets.say("%s: failed: %s" % (cs_id, status["reason"]))
         return "failed"
-
-
-class _TaskFailed(Exception):
-    def __init__(self, code, message):
-        Exception.__init__(self, message)
-        self.code = code
-        self.message = message
 
 
 def _rejects_text(rejects):
@@ -9350,26 +9341,13 @@ def changeset_task_list(cs_id, title, plan, paths):
     return "\n".join(lines) + "\n"
 
 
-def changeset_check_text(value, flag):
-    """`value` if it is encodable UTF-8 text, else a usage error naming `flag`: argv bytes
-    that are not UTF-8 arrive as lone surrogates (surrogateescape) and could not be written."""
-    if value is None:
-        return value
-    try:
-        str(value).encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise BridgeError("%s is not valid UTF-8 text (undecodable byte or lone surrogate at "
-                          "character %d)" % (flag, exc.start + 1), EXIT_USAGE)
-    return value
-
-
 def changeset_new(sets, subject, plan_path, arch_path=None, snapshot=None, worktree=False):
     """Create (or idempotently rewrite) changes/<id>/. Returns the id.
 
     The files are built in a hidden temporary folder inside changes/ and renamed into place,
     so a failure never leaves a half-made change set behind."""
-    changeset_check_text(subject, "--subject")
-    changeset_check_text(snapshot, "--snapshot")
+    check_text(subject, "--subject")
+    check_text(snapshot, "--snapshot")
     if not str(subject).strip():
         raise BridgeError("--subject must not be empty", EXIT_USAGE)
     plan = read_canonical_file(plan_path)
@@ -10125,8 +10103,8 @@ def _changes_open(args):
 
 
 def cmd_changes_id(args):
-    changeset_check_text(args.subject, "--subject")
-    changeset_check_text(args.snapshot, "--snapshot")
+    check_text(args.subject, "--subject")
+    check_text(args.snapshot, "--snapshot")
     sets = _changes_open(args)
     base = changeset_resolve_base(sets, args.snapshot, args.worktree)
     identity = changeset_identity(args.subject, changeset_repo_key(sets.root), base)
