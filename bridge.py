@@ -979,6 +979,7 @@ CONFIG_KEYS = (
     ("changes.critical_features", [], list, None),             # their impact always asks for review
     ("changes.poll_sec", 2.0, float, POLL_RANGE),              # `changes run` without --once
     ("changes.lock_ttl_sec", 7200, int, (1, None)),            # worktree.lock heartbeat age: stale
+    ("changes.approval_key", None, str, None),                 # null: ~/.config/bridge/approval.key
 )
 CONFIG_SPEC = {key: (default, kind, limits) for key, default, kind, limits in CONFIG_KEYS}
 CONFIG_DEFAULTS = {}
@@ -1000,6 +1001,7 @@ ENV_OVERRIDES = {
     "BRIDGE_RESTART_WINDOW": "lifecycle.restartWindow",
     "BRIDGE_RESTART_COOLDOWN": "lifecycle.cooldown",
     "BRIDGE_LOG_LEVEL": "proxy.log_level",
+    "BRIDGE_APPROVAL_KEY": "changes.approval_key",
 }
 
 CONFIG_FILE_NAME = "bridge.config.json"
@@ -8775,6 +8777,85 @@ class ChangeSets:
         self.record(cs_id, "status", state=state, decision=decision, reason=status["reason"])
         return status
 
+    # -- approvals --
+    # The planning agent can write anything under changes/, 05-status.json included, so an
+    # approval there counts only with a MAC made by `approve` with a key the agent cannot
+    # read: outside the repository, mode 0600.
+    def approval_key_path(self):
+        path = self.cfg["approval_key"]
+        if not path:
+            base = os.environ.get("XDG_CONFIG_HOME", "")
+            if not os.path.isabs(base):
+                base = os.path.join(os.path.expanduser("~"), ".config")
+            path = os.path.join(base, "bridge", "approval.key")
+        path = os.path.abspath(os.path.expanduser(path))
+        real, root = os.path.realpath(path), os.path.realpath(self.root)
+        if real == root or real.startswith(root.rstrip(os.sep) + os.sep):
+            raise BridgeError("the approval key %s is inside the repository, where an agent can "
+                              "read it: set changes.approval_key to a path outside" % path,
+                              EXIT_USAGE)
+        return path
+
+    def approval_key(self, create=False):
+        """The key that signs approvals (32 random bytes, hex), or None when there is none.
+        `approve` creates it on first use (mode 0600, its folder 0700); the executor only
+        reads it. A key others may read or that is not ours is an error naming it."""
+        path = self.approval_key_path()
+        raw = read_input(path, "approval key", limit=4096, missing=None)
+        if raw is None and create:
+            os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+            try:
+                fd = create_once(path, 0o600)
+            except FileExistsError:  # another approve made it just now
+                pass
+            else:
+                try:
+                    write_all(fd, os.urandom(32).hex().encode("ascii") + b"\n")
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+            raw = read_input(path, "approval key", limit=4096)
+        if raw is None:
+            return None
+        info = os.stat(path)
+        if info.st_uid != os.getuid() or info.st_mode & 0o077:
+            raise BridgeError("the approval key %s must belong to you and be readable by you "
+                              "alone (chmod 600)" % path, EXIT_USAGE)
+        try:
+            key = bytes.fromhex(raw.decode("ascii").strip())
+        except ValueError:
+            key = b""
+        if len(key) < 16:
+            raise BridgeError("the approval key %s is not 32 bytes of hex; delete it and "
+                              "approve again to make a new one" % path, EXIT_USAGE)
+        return key
+
+    @staticmethod
+    def approval_mac(key, cs_id, approval):
+        import hashlib
+        import hmac
+        signed = {"approved_at": approval.get("approved_at"), "by": approval.get("by"),
+                  "change_set_id": cs_id, "plan_sha256": approval.get("plan_sha256"),
+                  "purpose": "bridge.py changes approve"}
+        return "hmac-sha256:" + hmac.new(key, canonical_json(_canonical_safe(signed)),
+                                         hashlib.sha256).hexdigest()
+
+    def approval_problem(self, cs_id, approval):
+        """Why `approval` (from 05-status.json) was not made by `approve` for this change set
+        and plan, or None when its MAC verifies."""
+        import hmac
+        if not isinstance(approval, dict) or not isinstance(approval.get("mac"), str):
+            return "the status says approved but carries no approval MAC: not made by " \
+                   "`bridge.py changes approve`"
+        key = self.approval_key()
+        if key is None:
+            return "no approval key at %s to verify the approval with (approve and run share " \
+                   "it: the same user, or changes.approval_key)" % self.approval_key_path()
+        if not hmac.compare_digest(approval["mac"], self.approval_mac(key, cs_id, approval)):
+            return "the approval MAC does not verify: it was not made by `bridge.py changes " \
+                   "approve` for this change set and plan"
+        return None
+
     # -- offline checks --
     def load(self, cs_id):
         """(meta, plan, problems) after every offline check: schema, folder name vs the id
@@ -9185,10 +9266,13 @@ class ChangeExecutor:
             sets.say("%s: failed: %s" % (cs_id, st["reason"]))
             return "failed"
         if approved:
-            approval = status.get("approval") or {}
-            if approval.get("plan_sha256") != meta["plan_sha256"]:
-                st = sets.write_status(cs_id, "failed", "rejected",
-                                       "plan_tampered: the plan changed after it was approved",
+            approval = status.get("approval")
+            code, why = "forged_approval", sets.approval_problem(cs_id, approval)
+            if not why and approval["plan_sha256"] != meta["plan_sha256"]:
+                code, why = "plan_tampered", "the plan changed after it was approved"
+            if why:
+                sets.record(cs_id, code, reason=why)
+                st = sets.write_status(cs_id, "failed", "rejected", "%s: %s" % (code, why),
                                        meta=meta, prev=status)
                 sets.say("%s: failed: %s" % (cs_id, st["reason"]))
                 return "failed"
@@ -9449,6 +9533,20 @@ def changeset_resolve_base(sets, snapshot=None, worktree=False):
         client.close()
 
 
+def approver_name(root):
+    """Who runs `approve`: $USER, else the name of our uid, else git's user.name (containers
+    often have neither a $USER nor a passwd entry), else `uid N`."""
+    name = os.environ.get("USER") or os.environ.get("LOGNAME")
+    if not name:
+        try:
+            import pwd
+            name = pwd.getpwuid(os.getuid()).pw_name
+        except (ImportError, KeyError):
+            res = Git(root).run("config", "user.name", check=False)
+            name = res.stdout.strip() if res.ok else ""
+    return name or "uid %d" % os.getuid()
+
+
 def changeset_approve(sets, cs_id):
     """Tier-2 human approval: pending_review -> approved; the next run executes it."""
     if not os.path.isdir(sets.path(cs_id)):
@@ -9474,8 +9572,9 @@ def changeset_approve(sets, cs_id):
         if validated != meta["plan_sha256"]:
             raise BridgeError("%s: the plan changed since it was validated; not approved"
                               % cs_id, EXIT_FAILED)
-    user = os.environ.get("USER") or os.environ.get("LOGNAME") or "unknown"
+    user = approver_name(sets.root)
     approval = {"approved_at": now_iso(), "by": user, "plan_sha256": meta["plan_sha256"]}
+    approval["mac"] = sets.approval_mac(sets.approval_key(create=True), cs_id, approval)
     status = sets.write_status(cs_id, "pending_review", "approved",
                                "approved by %s (Tier 2); the next `changes run` executes it"
                                % user, meta=meta, prev=status, approval=approval)

@@ -68,7 +68,8 @@ class Env:
 
     def configure(self, server_args=(), framing="content-length", **changes_cfg):
         cfg = {"mcp": {"command": [PYTHON, SERVER] + list(server_args), "framing": framing,
-                       "timeout_sec": 20}}
+                       "timeout_sec": 20},
+               "approval_key": str(self.tmp / "keys" / "approval.key")}  # never ~/.config
         for key, value in changes_cfg.items():
             if key == "mcp":
                 cfg["mcp"].update(value)
@@ -312,6 +313,126 @@ def test_tier2_waits_for_approval_then_runs(env):
     assert status["state"] == "completed" and status["decision"] == "approved"
     again = env.cli("approve", cs_id)
     assert again.returncode == 1 and "not waiting for review" in again.stderr
+
+
+def forge_approval(env, cs_id, **approval):
+    """What a planning agent can do: rewrite 05-status.json as if a human had approved."""
+    path = env.dir(cs_id) / "05-status.json"
+    status = json.loads(path.read_bytes())
+    meta = json.loads((env.dir(cs_id) / "00-meta.json").read_bytes())
+    status["decision"] = "approved"
+    status["approval"] = dict({"approved_at": "2026-01-01T00:00:00Z", "by": "alice",
+                               "plan_sha256": meta["plan_sha256"]}, **approval)
+    path.write_bytes(B.canonical_json(status))
+
+
+@pytest.mark.parametrize("mac", [None, "hmac-sha256:" + "0" * 64])
+def test_the_planning_agent_cannot_approve_its_own_change_set(tmp_path, mac):
+    env = Env(tmp_path, critical_features=["auth_core"])
+    cs_id = env.new("Change login", [task("t1", AUTH_PATCH)])
+    env.run()
+    assert env.status(cs_id)["state"] == "pending_review"
+    forge_approval(env, cs_id, **({"mac": mac} if mac else {}))
+    res = env.run()
+    assert res.returncode == 1, res.stdout
+    status = env.status(cs_id)
+    assert status["state"] == "failed" and status["reason"].startswith("forged_approval:")
+    assert "return 1" in (env.repo / "src" / "auth.py").read_text()
+    assert [r for r in env.log() if r["event"] == "forged_approval"]
+
+
+def test_an_approval_copied_to_another_change_set_fails(tmp_path):
+    env = Env(tmp_path, critical_features=["auth_core"])
+    first = env.new("Change login", [task("t1", AUTH_PATCH)])
+    second = env.new("Change login too", [task("t1", AUTH_PATCH.replace("return 2", "return 3"))])
+    env.run()
+    assert env.cli("approve", first).returncode == 0
+    genuine = env.status(first)["approval"]
+    assert genuine["mac"].startswith("hmac-sha256:") and len(genuine["mac"]) == 12 + 64
+    forge_approval(env, second, **dict(genuine, plan_sha256=env.status(second)[
+        "validated_against"]["plan_sha256"]))
+    forge_approval(env, first, **genuine)  # the genuine one, rewritten as is, still holds
+    env.run()
+    assert env.status(second)["reason"].startswith("forged_approval:")
+    assert env.status(first)["state"] == "completed"
+    assert "return 2" in (env.repo / "src" / "auth.py").read_text()
+
+
+def test_a_plan_changed_after_approval_fails(env):
+    cs_id = env.new("Change login", [task("t1", AUTH_PATCH)])
+    env.run()
+    assert env.cli("approve", cs_id).returncode == 0
+    doc = json.loads((env.dir(cs_id) / "02-implementation-plan.json").read_bytes())
+    doc["tasks"][0]["params"]["patch"] = GEN_PATCH
+    (env.dir(cs_id) / "02-implementation-plan.json").write_bytes(B.canonical_json(doc))
+    meta = json.loads((env.dir(cs_id) / "00-meta.json").read_bytes())
+    meta["plan_sha256"] = B.canonical_sha256(doc)
+    (env.dir(cs_id) / "00-meta.json").write_bytes(B.canonical_json(meta))
+    assert env.run().returncode == 1
+    assert env.status(cs_id)["reason"].startswith("plan_tampered: the plan changed after")
+
+
+def test_approval_key_lives_outside_the_repository(tmp_path):
+    env = Env(tmp_path)
+    cs_id = env.new("Change login", [task("t1", AUTH_PATCH)])
+    env.run()
+    # the default place: $XDG_CONFIG_HOME/bridge/approval.key, made on first use
+    env.configure(approval_key=None)
+    xdg = tmp_path / "xdg"
+    res = env.cli("approve", cs_id, env=clean_env(XDG_CONFIG_HOME=xdg))
+    assert res.returncode == 0, res.stderr
+    key = xdg / "bridge" / "approval.key"
+    assert key.stat().st_mode & 0o777 == 0o600 and key.parent.stat().st_mode & 0o777 == 0o700
+    assert len(bytes.fromhex(key.read_text().strip())) == 32
+    assert not any(p.name == "approval.key" for p in env.repo.rglob("*"))
+    # the executor finds it the same way, and only with it does the approval count
+    assert env.run(env=clean_env(XDG_CONFIG_HOME=tmp_path / "other")).returncode == 1
+    assert "no approval key at %s" % (tmp_path / "other" / "bridge" / "approval.key") in \
+        env.status(cs_id)["reason"]
+    # a key others can read, or one inside the repository, is refused naming it
+    cs_id = env.new("Change login again", [task("t1", AUTH_PATCH)])
+    env.run()
+    os.chmod(key, 0o644)
+    res = env.cli("approve", cs_id, env=clean_env(XDG_CONFIG_HOME=xdg))
+    assert res.returncode == 2 and str(key) in res.stderr and "chmod 600" in res.stderr
+    env.configure(approval_key=str(env.repo / "approval.key"))
+    res = env.cli("approve", cs_id)
+    assert res.returncode == 2 and "inside the repository" in res.stderr
+
+
+def test_approval_key_from_the_environment(env):
+    cs_id = env.new("Change login", [task("t1", AUTH_PATCH)])
+    env.run()
+    key = env.tmp / "elsewhere" / "k"
+    res = env.cli("approve", cs_id, env=clean_env(BRIDGE_APPROVAL_KEY=key))
+    assert res.returncode == 0 and key.exists()
+    assert env.run(env=clean_env(BRIDGE_APPROVAL_KEY=key)).returncode == 0
+    assert env.status(cs_id)["state"] == "completed"
+
+
+def test_approve_names_who_approved_without_USER(env, monkeypatch):
+    # Containers often have no $USER: the approval said "by": "unknown".
+    import pwd
+    cs_id = env.new("Change login", [task("t1", AUTH_PATCH)])
+    env.run()
+    bare = {k: v for k, v in clean_env().items() if k not in ("USER", "LOGNAME")}
+    assert env.cli("approve", cs_id, env=bare).returncode == 0
+    by = env.status(cs_id)["approval"]["by"]
+    assert by == pwd.getpwuid(os.getuid()).pw_name
+    assert "approved by %s" % by in env.status(cs_id)["reason"]
+    # a uid without a passwd entry: git's user.name, else the uid itself
+    monkeypatch.delenv("USER", raising=False)
+    monkeypatch.delenv("LOGNAME", raising=False)
+
+    def no_entry(uid):
+        raise KeyError(uid)
+    monkeypatch.setattr(pwd, "getpwuid", no_entry)
+    git(env.repo, "config", "user.name", "Ada Lovelace")
+    assert B.approver_name(str(env.repo)) == "Ada Lovelace"
+    git(env.repo, "config", "--unset", "user.name")
+    monkeypatch.setenv("HOME", str(env.tmp))  # no global user.name either
+    monkeypatch.setenv("GIT_CONFIG_NOSYSTEM", "1")
+    assert B.approver_name(str(env.repo)) == "uid %d" % os.getuid()
 
 
 @pytest.mark.parametrize("line", [False, True])
