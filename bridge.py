@@ -1130,83 +1130,168 @@ def split_command(value, what):
 
 # ---- redaction ----------------------------------------------------------------
 #
-# Three layers, all reporting (start, end) spans of the ORIGINAL text, which are merged
+# Four layers, all reporting (start, end) spans of the ORIGINAL text, which are merged
 # and replaced with REDACTED at the end (so layers never see each other's output and a
 # second pass changes nothing):
 #   1. self-identifying token formats (ghp_..., sk-ant-..., AKIA..., PEM blocks, JWTs,
-#      URL userinfo, webhooks): the whole token goes;
+#      URL userinfo, webhooks), and base64 blobs that decode to one: the whole token goes;
 #   2. context rules: the VALUE after a secret-named key (`password=`, `"api_key": "..."`,
-#      `Authorization: Bearer ...`, `--token X`), after `Bearer`, or a `Basic` credential;
-#      the key and the auth scheme stay so logs remain readable;
-#   3. known values: secret-named environment variables and their base64, URL- and
-#      JSON-escaped forms; plus `redaction_patterns` from the config (whole match).
+#      `<password>...</password>`, `Authorization: Bearer ...`, `--token X`), credentials
+#      given to commands (`curl -u`, `mysql -p`, `sshpass -p`, `openssl -pass pass:`...),
+#      and a lone value printed right after a command whose job is to print a secret;
+#      the key, flag and auth scheme stay so logs remain readable;
+#   3. the same rules once more on a percent- or \u-escaped stretch, decoded;
+#   4. known values: secret-named environment variables, the values of the config's env
+#      maps and credentials, and their base64, URL-, JSON- and \u-escaped forms; plus
+#      `redaction_patterns` from the config (whole match).
 #
 # Python's `re` backtracks and has no timeout (reference/redaction.md section 5), so every
 # pattern starts with a literal (CPython then scans at ~1 GB/s with a fast prefix search),
-# checks its left boundary with a lookbehind placed AFTER the literal (in front it would
-# disable that fast search), bounds every repeat and never nests one. Matching resumes
-# after each match, so each adversarial shape (BEGIN floods, `eyJ` runs, `api_key=` x
-# 100 000) stays linear. Context rules are found by keyword on an ASCII-lowercased bytes
-# copy, then matched at that position only.
+# bounds every repeat and never nests one. Matching resumes after each match, so each
+# adversarial shape (BEGIN floods, `eyJ` runs, `api_key=` x 100 000) stays linear. Most
+# token formats are a prefix ending in `_`, `-`, `.` or `~` and a random body: one scan
+# per separator finds a separator followed by random-looking characters, and a dict
+# lookup of the text before it names the format, so a hundred formats cost three scans.
+# Context rules are found by keyword on an ASCII-lowercased bytes copy, then matched at
+# that position only.
 
 REDACTED = "[REDACTED]"
 
-# Token formats grouped by first character: one scan per group instead of one per
-# prefix (a failing attempt costs about as much as the prefix search itself).
-# Entries: (regex, back) - `back` is how many characters before the match the token
-# really starts (the regex starts inside it to keep a literal first).
-_TOKEN_RULES = (
-    # GitHub (classic, fine-grained), GitLab, Grafana, Groq
-    (r"g(?<![A-Za-z0-9_]g)(?:h[pousr]_[A-Za-z0-9]{36,251}|ithub_pat_[A-Za-z0-9_]{22,255}"
-     r"|l(?:pat|dt|rt|ptt|ft|imt|agent|oas|soat|cbt|ffct)-[A-Za-z0-9_.-]{20,300}"
-     r"|l(?:sa|c)_[A-Za-z0-9_=+/-]{32,400}|sk_[A-Za-z0-9]{48,56})", 0),
-    # Slack tokens, Slack app tokens, xAI
-    (r"x(?<![A-Za-z0-9_]x)(?:ox[abposre][.-][A-Za-z0-9.-]{10,400}|app-\d-[A-Za-z0-9-]{10,300}"
-     r"|ai-[A-Za-z0-9_]{60,120})", 0),
-    # AWS access key ids, Google API keys, Atlassian, age
-    (r"A(?<![A-Za-z0-9_]A)(?:(?:KIA|SIA|BIA|CCA|3T[A-Z0-9])[A-Z2-7]{16}(?![A-Za-z0-9])"
-     r"|Iza[A-Za-z0-9_-]{35}|TATT3[A-Za-z0-9_=-]{100,300}|GE-SECRET-KEY-1[0-9A-Z]{58})", 0),
-    # OpenAI (sk-, sk-proj-, sk-svcacct-, sk-admin-), Anthropic (sk-ant-api03-, -admin01-,
-    # -oat01-, -ort01-), OpenRouter (sk-or-v1-), DeepSeek; bare sk- needs 20+ chars and a
-    # digit (checked in code) so `sk-learn`, `risk-assessment`, `task-manager` stay.
-    # Stripe secret keys (sk_live_, sk_test_, ...); Shopify.
-    (r"s(?<![A-Za-z0-9_-]s)(?:k-(?:(?:ant-[a-z]{2,8}\d\d|proj|svcacct|admin|service|or-v1)"
-     r"-[A-Za-z0-9_-]{20,400}|[A-Za-z0-9]{20,400})|k_(?:live|test|prod)_[A-Za-z0-9]{10,255}"
-     r"|hp(?:at|ca|pa|ss)_[a-fA-F0-9]{32})", 0),
-    # Stripe restricted keys (rk_live_, ...), Replicate, RubyGems
-    (r"r(?<![A-Za-z0-9_]r)(?:k_(?:live|test|prod)_[A-Za-z0-9]{10,255}|8_[A-Za-z0-9_-]{36,40}"
-     r"|ubygems_[a-f0-9]{48})", 0),
-    # Hugging Face, Vault; Perplexity, PyPI, Pulumi
-    (r"h(?<![A-Za-z0-9_]h)(?:f_[A-Za-z0-9]{30,40}|v[sb]\.[A-Za-z0-9_-]{24,256})", 0),
-    (r"p(?<![A-Za-z0-9_]p)(?:plx-[A-Za-z0-9]{40,60}|ypi-AgE[A-Za-z0-9_-]{50,1000}"
-     r"|ul-[a-f0-9]{40})", 0),
-    # Docker Hub, Databricks, Doppler, DigitalOcean
-    (r"d(?<![A-Za-z0-9_]d)(?:ckr_(?:pat|oat)_[A-Za-z0-9_-]{20,40}|api[a-f0-9]{32}"
-     r"|p\.(?:pt|st|sa|ct)\.[A-Za-z0-9]{40,50}|o[por]_v1_[a-f0-9]{64})", 0),
-    # npm, Notion, NVIDIA; Linear; Stripe webhook secrets; Google OAuth
-    (r"n(?<![A-Za-z0-9_]n)(?:pm_[A-Za-z0-9]{36}|tn_[A-Za-z0-9]{40,50}|vapi-[A-Za-z0-9_-]{60,70})", 0),
-    (r"lin_api_[A-Za-z0-9]{40}", 0),
-    (r"whsec_[A-Za-z0-9+/=]{24,100}", 0),
-    (r"ya29\.[A-Za-z0-9_-]{20,2048}", 0),
-    # SendGrid, Postman, Heroku
-    (r"SG\.[A-Za-z0-9_-]{22}\.[A-Za-z0-9_-]{43}", 0),
-    (r"PMAK-[a-f0-9]{24}-[a-f0-9]{34}", 0),
-    (r"HRKU-[A-Za-z0-9_-]{60}", 0),
+# Prefixed token formats: prefix -> (body regex, left boundary, chars before the prefix).
+# Left boundary: "" = anything may come before (the shape alone says token, so
+# `notes_xoxb-...` is one), "w" = no letter or digit before, "t" = no letter, digit, `_`
+# or `-` before (short prefixes that occur inside words: `task-`, `disk_test_`).
+_AN = "[A-Za-z0-9]"
+_URLSAFE = "[A-Za-z0-9_-]"
+_PREFIXED = {}
+for _names, _body, _edge in (
+        # GitHub, GitLab, npm, Slack: vendor prefixes that nothing else uses
+        ("ghp_ gho_ ghu_ ghs_ ghr_", _AN + "{36,251}", ""),
+        ("github_pat_", "[A-Za-z0-9_]{22,255}", ""),
+        ("glpat- glrt- gldt- glptt- glcbt- glimt- glagent- gloas- glsoat- glffct- glft-",
+         "[A-Za-z0-9_.-]{20,300}", ""),
+        ("glsa_ glc_", "[A-Za-z0-9_=+/-]{32,400}", ""),
+        ("npm_", _AN + "{36}(?![A-Za-z0-9])", ""),
+        ("xoxb- xoxp- xoxe- xoxa- xoxr- xoxs- xoxo-", "[A-Za-z0-9.-]{10,400}", ""),
+        ("xoxe.", "xox[bp]-[A-Za-z0-9.-]{10,400}", ""),
+        ("xapp-", "\\d-[A-Za-z0-9-]{10,300}", ""),
+        # AI providers: OpenAI, Anthropic, OpenRouter, xAI, Groq, Perplexity, NVIDIA, HF
+        ("sk-proj- sk-svcacct- sk-admin- sk-service- sk-ant-api03- sk-ant-admin01- "
+         "sk-ant-oat01- sk-ant-ort01- sk-or-v1-", _URLSAFE + "{20,400}", "w"),
+        ("sk-", _AN + "{20,400}(?![A-Za-z0-9_-])", "t"),      # a digit too, checked in code
+        ("xai-", "[A-Za-z0-9_]{60,120}", "w"), ("gsk_", _AN + "{48,56}", "w"),
+        ("pplx-", _AN + "{40,60}", "w"), ("nvapi-", _URLSAFE + "{60,70}", "w"),
+        ("hf_", _AN + "{30,40}(?![A-Za-z0-9])", "w"), ("api_org_", "[A-Za-z]{34}", "w"),
+        ("r8_", _URLSAFE + "{36,40}", "w"), ("pypi-", "AgE" + _URLSAFE + "{50,1000}", "w"),
+        # payments and commerce: Stripe, Square, Shopify, Shippo, Duffel, Flutterwave
+        ("sk_live_ sk_test_ sk_prod_ rk_live_ rk_test_ rk_prod_", _AN + "{10,255}", "w"),
+        ("whsec_", "[A-Za-z0-9+/=]{24,100}", "w"),
+        ("sq0atp- sq0csp-", _URLSAFE + "{22,60}", "w"),
+        ("shpat_ shpca_ shppa_ shpss_", "[a-fA-F0-9]{32}", ""),
+        ("shippo_live_ shippo_test_", "[a-fA-F0-9]{40}", ""),
+        ("duffel_live_ duffel_test_", "[A-Za-z0-9_=-]{43}", ""),
+        ("FLWSECK_TEST- FLWSECK-", "[a-hA-H0-9]{12,32}(?:-X)?", ""),
+        # clouds, hosting and infrastructure
+        ("dop_v1_ doo_v1_ dor_v1_", "[a-f0-9]{64}", ""),
+        ("dckr_pat_ dckr_oat_", _URLSAFE + "{20,40}", ""),
+        ("fo1_", _URLSAFE + "{43}", "w"), ("fm1a_ fm1r_ fm2_", "[A-Za-z0-9+/]{100,4096}={0,3}", "w"),
+        ("pscale_tkn_ pscale_pw_ pscale_oauth_", "[A-Za-z0-9_=.-]{32,64}", ""),
+        ("sbp_", "[a-f0-9]{40}", "w"), ("sb_secret_", _URLSAFE + "{20,64}", "w"),
+        ("hvs. hvb.", _URLSAFE + "{24,300}", "w"),
+        ("dp.pt. dp.st. dp.sa. dp.ct. dp.scim. dp.audit.", _AN + "{40,50}", "w"),
+        ("pul-", "[a-f0-9]{40}", "w"), ("tk-us-", _URLSAFE + "{48}", "w"),
+        ("v1.0-", "[a-f0-9]{24}-[a-f0-9]{146}", "w"), ("sha256~", _URLSAFE + "{43}", "w"),
+        (".atlasv1.", "[A-Za-z0-9_=-]{60,70}", ""),             # Terraform Cloud, see _BACK
+        ("bedrock-api-key-", "YmVkcm9jay5hbWF6b25hd3MuY29t[A-Za-z0-9+/=%&._-]{0,2048}", "w"),
+        ("AGE-SECRET-KEY-", "1[0-9A-Z]{58}", ""),
+        ("HRKU-", _URLSAFE + "{60}", ""), ("PMAK-", "[a-fA-F0-9]{24}-[a-fA-F0-9]{34}", ""),
+        ("ops_", "eyJ[A-Za-z0-9+/]{250,4096}={0,3}", "w"),        # 1Password
+        ("dt0c01.", _AN + "{24}\\." + _AN + "{64}", "w"),         # Dynatrace
+        ("NRAK-", "[A-Z0-9]{27}", "w"), ("NRII-", "[A-Za-z0-9-]{32}", "w"),
+        ("NRJS-", "[a-f0-9]{19}", "w"),                          # New Relic
+        ("sntryu_", "[a-f0-9]{64}", ""), ("sntrys_", "eyJpYXQiO[A-Za-z0-9+/=_]{50,600}", ""),
+        ("ya29.", _URLSAFE + "{20,2048}", "w"),                   # Google OAuth
+        ("SG.", _URLSAFE + "{22}\\." + _URLSAFE + "{43}", "w"),   # SendGrid
+        ("key-", "[a-f0-9]{32}(?![A-Za-z0-9])", "t"),            # Mailgun
+        ("xkeysib-", "[a-f0-9]{64}-" + _AN + "{16}", ""),         # Brevo
+        # developer services
+        ("lin_api_", _AN + "{40}", ""), ("ntn_", _AN + "{40,50}", "w"),
+        ("pnu_", _AN + "{36}", "w"), ("rdme_", "[a-z0-9]{70}", "w"),
+        ("tfp_", "[A-Za-z0-9_.=-]{59}", "w"), ("rubygems_", "[a-f0-9]{48}", ""),
+        ("CLOJARS_", _AN + "{60}", ""), ("fio-u-", "[A-Za-z0-9_=-]{64}", "w"),
+        ("ico-", _AN + "{32}(?![A-Za-z0-9])", "t"), ("p8e-", _AN + "{32}(?![A-Za-z0-9])", "t"),
+        ("dnkey-", "[a-z0-9=_-]{26}-[a-z0-9=_-]{52}", "w"),
+        ("API-", "[A-Z0-9]{26}(?![A-Za-z0-9])", "t"),            # Octopus Deploy
+        ("sm_pat_ sm_aat_ sm_sat_", _AN + "{16}", "w"),           # SettleMint
+        ("sgp_", "(?:[a-fA-F0-9]{16}_|local_)?[a-fA-F0-9]{40}", "w"),   # Sourcegraph
+        ("sqp_ squ_ sqa_", "[a-f0-9]{40}", "w"),                  # SonarQube
+        ("s-s4t2ud- s-s4t2af-", "[a-f0-9]{64}", "w"),             # 42 intra
+        ("pat. sat.", _URLSAFE + "{22}\\." + _AN + "{24}\\." + _AN + "{20}", "t"),   # Harness
+        ("sk.", "eyJ" + _URLSAFE + "{20,300}\\." + _URLSAFE + "{20,64}", "w"),       # Mapbox
+        ("sc_ ext_ scauth_ authress_", "[a-z0-9]{5,30}\\.[a-z0-9]{4,6}\\.acc[_-][a-z0-9-]{10,32}"
+         "\\.[A-Za-z0-9+/_=-]{30,120}", "w"),                       # Authress
+):
+    for _name in _names.split():
+        _PREFIXED[_name] = (_body, _edge)
+# Prefixes whose token starts before them: Terraform Cloud is 14 characters, ".atlasv1.".
+_BACK = {".atlasv1.": "[A-Za-z0-9]{14}"}
+# A separator after the last two characters of a known prefix, followed by 8 token
+# characters (after "_" base64 too: Fly.io, Grafana Cloud).
+_SEP_SCAN = r"%s(?<=(?:%s)%s)(?=%s{8}|\d-[A-Za-z0-9])"
+
+# Token formats without a separator, one scan per first letter (a scan led by one literal
+# character is fast; one led by a set of them is not). AWS key ids need one of base32's
+# digits: real ones have them, words shaped like them (ASIAPACIFICSOUTHEAST) do not
+# (checked in code).
+_UPPER_RULES = (
+    r"A(?:(?:KIA|SIA|BIA|CCA|3T[A-Z0-9])[A-Z2-7]{16}(?![A-Za-z0-9])"
+    r"|Iza[A-Za-z0-9_-]{35}|KCp[A-Za-z0-9]{69}|BSK[A-Za-z0-9+/]{109,269}={0,2}"
+    r"|TATT3[A-Za-z0-9_=-]{100,300}|3-[A-Z0-9]{6}-(?:[A-Z0-9]{11}|[A-Z0-9]{6}-[A-Z0-9]{5})"
+    r"(?:-[A-Z0-9]{5}){3}|C[a-f0-9]{32}(?![A-Za-z0-9]))",
+    r"E(?:AA[AMC][A-Za-z0-9_-]{22,400}|Z[AT]K[A-Za-z0-9]{54})",
+    r"LTAI[A-Za-z0-9]{20}(?![A-Za-z0-9])",
+    r"GR1348941[A-Za-z0-9_-]{20,40}",
+    r"SK[a-fA-F0-9]{32}(?![A-Za-z0-9])",
+)
+
+# Token formats with a literal of their own, each scanned alone: (regex, back) - `back`
+# is how many characters before the match the token really starts (the regex starts
+# inside it to keep a literal first).
+_LITERAL_RULES = (
     # Telegram bot tokens: digits ":AA" 33 chars (the digits are found in code)
     (r":AA(?<=\d:AA)[A-Za-z0-9_-]{33}(?![A-Za-z0-9_-])", 0),
     # Azure AD client secrets: 3 chars, a digit, "Q~", 31-34 chars
     (r"Q~(?<=[A-Za-z0-9_~.]{3}\dQ~)[A-Za-z0-9_~.-]{31,34}", 4),
-    # JWTs (header and payload base64url JSON, optional signature)
-    (r"eyJ(?<![A-Za-z0-9_-]eyJ)[A-Za-z0-9_-]{8,4096}\.[A-Za-z0-9_-]{8,8192}\.[A-Za-z0-9_-]{0,4096}", 0),
+    # JWTs (header and payload base64url JSON, optional signature); Grafana API keys
+    (r"eyJ(?<![A-Za-z0-9_-]eyJ)(?:[A-Za-z0-9_-]{8,4096}\.[A-Za-z0-9_-]{8,8192}\.[A-Za-z0-9_-]{0,4096}"
+     r"|rIjoi[A-Za-z0-9]{70,400}={0,3})", 0),
+    # MaxMind license keys (6, "_", 29, "_mmk"), Airtable personal access tokens
+    (r"_mmk(?<=[^A-Za-z0-9][A-Za-z0-9]{6}_[A-Za-z0-9]{29}_mmk)", 36),
+    (r"pat(?<![A-Za-z0-9]pat)[A-Za-z0-9]{14}\.[a-f0-9]{64}(?![A-Za-z0-9])", 0),
+    # Databricks, ClickHouse Cloud, Artifactory reference tokens
+    (r"dapi(?<![A-Za-z0-9]dapi)[a-f0-9]{32}(?:-\d)?(?![A-Za-z0-9])", 0),
+    (r"4b1d(?<![A-Za-z0-9]4b1d)[A-Za-z0-9]{38}(?![A-Za-z0-9])", 0),
+    (r"cmVmd(?<![A-Za-z0-9]cmVmd)[A-Za-z0-9]{59}(?![A-Za-z0-9])", 0),
 )
+# Base64 blobs that start with the encoding of a private key header or a token prefix
+# (ghp_, github_pat_, glpat-, AKIA, ASIA, eyJ): decoded, and redacted whole when the
+# decoded text holds a secret. (Upper-case first letters only: a scan led by a lower-case
+# letter stops at a third of all characters.)
+_B64_RULES = tuple(head + r"[A-Za-z0-9+/]{16,65536}={0,2}" for head in (
+    r"LS0tLS1CRUdJT", r"Z(?:2h[wv1zy]X|2l0aHViX3BhdF|2xwYXQt|XlK)", r"Q(?:UtJQ|VNJQ)"))
 # Discord bot tokens have no literal prefix; searched only when "discord" is in the text.
 _DISCORD_RULE = (r"\.(?:(?<=[MNO][A-Za-z0-9_-]{23}\.)|(?<=[MNO][A-Za-z0-9_-]{24}\.)"
                  r"|(?<=[MNO][A-Za-z0-9_-]{25}\.))[A-Za-z0-9_-]{6}\.[A-Za-z0-9_-]{27,40}")
 
-# URL userinfo password (the user stays), Slack and Discord webhook paths.
-_URL_RULE = (r"://(?:[^\s:/@?#\"'<>\\]{0,256}:(?P<pw>[^\s@/?#\"'<>\\]{1,256})@"
-             r"|(?:hooks\.slack\.com/(?:services|workflows|triggers)/"
-             r"|(?:ptb\.|canary\.)?discord(?:app)?\.com/api/webhooks/)(?P<hook>[A-Za-z0-9+/_-]{8,256}))")
+# URLs: the text after "://" up to a space or quote; its userinfo runs to the last "@"
+# (passwords hold "#", "/", "?", "@" in practice, whatever RFC 3986 says). Webhook URLs
+# (Slack, Discord, Teams) carry their secret in the path.
+_URL_RULE = r"://([^\s\"'<>\\`]{0,1024})"
+_URL_HOST = r"[A-Za-z0-9\[]"
+_URL_PORT = r"\d{1,5}(?:[/?#]|$)"
+_HOOK_RULE = (r"(?:[A-Za-z0-9.-]{0,64}\.)?(?:hooks\.slack\.com/(?:services|workflows|triggers)/"
+              r"|(?:ptb\.|canary\.)?discord(?:app)?\.com/api/webhooks/|webhook\.office\.com/webhookb2/)"
+              r"([A-Za-z0-9+/_@.-]{8,512})")
 
 # Private keys: the header by regex, the END line by str.find within 64 KiB; the body
 # between them goes. Without an END, everything that looks like PEM body goes.
@@ -1214,7 +1299,6 @@ _PEM_HEADER = r"-----BEGIN[ A-Z0-9_-]{0,64}PRIVATE KEY(?: BLOCK)?-----"
 _PEM_TAIL = (r"(?:(?:\r?\n|\\r?\\n)[A-Za-z-]{1,40}:[^\r\n\\]{0,200}){0,6}"
              r"[A-Za-z0-9+/=\r\n\\]{0,65536}")
 _PEM_WINDOW = 65536
-_SK_KINDS = ("ant-", "proj", "svca", "admi", "serv", "or-v")   # sk-<kind>- keys, see above
 
 # Context rules. A secret-named key ends in one of these words; each gate finds the word
 # followed by an assignment operator on the lowercased copy (one literal-led scan each),
@@ -1224,11 +1308,12 @@ _STRONG_KEY_PREFIXES = (b"api", b"access", b"secret", b"private", b"account", b"
                         b"subscription", b"storage", b"service", b"app", b"consumer", b"admin",
                         b"session", b"webhook", b"hmac", b"jwt", b"csrf", b"x-api")
 # ... and a value must start right after (a quick C-level reject for `"password": ""`).
-_KV_OP = (rb"(\\{0,2}[\"']?[ \t]{0,8}(?::=|=>|=|:))"
+# `%3d` is "=" percent-encoded (a form body or query inside a URL).
+_KV_OP = (rb"(\\{0,2}[\"']?[ \t]{0,8}(?::=|=>|=|:|%3d))"
           rb"(?=[ \t]{0,8}(?:\"[^\"\\\r\n]|'[^'\r\n]|\\{1,3}\"[^\"\\]|[^\s\"'`,;&<>(){}\[\]\\]))")
 _KV_GATES = (   # grouped by first letter: one scan per group
-    (b"p", rb"p(?:ass(?:w(?:or)?d|phrase)|wd)"), (b"s", rb"s(?:ecret|ig(?:nature)?)"),
-    (b"token", rb"token"), (b"key", rb"key(?=\\{0,2}[\"']?[ \t]{0,8}[:=])(?:" + b"|".join(
+    (b"p", rb"p(?:ass(?:w(?:or)?d|phrase)|wd)"), (b"s", rb"s(?:ecret|ig(?:nature)?|ession)"),
+    (b"token", rb"token"), (b"key", rb"key(?=\\{0,2}[\"']?[ \t]{0,8}[:=%])(?:" + b"|".join(
         b"(?<=(?:%s)%skey)" % (b"|".join(p for p in _STRONG_KEY_PREFIXES if len(p) == size), sep)
         for size in sorted({len(p) for p in _STRONG_KEY_PREFIXES}) for sep in (b"", b"[-_.]"))
         + b")"),
@@ -1236,15 +1321,20 @@ _KV_GATES = (   # grouped by first letter: one scan per group
 _UPPER_KEY_GATE = rb"_KEY([ \t]{0,8}[:=])"   # STRIPE_KEY=..., searched on the original text
 _FLAG_GATE = rb"--(?:[a-z0-9]{1,20}-){0,3}(?:passw(?:or)?d|passphrase|secret|token|api-?key|auth)([ \t])"
 _KV_RULE = (r"(?P<q>\\{0,2}[\"']?)"
-            r"(?P<op>[ \t]{0,8}(?::=|=>|=|:)[ \t]{0,8}|[ \t]{1,8})"
+            r"(?P<op>[ \t]{0,8}(?::=|=>|=|:|%3[dD])[ \t]{0,8}|[ \t]{1,8})"
             r"(?P<scheme>(?:bearer|basic|token|bot|apikey|sso-key|digest|negotiate|ntlm)[ \t]{1,8})?"
             r"(?:\"(?P<dq>(?:[^\"\\\r\n]|\\.){1,2048})"
             r"|'(?P<sq>[^'\r\n]{1,2048})"
             r"|\\{1,3}\"(?P<eq>[^\"\\\r\n]{1,2048})"
             r"|(?P<bare>[^\s\"'`,;&<>(){}\[\]\\]{1,2048}))")
+# A bare value runs on over "&" unless a query parameter follows (`&next=`).
+_KV_AMP = r"&(?![A-Za-z_][A-Za-z0-9_.\[\]-]{0,60}=)[^\s\"'`,;<>(){}\[\]\\]{1,2048}"
 _SECRET_NAME = (r"(?:passw(?:or)?d|passphrase|(?:^|[-_.])pwd|secret|token|credentials?"
-                r"|authorization|(?:^|[-_.o])auth|cookie|signature|(?:^|[-_.])sig|(?:%s)[-_.]?key)$"
+                r"|authorization|(?:^|[-_.o])auth|cookie|signature|(?:^|[-_.])sig"
+                r"|[-_.]session|(?:client|private)[-_.]?key[-_.]?data|(?:%s)[-_.]?key)$"
                 % "|".join(p.decode() for p in _STRONG_KEY_PREFIXES))
+# Keys that end like a secret's name without holding one (pagination and progress tokens).
+_NOT_SECRET_NAME = r"(?:progress|page|next|continuation|sync|resume|cursor|cancellation)[-_.]?token$"
 _NAME_MASK = bytes(110 if chr(c) in "abcdefghijklmnopqrstuvwxyz0123456789_.-" else 32
                    for c in range(256))
 # Values that are clearly not secrets (types, booleans, prose after a colon).
@@ -1253,16 +1343,47 @@ _NOT_SECRET = frozenset(
     "bool bytes any object dict list hidden masked redacted empty unset default missing "
     "invalid expired denied failed ok n/a na tbd todo example placeholder secretstr "
     "number boolean char varchar text".split())
+_PLACEHOLDER = r"(?i:your[-_ ][\w -]{0,40}[-_ ]here|x{4,}|•+|\*+|\.\.\.+|v?\d+(?:\.\d+){1,3}(?:[-+.][\w.]{1,20})?)"
 _PROSE = r" [A-Za-z]"
 _LINE_REST = r"[^\r\n\"'\\]{0,4096}"
 _AUTH_SCHEMES = frozenset("bearer basic token bot apikey sso-key digest negotiate ntlm".split())
 # An identifier or dotted name: `api_key = args.api_key` assigns a variable, not a secret.
 _CODE_VALUE = r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)+|[A-Za-z_][A-Za-z0-9_]*"
+_SECRET_WORDS = ("pass", "passwd", "password", "passwords", "passphrase", "pwd", "secret", "secrets",
+                 "token", "tokens", "key", "keys", "auth", "credential", "credentials", "creds")
+
+# XML: <password>...</password> (Maven settings.xml, any element with a secret's name) and
+# <add key="ClearTextPassword" value="..."/> (NuGet, .NET appSettings).
+_XML_ELEMENT = r"<([A-Za-z][\w.:-]{0,63})>([^<\r\n]{1,2048})</\1>"
+_XML_KEY_VALUE = r"key=([\"'])([^\"'\r\n]{1,64})\1[ \t]{1,8}value=([\"'])([^\"'\r\n]{1,2048})\3"
+
+# Credentials given to commands as flags, found from " -" on the lowercased copy and
+# checked against the command earlier on the line: curl -u/--user user:PASS, docker login
+# -p PASS, mysql -pPASS, sshpass -p PASS, redis-cli -a PASS, htpasswd -b FILE USER PASS,
+# openssl ... -pass pass:PASS; and .netrc's `password PASS` (no operator at all).
+_CLI_GATE = rb" -(?:-user[ \t=]|pass(?:in|out|word)?[ \t]{1,8}pass:|[pua](?=[^\s-])|[pua][ \t]|[a-z]{0,4}b[a-z]{0,4}[ \t])"
+_CLI_VALUE = r"[ \t=]{0,8}(?:'([^'\r\n]{1,512})'|\"([^\"\r\n]{1,512})\"|([^\s'\"]{1,512}))"
+_CLI_COMMANDS = {"p": (b"docker", b"sshpass", b"mysql", b"mariadb"), "u": (b"curl",),
+                 "-user": (b"curl", b"wget"), "a": (b"redis-cli",), "b": (b"htpasswd",)}
+_NETRC_GATE = rb"password[ \t]{1,8}(?=[^\s:=])"
+
+# A lone value printed right after a command that prints a secret: the line holding one
+# random-looking word, then the line before it checked for such a command.
+_LONE_LINE = r"\n(?=([A-Za-z0-9+/=_.~-]{12,4096}))\1[ \t]{0,8}\r?(?:\n|$)"   # (?=(..))\1: no backtracking
+_SECRET_COMMAND = (r"(?i:base64 +(?:-d|--decode|-D)\b|kubectl\b.{0,200}\bsecrets?\b"
+                   r"|vault +(?:kv +get|read)\b|aws +configure +get +\S*(?:secret|key|token)"
+                   r"|\bop +read\b|print-(?:access|identity)-token|secrets +versions +access"
+                   r"|keyvault +secret +show|\bcat +\S*(?:secret|token|passw|cred|\.key\b|_key\b|apikey))")
 
 _BEARER_GATE = rb"bearer[ \t]{1,8}[a-z0-9._~+/-]{8}"
 _BASIC_GATE = rb"basic[ \t]{1,8}[a-z0-9+/]{6}"
 _BEARER_RULE = r"(?i:bearer)[ \t]{1,8}(?P<v>[A-Za-z0-9._~+/-]{8,4096}={0,8})"
 _BASIC_RULE = r"(?i:basic)[ \t]{1,8}(?P<v>[A-Za-z0-9+/]{6,4096}={0,2})(?![A-Za-z0-9+/=])"
+
+# Percent- and \u-escapes of "=", ":", "@", quotes: a stretch holding one is decoded and
+# its rules run on the decoded text (spans mapped back).
+_ESCAPE_GATES = (r"%(?:3[DdAa]|40)", r"\\u00(?:22|27|3[DdAa]|40)")
+_ESCAPE = r"%[0-9A-Fa-f]{2}|\\u[0-9A-Fa-f]{4}"
 
 # Environment variables whose values are redacted wherever they appear.
 _ENV_SECRET_NAME = (r"KEY|TOKEN|SECRET|PASSWORD|PASSWD|PASSPHRASE|CREDENTIAL|PRIVATE"
@@ -1272,34 +1393,62 @@ _ENV_NOT_SECRET_NAME = (r"^TOKENIZERS?_|TOKENS$|_TOKENS_|KEYBOARD|KEYRING|_KEY_?
                         r"|^SSH_AUTH_SOCK$|^GPG_KEY$")
 _ENV_MIN_LEN = 8
 
+
 class _Regexes(dict):
     """The built-in rules, each compiled on first use, once per process.
 
-    Compiling all of them costs ~4 ms, a third of a hook's whole run; a hook that redacts
-    a few short ids needs the few rules whose literal occurs in its text (see _tokens and
-    _context), so each is compiled only when a text first calls for it. ("token", i) is
-    _TOKEN_RULES[i]; "token_literals" the literal text each of them starts with.
+    Compiling all of them costs several ms, a third of a hook's whole run; a hook that
+    redacts a few short ids needs the few rules whose literal occurs in its text (see
+    _tokens and _context), so each is compiled only when a text first calls for it.
+    ("literal", i) is _LITERAL_RULES[i], ("sep", c) the scan for separator c,
+    ("prefixed", p) the body of _PREFIXED[p].
     """
 
     def __missing__(self, key):
         if isinstance(key, tuple):
-            value = re.compile(_TOKEN_RULES[key[1]][0])
+            kind, name = key
+            value = re.compile({"literal": lambda: _LITERAL_RULES[name][0],
+                                "upper": lambda: _UPPER_RULES[name],
+                                "b64": lambda: _B64_RULES[name],
+                                "sep": lambda: _SEP_SCAN % (
+                                    re.escape(name), "|".join(sorted({re.escape(p[-3:-1]) for p in _PREFIXED
+                                                                      if p[-1] == name})),
+                                    re.escape(name), "[A-Za-z0-9+/_-]" if name == "_" else "[A-Za-z0-9_-]"),
+                                "prefixed": lambda: _PREFIXED[name][0],
+                                "back": lambda: _BACK[name]}[kind]())
         else:
             value = {
-                "token_literals": lambda: [_literal_prefix(rx) for rx, _ in _TOKEN_RULES],
+                "literals": lambda: [_literal_prefix(rx) for rx, _ in _LITERAL_RULES],
+                "prefix_tails": lambda: _group_by(sorted(_PREFIXED, key=len, reverse=True),
+                                                  lambda p: p[-3:]),
                 "discord": lambda: re.compile(_DISCORD_RULE),
                 "url": lambda: re.compile(_URL_RULE),
+                "url_host": lambda: re.compile(_URL_HOST),
+                "url_port": lambda: re.compile(_URL_PORT),
+                "hook": lambda: re.compile(_HOOK_RULE),
                 "pem_header": lambda: re.compile(_PEM_HEADER),
                 "pem_tail": lambda: re.compile(_PEM_TAIL),
                 "kv_gates": lambda: [(kw, re.compile(gate + _KV_OP)) for kw, gate in _KV_GATES]
                 + [(b"--", re.compile(_FLAG_GATE)), (b"_KEY", re.compile(_UPPER_KEY_GATE))],
                 "kv": lambda: re.compile(_KV_RULE, re.I),
+                "kv_amp": lambda: re.compile(_KV_AMP),
                 "secret_name": lambda: re.compile(_SECRET_NAME),
+                "not_secret_name": lambda: re.compile(_NOT_SECRET_NAME),
+                "placeholder": lambda: re.compile(_PLACEHOLDER),
                 "code_value": lambda: re.compile(_CODE_VALUE),
                 "prose": lambda: re.compile(_PROSE),
                 "line_rest": lambda: re.compile(_LINE_REST),
+                "xml_element": lambda: re.compile(_XML_ELEMENT),
+                "xml_key_value": lambda: re.compile(_XML_KEY_VALUE),
+                "cli_gate": lambda: re.compile(_CLI_GATE),
+                "cli_value": lambda: re.compile(_CLI_VALUE),
+                "netrc": lambda: re.compile(_NETRC_GATE),
+                "lone_line": lambda: re.compile(_LONE_LINE),
+                "secret_command": lambda: re.compile(_SECRET_COMMAND),
                 "bearer": lambda: (re.compile(_BEARER_GATE), re.compile(_BEARER_RULE)),
                 "basic": lambda: (re.compile(_BASIC_GATE), re.compile(_BASIC_RULE)),
+                "escape_gates": lambda: [re.compile(gate) for gate in _ESCAPE_GATES],
+                "escape": lambda: re.compile(_ESCAPE),
                 "env_name": lambda: re.compile(_ENV_SECRET_NAME, re.I),
                 "env_not_name": lambda: re.compile(_ENV_NOT_SECRET_NAME, re.I),
                 "env_plain": lambda: re.compile(
@@ -1317,19 +1466,7 @@ def _redaction_regexes():
     return _COMPILED
 
 
-_WORD_CHARS = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_"
-
-
-def _at_word_start(text, ch):
-    """True if `ch` occurs in `text` with no [A-Za-z0-9_] before it: the only places a token
-    rule with a one-letter literal can match (each starts `c(?<![A-Za-z0-9_...]c)`; checked
-    by tests/test_kernel.py). A Python loop over the occurrences: for short texts only."""
-    at = text.find(ch)
-    while at >= 0:
-        if at == 0 or text[at - 1] not in _WORD_CHARS:
-            return True
-        at = text.find(ch, at + 1)
-    return False
+_WORD_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
 
 
 def _literal_prefix(pattern):
@@ -1341,25 +1478,43 @@ def _literal_prefix(pattern):
     return pattern
 
 
-def _has_keyword(low_value):
-    """True if a (lowercased) value mentions a secret word: `token=self.token` is code."""
-    return any(word in low_value for word in ("pass", "pwd", "secret", "token", "key", "auth"))
-
-
 def _is_placeholder(value):
-    """True for values that stand for a secret rather than being one."""
+    """True for values that stand for a secret rather than being one: `${VAR}`, `$VAR`,
+    `%VAR%`, `{{ var }}`, `<...>`, `your-...-here`, runs of `*`, `x`, `•`, masks such as
+    `[REDACTED]` or `gho_****`, versions, the empty string."""
     low = value.lower()
-    return (not value or value[0] in "$%<{*" or "redacted" in low or "{{" in value
-            or low in _NOT_SECRET or value.strip(value[0]) == "" or low.startswith("xxxx")
-            or value.startswith("...")
+    return (not value or value[0] in "$%<{*[" or "redacted" in low or "{{" in value
+            or "****" in value or low in _NOT_SECRET or value.strip(value[0]) == ""
+            or value.startswith("...") or _COMPILED["placeholder"].fullmatch(value) is not None
             or value.isupper() and value.replace("_", "").isalpha())   # --token TOKEN
+
+
+def _names_a_variable(value):
+    """True if `value` reads as a variable (`token=access_token`, `apiKey: userApiKey`,
+    `password=password`): an identifier without digits that ends in a secret's word."""
+    return not any(c.isdigit() for c in value) and value.lower().endswith(_SECRET_WORDS)
+
+
+def _looks_random(value):
+    """True for a value that reads like a generated secret rather than a word, a path,
+    a number or a version: letters and digits mixed, or both cases."""
+    if value[0] in "/.~" or "://" in value or value.isdigit():
+        return False
+    digits = any(c.isdigit() for c in value)
+    letters = [c for c in value if c.isalpha()]
+    if not letters:
+        return False
+    mixed = value.lower() != value != value.upper()
+    return (digits and (mixed or len(value) >= 16)) or (mixed and len(value) >= 16)
 
 
 def _env_value_forms(value):
     """The strings that reveal `value`: itself, its lines, base64 (three alignments, so it
-    is found inside base64("user:" + value) too), URL- and JSON-escaped forms."""
+    is found inside base64("user:" + value) too), URL-, JSON- and \\u-escaped forms."""
     import binascii  # built in; the base64 module and urllib.parse cost a hook ~2 ms to import
-    forms = {value, json.dumps(value)[1:-1], json.dumps(value, ensure_ascii=False)[1:-1]}
+    forms = {value, json.dumps(value)[1:-1], json.dumps(value, ensure_ascii=False)[1:-1],
+             "".join("\\u%04x" % ord(c) for c in value if ord(c) < 0x10000),
+             "".join("\\u%04X" % ord(c) for c in value if ord(c) < 0x10000)}
     if not re.fullmatch(r"[A-Za-z0-9_.~-]*", value):  # else both quotes are the value itself
         from urllib.parse import quote, quote_plus
         forms.update((quote(value, safe=""), quote_plus(value)))
@@ -1377,6 +1532,30 @@ def _env_value_forms(value):
     return [form for form in forms if len(form) >= _ENV_MIN_LEN]
 
 
+def config_secrets(config):
+    """The values the config hands to other programs as secrets: the values of every `env`
+    map (executor.env, doctor.env, changes.mcp.env, ...) under a secret's name or that look
+    generated (not a model name, path or URL), and every string under a secret-named key
+    (observability.token, ...). An agent given one may print it back."""
+    found = []
+
+    def walk(node, in_env):
+        if isinstance(node, dict):
+            for key, value in node.items():
+                name = str(key).lower()
+                if not isinstance(value, str):
+                    walk(value, name == "env")
+                elif _COMPILED["secret_name"].search(name) or in_env and (
+                        _COMPILED["env_name"].search(name) and not _COMPILED["env_not_name"].search(name)
+                        or "/" not in value and _looks_random(value.strip() or "/")):
+                    found.append(value)
+        elif isinstance(node, list):
+            for value in node:
+                walk(value, False)
+    walk(config or {}, False)
+    return found
+
+
 def _matches_at(low, gates, text):
     """For each hit of gates[0] (a bytes regex) in the lowercased copy, gates[1].match(text)
     at that position; the search resumes after each match, so the work stays linear."""
@@ -1392,15 +1571,33 @@ def _matches_at(low, gates, text):
         pos = max(m.end() if m else 0, g.end())
 
 
+def _unescape(text, start, end, escapes):
+    """(decoded, offsets) for text[start:end]: %XX and \\uXXXX decoded; offsets[i] is where
+    decoded character i starts in `text` (one extra entry: `end`)."""
+    out, offsets, at = [], [], start
+    for m in escapes.finditer(text, start, end):
+        out.append(text[at:m.start()])
+        offsets.extend(range(at, m.start()))
+        code = m.group()
+        out.append(chr(int(code[1:] if code[0] == "%" else code[2:], 16)))
+        offsets.append(m.start())
+        at = m.end()
+    out.append(text[at:end])
+    offsets.extend(range(at, end + 1))
+    return "".join(out), offsets
+
+
 class Redactor:
     """Replaces secrets in text with REDACTED; see the comment above for what and how.
 
-    Redactor(extra_patterns=(), env=None): `extra_patterns` are regexes whose whole match
-    is redacted (a bad one raises BridgeError naming it); `env` (default os.environ) gives
-    the secret-named variables whose values are redacted in every form.
+    Redactor(extra_patterns=(), env=None, known=()): `extra_patterns` are regexes whose
+    whole match is redacted (a bad one raises BridgeError naming it); `env` (default
+    os.environ) gives the secret-named variables whose values are redacted in every form;
+    `known` more such values, whatever their name (the config's env maps, see
+    config_secrets).
     """
 
-    def __init__(self, extra_patterns=(), env=None):
+    def __init__(self, extra_patterns=(), env=None, known=()):
         rx = self._rx = _redaction_regexes()
         self.extra = []
         for pattern in extra_patterns:
@@ -1413,44 +1610,37 @@ class Redactor:
                                   % (pattern, exc))
         env = os.environ if env is None else env
         values = set()
-        for name, value in env.items():
+        candidates = [value for name, value in env.items() if rx["env_name"].search(name)
+                      and not rx["env_not_name"].search(name)] + list(known)
+        for value in candidates:
             value = value.strip()
-            if (len(value) >= _ENV_MIN_LEN and rx["env_name"].search(name)
-                    and not rx["env_not_name"].search(name)
-                    and not rx["env_plain"].fullmatch(value) and not _is_placeholder(value)):
+            if (len(value) >= _ENV_MIN_LEN and not rx["env_plain"].fullmatch(value)
+                    and not _is_placeholder(value)):
                 values.update(_env_value_forms(value))
         self.values = sorted(values, key=len, reverse=True)   # longest first
 
     # -- public API --
 
-    def redact(self, text):
+    def redact(self, text, cut_start=False, cut_end=False):
         """`text` with every secret span replaced by REDACTED; everything else unchanged.
-        Bytes are redacted too (as UTF-8, undecodable bytes kept as they are)."""
+        Bytes are redacted too (as UTF-8, undecodable bytes kept as they are).
+        cut_start/cut_end: the text was cut there (a capture cap): the word at that edge
+        may be part of a secret too short to recognise, so it goes as well."""
         if not text:
             return text
         if isinstance(text, (bytes, bytearray)):
             decoded = bytes(text).decode("utf-8", "surrogateescape")
-            return self.redact(decoded).encode("utf-8", "surrogateescape")
+            return self.redact(decoded, cut_start, cut_end).encode("utf-8", "surrogateescape")
         if not isinstance(text, str):
             raise TypeError("redact() takes str or bytes, not %s" % type(text).__name__)
         spans = self.spans(text)
-        if not spans:
-            return text
-        spans.sort()
-        out, last = [], 0
-        for start, end in spans:
-            if end <= last:
-                continue
-            if start < last:
-                start = last
-            if start > last or not out:
-                out.append(text[last:start])
-                out.append(REDACTED)
-            elif out[-1] != REDACTED:          # adjacent spans: one marker
-                out.append(REDACTED)
-            last = end
-        out.append(text[last:])
-        return "".join(out)
+        if cut_start or cut_end:
+            spans.extend(_edge_words(text, cut_start, cut_end))
+        return _replace_spans(text, spans)
+
+    def stream(self):
+        """A RedactStream: redacts text that arrives in pieces (see there)."""
+        return RedactStream(self)
 
     def redact_obj(self, obj):
         """A copy of a JSON-like object with every string (keys included) redacted, and the
@@ -1471,7 +1661,8 @@ class Redactor:
 
     def _secret_key(self, key):
         name = key.lower().rstrip(".-_")
-        return bool(self._rx["secret_name"].search(name, max(0, len(name) - 24)))
+        return bool(self._rx["secret_name"].search(name, max(0, len(name) - 24))
+                    and not self._rx["not_secret_name"].search(name))
 
     @staticmethod
     def _secret_value(value):
@@ -1482,9 +1673,9 @@ class Redactor:
             return value
         return word + " " + REDACTED if scheme else REDACTED
 
-    # -- the three layers --
+    # -- the layers --
 
-    def spans(self, text):
+    def spans(self, text, decoded=False):
         """The (start, end) spans of `text` to redact (unsorted, may overlap)."""
         spans = []
         for value in self.values:
@@ -1499,6 +1690,9 @@ class Redactor:
         low = text.encode("ascii", "replace").lower() if not text.isascii() \
             else text.encode("ascii").lower()
         self._context(text, low, spans)
+        self._commands(text, low, spans)
+        if not decoded:
+            self._escaped(text, spans)
         for regex in self.extra:
             for m in regex.finditer(text):
                 if m.end() > m.start():
@@ -1507,28 +1701,45 @@ class Redactor:
 
     def _tokens(self, text, spans):
         rx = self._rx
+        short = len(text) <= 65536
+        self._prefixed(text, spans, short)
+        for index, head in enumerate("AELGS"):
+            if short and head not in text:
+                continue
+            for m in rx["upper", index].finditer(text):
+                start, token = m.start(), m.group()
+                if start and text[start - 1].isalnum():
+                    continue
+                if token[1] in "KSBC3" and token[:2] != "AC" and len(token) == 20 \
+                        and not any(c.isdigit() for c in token[4:]):
+                    continue                       # AWS-shaped word: no digit
+                if token[:2] in ("SK", "AC") and (token[2:].isdigit() or token[2:].isalpha()):
+                    continue
+                spans.append(m.span())
         # Prefilters for short texts (a hook's ids, one log line): a rule whose literal is not
         # there is not even compiled. A long text gets every rule: their own literal-led scans
         # are as fast as a prefilter's, which would only scan it twice.
-        short = len(text) <= 65536
-        for index, literal in enumerate(rx["token_literals"]):
-            if short and (literal not in text or (
-                    len(literal) == 1 and len(text) <= 4096 and not _at_word_start(text, literal))):
+        for index, literal in enumerate(rx["literals"]):
+            if short and literal not in text:
                 continue
-            back = _TOKEN_RULES[index][1]
-            for m in rx["token", index].finditer(text):
+            back = _LITERAL_RULES[index][1]
+            for m in rx["literal", index].finditer(text):
                 start, end = m.start() - back, m.end()
-                token = m.group()
-                if token.startswith(":AA"):                    # Telegram: the bot id digits
+                if m.group().startswith(":AA"):                # Telegram: the bot id digits
                     while start > 0 and start > m.start() - 12 and text[start - 1].isdigit():
                         start -= 1
                     if m.start() - start < 6 or (start and text[start - 1].isalnum()
                                                  and not text.startswith("bot", start - 3)):
                         continue
-                elif token.startswith("sk-") and token[3:7] not in _SK_KINDS:
-                    if not any(c.isdigit() for c in token):    # bare sk-: 20+ chars AND a digit
-                        continue
                 spans.append((start, end))
+        for index, head in enumerate(("LS0tLS1", "Z", "Q")):
+            if short and head not in text:
+                continue
+            for m in rx["b64", index].finditer(text):
+                if (m.start() and (text[m.start() - 1].isalnum() or text[m.start() - 1] in "+/")) \
+                        or not self._b64_secret(m.group()):
+                    continue
+                spans.append(m.span())
         if "discord" in text or "Discord" in text or "DISCORD" in text:
             for m in rx["discord"].finditer(text):
                 seg = m.start()                        # back over the 24-26 char id part
@@ -1537,11 +1748,96 @@ class Redactor:
                     seg -= 1
                 spans.append((seg, m.end()))
         if "://" in text:
-            for m in rx["url"].finditer(text):
-                name = "pw" if m.group("pw") is not None else "hook"
-                if name == "pw" and _is_placeholder(m.group("pw")):
+            self._urls(text, spans)
+        self._pem(text, spans)
+
+    def _prefixed(self, text, spans, short):
+        """Tokens of _PREFIXED: a scan per separator, a dict lookup of the prefix before it."""
+        rx = self._rx
+        tails = rx["prefix_tails"]
+        for sep in "_-.~":
+            if short and sep not in text:
+                continue
+            pos = 0
+            for m in rx["sep", sep].finditer(text):
+                at = m.start()
+                if at >= pos:
+                    pos = self._prefix_at(text, at, tails.get(text[at - 2:at + 1], ()), spans) or pos
+
+    def _prefix_at(self, text, end, prefixes, spans):
+        """If one of `prefixes` (longest first) ends at text[end] and its body follows,
+        record the token's span and return where it ends (else None)."""
+        rx = self._rx
+        for prefix in prefixes:
+            start = end + 1 - len(prefix)
+            if start < 0 or not text.startswith(prefix, start):
+                continue
+            rule = _PREFIXED[prefix]
+            m = rx["prefixed", prefix].match(text, end + 1)
+            if not m:
+                continue
+            if prefix in _BACK:
+                back = rx["back", prefix]
+                begin = start - 14
+                if begin < 0 or not back.fullmatch(text, begin, start):
                     continue
-                spans.append(m.span(name))
+                start = begin
+            edge = rule[1]
+            before = text[start - 1] if start else " "
+            if prefix == "sk-" and "T3BlbkFJ" in m.group():
+                edge = ""                          # OpenAI's marker: a key wherever it is
+            if (edge == "w" and before.isalnum()) or (edge == "t" and (before.isalnum() or before in "_-")):
+                continue
+            if prefix == "sk-" and not any(c.isdigit() for c in m.group()):
+                continue                           # bare sk-: 20+ chars AND a digit
+            spans.append((start, m.end()))
+            return m.end()
+        return None
+
+    def _b64_secret(self, blob):
+        """True if base64 `blob` decodes to a private key or text holding a token."""
+        import binascii
+        try:
+            raw = binascii.a2b_base64(blob + "=" * (-len(blob) % 4))
+        except (binascii.Error, ValueError):
+            return False
+        decoded = raw.decode("latin-1")
+        if "PRIVATE KEY" in decoded[:200]:
+            return True
+        spans = []
+        self._tokens(decoded, spans)
+        return bool(spans)
+
+    def _urls(self, text, spans):
+        """URL userinfo passwords (to the last "@" before the host) and webhook paths."""
+        rx = self._rx
+        hook = rx["hook"]
+        for m in rx["url"].finditer(text):
+            region, base = m.group(1), m.start(1)
+            if "@" not in region and "hook" not in region and "discord" not in region:
+                continue                               # neither userinfo nor a webhook path
+            # the region may hold several URLs (`a=https://u:p@h,b=https://...`): one per "://"
+            firsts, at = [0], region.find("://")
+            while at >= 0:
+                firsts.append(at + 3)
+                at = region.find("://", at + 3)
+            for index, first in enumerate(firsts):
+                stop = firsts[index + 1] - 3 if index + 1 < len(firsts) else len(region)
+                h = hook.match(text, base + first, base + stop)
+                if h:
+                    spans.append(h.span(1))
+                at = region.rfind("@", first, stop)
+                colon = region.find(":", first, at)
+                if colon < 0 or not rx["url_host"].match(region, at + 1):
+                    continue
+                user, password = region[first:colon], region[colon + 1:at]
+                if any(c in user for c in "/?#") or rx["url_port"].match(password) \
+                        or _is_placeholder(password):
+                    continue
+                spans.append((base + colon + 1, base + at))
+
+    def _pem(self, text, spans):
+        rx = self._rx
         at, next_end = 0, -1
         while True:
             at = text.find("-----BEGIN", at)
@@ -1566,9 +1862,9 @@ class Redactor:
     def _context(self, text, low, spans):
         rx = self._rx
         mask = None
-        # Every key=value gate needs an assignment operator (":" or "=") after the key, the
-        # --flag gate a "--": without them no gate can match (nor needs compiling).
-        gates = rx["kv_gates"] if ":" in text or "=" in text or "--" in text else ()
+        # Every key=value gate needs an assignment operator (":", "=" or "%3d") after the
+        # key, the --flag gate a "--": without them no gate can match (nor needs compiling).
+        gates = rx["kv_gates"] if ":" in text or "=" in text or "--" in text or "%3" in text else ()
         for keyword, gate in gates:
             haystack = low
             if keyword == b"_KEY":             # case matters: search the original text
@@ -1592,13 +1888,16 @@ class Redactor:
                 start = mask.rfind(b" ", max(0, at - 64), at) + 1 or max(0, at - 64)
                 name = low[start:at].decode("ascii").rstrip(".-_")
                 weak = False
-                if not rx["secret_name"].search(name, max(0, len(name) - 24)):
+                if not rx["secret_name"].search(name, max(0, len(name) - 24)) \
+                        or rx["not_secret_name"].search(name):
                     # UPPER_CASE_KEY=<random> (env-style names) counts too
                     if not (name.endswith("_key") and text[start:at].isupper()):
                         continue
                     weak = True
                 if start >= 3 and text.startswith("://", start - 3):
                     continue               # URL userinfo: the URL rule handles it
+                if start and text[start - 1] == ":" and m.group("op").strip() == ":":
+                    continue               # arn:aws:secretsmanager:...:secret:NAME
                 group = m.lastgroup
                 value = m.group(group)
                 if not m.group("op").strip() and not name.startswith("-"):
@@ -1617,52 +1916,260 @@ class Redactor:
                     continue
                 if m.group("scheme") and value.isalpha() and value.islower():
                     continue               # "Auth: token from the header" is prose
+                end = m.end(group)
                 if group == "bare" and not m.group("scheme"):
-                    after = text[m.end():m.end() + 1]
-                    if value.isalpha() and rx["prose"].match(text, m.end()):
+                    after = text[end:end + 1]
+                    if value.isalpha() and rx["prose"].match(text, end):
                         continue           # `Password: Enter your password` is prose
                     if after in ("(", "[") or rx["code_value"].fullmatch(value) and (
-                            "." in value or _has_keyword(value.lower())
+                            "." in value or _names_a_variable(value)
                             or len(value) < 8 and value.islower() and not any(c.isdigit() for c in value)):
                         continue           # code: `password = getpass()`, `token=token`, `key: str`
+                    if m.group("op").lower().strip() == "%3d":
+                        cut = value.lower().find("%26")     # percent-encoded "&": the next field
+                        if cut >= 0:
+                            end = begin + cut
+                    elif after == "&":
+                        amp = rx["kv_amp"].match(text, end)
+                        if amp:
+                            end = amp.end()
                 if weak and not (len(value) >= 16 and any(c.isdigit() for c in value)):
                     continue
-                end = m.end(group)
                 if name.endswith("cookie"):    # every cookie in the header, not just the first
                     end = rx["line_rest"].match(text, begin).end()
                 spans.append((begin, end))
+                pos = max(pos, end)
         short = len(text) <= 65536  # see _tokens
         for m in _matches_at(low, rx["bearer"], text) if not short or b"bearer" in low else ():
             value = m.group("v")
             if any(c.isdigit() for c in value) or (value.lower() != value and value.upper() != value):
                 spans.append(m.span("v"))
         for m in _matches_at(low, rx["basic"], text) if not short or b"basic" in low else ():
-            import base64
             import binascii
             try:
-                decoded = base64.b64decode(m.group("v"), validate=True)
+                decoded = binascii.a2b_base64(m.group("v") + "=" * (-len(m.group("v")) % 4))
             except (binascii.Error, ValueError):
                 continue
             if b":" in decoded:
                 spans.append(m.span("v"))
+        if not short or "</" in text:
+            for m in rx["xml_element"].finditer(text):
+                name = m.group(1).lower().rpartition(":")[2]
+                if self._secret_key(name) and not _is_placeholder(m.group(2).strip()):
+                    spans.append(m.span(2))
+        if not short or "value=" in text:
+            for m in rx["xml_key_value"].finditer(text):
+                if self._secret_key(m.group(2)) and not _is_placeholder(m.group(4)):
+                    spans.append(m.span(4))
+
+    def _commands(self, text, low, spans):
+        """Credentials given to commands as flags, .netrc passwords, and a lone value
+        printed by a command whose job is to print a secret."""
+        rx = self._rx
+        short = len(text) <= 65536
+        if not short or b" -" in low:
+            for g in rx["cli_gate"].finditer(low):
+                flag = low[g.start() + 2:g.end()].rstrip(b" \t=").decode("ascii")
+                line = low[_line_start(low, g.start(), b"\n"):g.start()]
+                if flag.startswith("pass") and b"pass:" in low[g.start():g.end()]:
+                    value = rx["cli_value"].match(text, g.end())      # openssl pass:VALUE
+                    if value:
+                        spans.append(value.span(value.lastindex))
+                    continue
+                key = flag if flag in ("p", "u", "a", "-user") else "b" if "b" in flag else None
+                if key is None or not any(cmd in line for cmd in _CLI_COMMANDS[key]):
+                    continue
+                if len(key) == 1 and text[g.start() + 2] != key:
+                    continue                       # -P3306 is mysql's port, -U a user
+                if key == "p" and b"docker" in line and b"login" not in line:
+                    continue
+                value = rx["cli_value"].match(text, g.start() + 2 + len(flag))
+                if key == "b":
+                    self._htpasswd(text, g.end(), flag, spans)
+                    continue
+                if not value:
+                    continue
+                begin, end = value.span(value.lastindex)
+                if key in ("u", "-user"):           # user:password, the password goes
+                    colon = text.find(":", begin, end)
+                    if colon < 0:
+                        continue
+                    begin = colon + 1
+                if begin < end and not _is_placeholder(text[begin:end]):
+                    spans.append((begin, end))
+        if not short or b"password" in low:
+            for g in rx["netrc"].finditer(low):
+                line = low[_line_start(low, g.start(), b"\n"):g.start()]
+                if line.strip() and b"machine " not in line and b"login " not in line:
+                    continue
+                value = rx["cli_value"].match(text, g.end())
+                if value and not _is_placeholder(value.group(value.lastindex)):
+                    spans.append(value.span(value.lastindex))
+        for m in rx["lone_line"].finditer(text) if not short or "\n" in text else ():
+            value = m.group(1)
+            if not _looks_random(value) or _is_placeholder(value):
+                continue
+            line_end = m.start()
+            if line_end and text[line_end - 1] == "\r":
+                line_end -= 1
+            if rx["secret_command"].search(text, _line_start(text, line_end, "\n"), line_end):
+                spans.append(m.span(1))
+
+    @staticmethod
+    def _htpasswd(text, pos, flag, spans):
+        """htpasswd -b[...] FILE USER PASSWORD (-n: no FILE): the password goes."""
+        end = text.find("\n", pos, pos + 2048)
+        args = [m for m in re.finditer(r"\S+", text[pos:end if end >= 0 else pos + 2048])
+                if not m.group().startswith("-")]
+        wanted = 2 if "n" in flag else 3
+        if len(args) >= wanted:
+            spans.append((pos + args[wanted - 1].start(), pos + args[wanted - 1].end()))
+
+    def _escaped(self, text, spans):
+        """The rules again on stretches holding a percent- or \\u-escaped "=", ":", "@" or
+        quote, decoded; found spans are mapped back onto the escaped text."""
+        rx = self._rx
+        if "%" not in text and "\\u" not in text:
+            return
+        done = 0
+        hits = [g for gate in rx["escape_gates"] for g in gate.finditer(text)]
+        for g in sorted(hits, key=lambda g: g.start()):
+            if g.start() < done:
+                continue
+            start = text.rfind("\n", max(0, g.start() - 4096), g.start()) + 1
+            end = text.find("\n", g.end(), g.end() + 4096)
+            end = min(len(text), g.end() + 4096) if end < 0 else end
+            decoded, offsets = _unescape(text, start, end, rx["escape"])
+            for a, b in self.spans(decoded, decoded=True):
+                spans.append((offsets[a], offsets[b]))
+            done = end
+
+
+def _group_by(items, key):
+    """{key(item): [items with that key, in order]}."""
+    groups = {}
+    for item in items:
+        groups.setdefault(key(item), []).append(item)
+    return groups
+
+
+def _line_start(text, at, newline):
+    """Where the line holding `at` starts, looking back 4096 characters at most."""
+    low = max(0, at - 4096)
+    return text.rfind(newline, low, at) + 1 or low
+
+
+def _replace_spans(text, spans):
+    """`text` with each span (merged where they overlap or touch) replaced by REDACTED."""
+    if not spans:
+        return text
+    spans.sort()
+    out, last = [], 0
+    for start, end in spans:
+        if end <= last:
+            continue
+        if start < last:
+            start = last
+        if start > last or not out:
+            out.append(text[last:start])
+            out.append(REDACTED)
+        elif out[-1] != REDACTED:          # adjacent spans: one marker
+            out.append(REDACTED)
+        last = end
+    out.append(text[last:])
+    return "".join(out)
+
+
+def _edge_words(text, cut_start, cut_end):
+    """Spans of the word at each cut edge of `text` (at most 4096 characters each)."""
+    spans = []
+    if cut_start:
+        m = re.match(r"[^\s\"'<>]{1,4096}", text)
+        if m:
+            spans.append(m.span())
+    if cut_end:
+        m = re.search(r"[^\s\"'<>]{1,4096}\Z", text)
+        if m and m.group() != REDACTED:
+            spans.append(m.span())
+    return spans
+
+
+class RedactStream:
+    """Redacts text that arrives in pieces (a child's output, a pipe): feed() returns the
+    redacted text that is safe to pass on now, close() the rest.
+
+    A piece is held back until its line is complete, so a secret split across pieces is
+    seen whole; a private key block is held until its END line (64 KiB at most), and a
+    line without end is passed on in 64 KiB steps, cut at a space. The line before each
+    piece stays as context (a lone secret after a command that prints one).
+    close(cut=True) says the stream was cut short there: its last word goes too.
+    Works on str, or on bytes (UTF-8, undecodable bytes kept).
+    """
+
+    HOLD = 65536
+
+    def __init__(self, redactor):
+        self.redactor = redactor
+        self.pending = ""
+        self.context = ""
+        self.binary = None
+
+    def feed(self, data):
+        if self.binary is None:
+            self.binary = isinstance(data, (bytes, bytearray))
+        if self.binary:
+            data = bytes(data).decode("utf-8", "surrogateescape")
+        self.pending += data
+        cut = self._cut()
+        return self._emit(cut)
+
+    def close(self, cut=False):
+        return self._emit(len(self.pending), cut_end=cut)
+
+    def _cut(self):
+        text = self.pending
+        cut = text.rfind("\n") + 1
+        begin = text.rfind("-----BEGIN", 0, cut)
+        if begin >= 0 and text.find("-----END", begin, cut) < 0 and len(text) - begin < self.HOLD:
+            cut = text.rfind("\n", 0, begin) + 1
+        if not cut and len(text) >= self.HOLD:       # a line without end: cut at a space
+            cut = max(text.rfind(" ", 0, len(text) - 4096), text.rfind("\t", 0, len(text) - 4096)) + 1
+            cut = cut or len(text) - 4096
+        return cut
+
+    def _emit(self, cut, cut_end=False):
+        if not cut and not cut_end:
+            return b"" if self.binary else ""
+        piece, self.pending = self.pending[:cut], self.pending[cut:]
+        context = self.context
+        whole = context + piece
+        spans = [(max(a - len(context), 0), b - len(context))
+                 for a, b in self.redactor.spans(whole) if b > len(context)]
+        if cut_end:
+            spans.extend(_edge_words(piece, False, True))
+        out = _replace_spans(piece, spans)
+        self.context = piece[piece.rfind("\n", 0, len(piece) - 1) + 1:][-4096:]
+        return out.encode("utf-8", "surrogateescape") if self.binary else out
 
 
 _REDACTORS = {}
 
 
 def get_redactor(config=None, env=None):
-    """The process-wide Redactor for `config`'s redaction_patterns (built once per process,
-    with the secret-named environment variables of that moment). With `env`, a Redactor of its
-    own for that environment: a child given secrets of its own (proxy doctor.env) echoes them."""
+    """The process-wide Redactor for `config`'s redaction_patterns and the secrets it
+    hands out (config_secrets; built once per process, with the secret-named environment
+    variables of that moment). With `env`, a Redactor of its own for that environment: a
+    child given secrets of its own (proxy doctor.env) echoes them."""
     patterns = (config or {}).get("redaction_patterns") or ()
     if not isinstance(patterns, (list, tuple)):
         raise BridgeError("redaction_patterns must be a list of regex strings")
     patterns = tuple(patterns)
+    known = tuple(config_secrets(config))
     if env is not None:
-        return Redactor(patterns, env=env)
-    redactor = _REDACTORS.get(patterns)
+        return Redactor(patterns, env=env, known=known)
+    redactor = _REDACTORS.get((patterns, known))
     if redactor is None:
-        redactor = _REDACTORS[patterns] = Redactor(patterns)
+        redactor = _REDACTORS[patterns, known] = Redactor(patterns, known=known)
     return redactor
 
 
@@ -9629,40 +10136,24 @@ def add_kernel_parsers(subparsers):
         example="some-tool 2>&1 | python3 scripts/bridge.py redact > tool.log")
 
 
-def _redact_split(data, eof):
-    """Where to cut `data` (bytes read so far) so the cut-off part can be redacted now:
-    after the last newline, and before a private key block whose END has not arrived yet."""
-    if eof:
-        return len(data)
-    cut = data.rfind(b"\n") + 1
-    begin = data.rfind(b"-----BEGIN", 0, cut)
-    if begin >= 0 and data.find(b"-----END", begin, cut) < 0 and len(data) - begin < 65536:
-        cut = data.rfind(b"\n", 0, begin) + 1
-    return cut
-
-
 def cmd_redact(args):
     _root, config = load_args_config(args)
-    redactor = get_redactor(config)
+    stream = get_redactor(config).stream()
     fd, out = sys.stdin.fileno(), sys.stdout.buffer
-    pending, eof = b"", False
     try:
-        while not eof:
+        while True:
             chunk = os.read(fd, 1 << 20)
-            eof = not chunk
-            pending += chunk
-            cut = _redact_split(pending, eof)
-            if cut:
-                text = pending[:cut].decode("utf-8", "surrogateescape")
-                out.write(redactor.redact(text).encode("utf-8", "surrogateescape"))
+            data = stream.feed(chunk) if chunk else stream.close()
+            if data:
+                out.write(data)
                 out.flush()
-                pending = pending[cut:]
+            if not chunk:
+                return EXIT_OK
     except BrokenPipeError:
         # The reader went away (`... | head`): stop like cat(1) does, without a traceback
         # or a second error when Python flushes stdout at exit.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_FAILED
-    return EXIT_OK
 # ---- end kernel commands ----
 
 

@@ -380,20 +380,20 @@ def test_append_short_write_cuts_or_ends_its_fragment(tmp_path):
 
 
 def test_token_rule_literal_prefixes_match_the_regex_parser():
-    """The redactor skips (and never compiles) a token rule whose literal prefix is not in the
-    text: that prefix must really start every match of the rule."""
+    """The redactor skips (and never compiles) a token rule whose literal prefix is not in a
+    short text: that prefix must really start every match of the rule."""
     try:
         import re._parser as sre_parse  # Python 3.11+
     except ImportError:
         import sre_parse
-    for pattern, _ in bridge._TOKEN_RULES:
+    for pattern, _ in bridge._LITERAL_RULES:
         prefix = bridge._literal_prefix(pattern)
-        assert prefix, pattern
+        assert len(prefix) > 1, pattern
         parsed = list(sre_parse.parse(pattern))
         ops = parsed[:len(prefix)]
         assert [(str(op).upper(), chr(arg)) for op, arg in ops] == [("LITERAL", ch) for ch in prefix], pattern
-        if len(prefix) == 1:  # only where no word character precedes it (_at_word_start)
-            assert pattern[1:].startswith("(?<![A-Za-z0-9_") and pattern.index(prefix + ")") < 25, pattern
+    for index, head in enumerate("AELGS"):     # the upper-case token scans, by first letter
+        assert bridge._UPPER_RULES[index].startswith(head)
     assert bridge._literal_prefix("ab?c") == "a" and bridge._literal_prefix("ab{2}") == "a"
     assert bridge._literal_prefix("ab+") == "ab" and bridge._literal_prefix(r"SG\.x") == "SG"
     # the prefilters serve short texts; a long one gets every rule, as before
@@ -402,7 +402,10 @@ def test_token_rule_literal_prefixes_match_the_regex_parser():
                  ("word " * 20000) + token + " Bearer " + "q7Z" * 9):
         redacted = bridge.Redactor((), env={}).redact(text)
         assert token not in redacted and "q7Z" * 9 not in redacted, len(text)
-    assert bridge.Redactor((), env={}).redact("x" + token) == "x" + token  # not at a word start
+    # a prefix nothing else uses is a token after a word character too
+    assert bridge.Redactor((), env={}).redact("x" + token) == "x" + bridge.REDACTED
+    # a short one is not: `disk_test_` is no Stripe key
+    assert bridge.Redactor((), env={}).redact("disk_test_" + "a1B2" * 5) == "disk_test_" + "a1B2" * 5
 
 
 def test_redacting_a_short_id_compiles_only_the_rules_its_text_can_match(tmp_path):
@@ -414,9 +417,10 @@ def test_redacting_a_short_id_compiles_only_the_rules_its_text_can_match(tmp_pat
         r = bridge.Redactor((), env={"GITHUB_TOKEN": "ghp_" + "a1B2" * 9})
         clean = r.redact("8f1c2d3e-9a0b-4c5d-8e7f-0123456789ab")
         compiled = sorted(str(k) for k in bridge._COMPILED)
-        leak = r.redact("id ghp_" + "a1B2" * 9)
+        leak = r.redact("id gh" + "p_" + "a1B2" * 9)
         print(clean == "8f1c2d3e-9a0b-4c5d-8e7f-0123456789ab", "[REDACTED]" in leak,
-              "kv_gates" in compiled, "kv" in compiled, sum(k.startswith("('token'") for k in compiled),
+              "kv_gates" in compiled, "kv" in compiled,
+              sum(k.startswith(("('literal'", "('upper'", "('b64'", "('prefixed'")) for k in compiled),
               "urllib.parse" in sys.modules, "base64" in sys.modules)
     """)
     out = subprocess.run([PYTHON, "-I", "-S", "-c", code, str(BRIDGE.parent)], capture_output=True,

@@ -17,6 +17,7 @@ from urllib.parse import quote, quote_plus
 import pytest
 
 from conftest import BRIDGE, PYTHON, clean_env, run_bridge
+import redaction_corpus
 
 spec = importlib.util.spec_from_file_location("bridge_under_test", str(BRIDGE))
 bridge = importlib.util.module_from_spec(spec)
@@ -199,6 +200,83 @@ def test_every_format_is_redacted(text, secret):
 ])
 def test_replacement_keeps_keys_and_schemes(text, expected):
     assert redactor().redact(text) == expected
+
+
+@pytest.mark.parametrize("text,expected", [
+    # values that contain pass/pwd/secret/token/key/auth are still secrets
+    ("password=Passw0rd2024", "password=" + R), ("DB_PASSWORD=SuperSecret123", "DB_PASSWORD=" + R),
+    ("client_secret=MySecretValue9", "client_secret=" + R), ("api_key=monkey9Xq2LmN7", "api_key=" + R),
+    ("secret: keystone42Aa", "secret: " + R),
+    # ... but a variable named like one is code
+    ("token=access_token", "token=access_token"), ("password=password", "password=password"),
+    # characters legal in passwords do not end the value; a query parameter after "&" does
+    ("password=Tr0ub4dor&3xyz", "password=" + R), ("password=Tr0ub4dor#3xyz", "password=" + R),
+    ("?user=bob&password=Tr0ub4dor3&next=/home", "?user=bob&password=%s&next=/home" % R),
+    # URL userinfo runs to the last "@" before the host
+    ("postgres://app:p@ss#w/rd?1@db.internal:5432/app", "postgres://app:%s@db.internal:5432/app" % R),
+    ("https://host:8080/path/@scope/pkg", "https://host:8080/path/@scope/pkg"),
+    ("a=https://u:Pw1xyz@h1/,b=https://v:Qw2xyz@h2/", "a=https://u:%s@h1/,b=https://v:%s@h2/" % (R, R)),
+    # credentials given to commands
+    ("curl -u admin:Zk29dLq81 https://x", "curl -u admin:%s https://x" % R),
+    ("curl --user 'ci:Zk29 dLq81' https://x", "curl --user 'ci:%s' https://x" % R),
+    ("docker login -u ci -p Zk29dLq81 ghcr.io", "docker login -u ci -p %s ghcr.io" % R),
+    ("mysql -h db -P3306 -u root -pZk29dLq81 app", "mysql -h db -P3306 -u root -p%s app" % R),
+    ("sshpass -p 'Zk29dLq81' ssh h", "sshpass -p '%s' ssh h" % R),
+    ("htpasswd -bc .htpasswd admin Zk29dLq81", "htpasswd -bc .htpasswd admin " + R),
+    ("openssl rsa -in k.pem -passin pass:Zk29dLq81 -out p", "openssl rsa -in k.pem -passin pass:%s -out p" % R),
+    ("redis-cli -h cache -a Zk29dLq81 ping", "redis-cli -h cache -a %s ping" % R),
+    ("machine api.example.com login ci password Zk29dLq81", "machine api.example.com login ci password " + R),
+    ("docker run -u 1000:1000 -p 8080:80 img", "docker run -u 1000:1000 -p 8080:80 img"),
+    # configuration formats
+    ("<password>Zk29dLq81</password>", "<password>%s</password>" % R),
+    ('<add key="ClearTextPassword" value="Zk29dLq81" />', '<add key="ClearTextPassword" value="%s" />' % R),
+    ("Server=db;User ID=sa;Password=Zk29&dLq81;Encrypt=True", "Server=db;User ID=sa;Password=%s;Encrypt=True" % R),
+    # escaped forms
+    ("body=user%3Dbob%26password%3DZk29dLq81%26x%3D1", "body=user%3Dbob%26password%3D" + R + "%26x%3D1"),
+    ('{"password\\u0022: \\u0022Zk29dLq81\\u0022}', '{"password\\u0022: \\u0022%s\\u0022}' % R),
+    # a lone value printed by a command that prints a secret
+    ("$ vault kv get -field=password secret/db\nZk29dLq81xWm\n$ ls", "$ vault kv get -field=password secret/db\n%s\n$ ls" % R),
+    ("$ git rev-parse HEAD\n9fceb02d0ae598e95dc970b74767f19372d61af8\n", "$ git rev-parse HEAD\n9fceb02d0ae598e95dc970b74767f19372d61af8\n"),
+    # already masked, placeholders, words shaped like tokens
+    ("token: your-token-here, secret: xxxxxxxx, password: ••••••, key=[REDACTED]",
+     "token: your-token-here, secret: xxxxxxxx, password: ••••••, key=[REDACTED]"),
+    ("ASIAPACIFICSOUTHEAST arn:aws:secretsmanager:us-east-1:123456789012:secret:prod/db-secret-AbC123",
+     "ASIAPACIFICSOUTHEAST arn:aws:secretsmanager:us-east-1:123456789012:secret:prod/db-secret-AbC123"),
+])
+def test_issue_vectors(text, expected):
+    assert redactor().redact(text) == expected
+
+
+def test_token_after_a_word_character_when_its_shape_says_so():
+    t = "xo" + "xb-" + rnd(12, string.digits) + "-" + rnd(13, string.digits) + "-" + rnd(24)
+    assert redactor().redact("notes_" + t + " end") == "notes_%s end" % R
+    assert redactor().redact("risk-assessment task-definitions flask-sqlalchemy") == \
+        "risk-assessment task-definitions flask-sqlalchemy"
+
+
+# ---- the corpus: recall and false positives, measured ---------------------------------
+
+KNOWN = ("Zq9-" + "kL2mN8pR4tV6", 'p@ss/w"rd+Zq9 7&x')
+
+
+def corpus_scores(redact):
+    """(recall, false-positive rate, misses, false positives) of `redact` on the corpus."""
+    pos = redaction_corpus.positives() + redaction_corpus.config_secret_positives(KNOWN)
+    neg = redaction_corpus.negatives()
+    misses = [(kind, text) for kind, text, secret in pos
+              if redaction_corpus.leaks(secret, text, redact(text))]
+    changed = [(kind, text) for kind, text in neg if redact(text) != text]
+    return 1 - len(misses) / len(pos), len(changed) / len(neg), misses, changed
+
+
+def test_corpus_recall_and_false_positives():
+    pos = redaction_corpus.positives()
+    assert len(pos) >= 400 and len({kind for kind, _, _ in pos}) >= 80
+    assert len(redaction_corpus.negatives()) >= 400
+    r = bridge.Redactor((), env={}, known=KNOWN)
+    recall, fp_rate, misses, changed = corpus_scores(r.redact)
+    assert recall >= 0.99, misses[:20]
+    assert fp_rate <= 0.01, changed[:20]
 
 
 # ---- false positives ----------------------------------------------------------------
@@ -395,7 +473,59 @@ def test_prose_after_a_colon_is_not_a_value():
     assert redactor().redact("password: Hunter # yaml\n") == "password: %s # yaml\n" % R
 
 
+# ---- secrets the config hands out -------------------------------------------------------
+
+def test_config_env_values_are_redacted_in_every_form_through_the_cli(tmp_path):
+    secrets = {"executor": "Ex3cut0r-Val-9q", "doctor": "D0ct0r.Val.7z", "mcp": "Mcp+Val/5w"}
+    cfg = tmp_path / "bridge.config.json"
+    cfg.write_text(json.dumps({
+        "executor": {"command": ["agent"], "env": {"AGENT_API_KEY": secrets["executor"],
+                                                    "AGENT_MODEL": "anthropic/claude-sonnet-4",
+                                                    "AGENT_REGION": "eu-west-1"}},
+        "doctor": {"env": {"X_OPAQUE": secrets["doctor"]}},
+        "changes": {"mcp": {"env": {"MCP_PASSWORD": secrets["mcp"]}}}}))
+    lines = []
+    for v in secrets.values():
+        lines += ["raw %s ." % v, "b64 %s ." % base64.b64encode(v.encode()).decode(),
+                  "url %s ." % quote(v, safe=""), "json %s ." % json.dumps(v)[1:-1],
+                  "u %s ." % "".join("\\u%04x" % ord(c) for c in v)]
+    lines.append("model anthropic/claude-sonnet-4 in eu-west-1")
+    proc = run_bridge("redact", "--root", tmp_path, input="\n".join(lines) + "\n")
+    assert proc.returncode == 0, proc.stderr
+    for v in secrets.values():
+        assert v not in proc.stdout and base64.b64encode(v.encode()).decode()[:-4] not in proc.stdout
+    assert proc.stdout.count(R) == 15
+    assert "model anthropic/claude-sonnet-4 in eu-west-1" in proc.stdout
+
+
+def test_config_secrets_lists_env_maps_and_secret_named_keys():
+    config = {"executor": {"env": {"A_TOKEN": "short1", "OPAQUE": "Zk29dLq81xWm", "MODE": "production"}},
+              "observability": {"token": "obs-Tok3n"}, "seam": {"command": "python3 x"}}
+    assert sorted(bridge.config_secrets(config)) == ["Zk29dLq81xWm", "obs-Tok3n", "short1"]
+
+
 # ---- the redact command as a stream -------------------------------------------------------
+
+def test_stream_sees_a_secret_split_across_pieces():
+    token = "gh" + "p_" + rnd(36)
+    stream = redactor().stream()
+    out = stream.feed("start\nuse " + token[:10]) + stream.feed(token[10:30]) + \
+        stream.feed(token[30:] + " now\nnext ") + stream.close()
+    assert out == "start\nuse %s now\nnext " % R
+    stream = redactor().stream()        # bytes, and a lone secret after its command
+    out = stream.feed(b"$ op read op://ci/db/password\n") + stream.feed(b"Zk29dLq81xWm\n") + stream.close()
+    assert out == b"$ op read op://ci/db/password\n%s\n" % R.encode()
+
+
+def test_stream_cut_short_leaves_no_raw_prefix():
+    token = "gh" + "p_" + rnd(36)
+    for cut in (6, 12, 30):
+        stream = redactor().stream()
+        out = stream.feed("ok line\ntoken " + token[:cut]) + stream.close(cut=True)
+        assert out == "ok line\ntoken " + R, cut
+    assert redactor().redact("x " + token[:9], cut_end=True) == "x " + R
+    assert redactor().redact(token[20:] + " rest", cut_start=True) == R + " rest"
+
 
 def test_cli_streams_and_keeps_private_key_blocks_whole_across_reads(tmp_path):
     body = "\n".join(rnd(64, B64) for _ in range(40))
@@ -410,15 +540,16 @@ def test_cli_streams_and_keeps_private_key_blocks_whole_across_reads(tmp_path):
 
 
 def test_cli_flushes_each_read_for_live_pipelines(tmp_path):
+    token = ("gh" + "p_" + rnd(36)).encode()
     proc = subprocess.Popen([PYTHON, str(BRIDGE), "redact", "--root", str(tmp_path)],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=clean_env())
     try:
-        proc.stdin.write(b"first password=hunter2\n")
+        proc.stdin.write(b"first password=hunter2\npush with " + token[:15])
         proc.stdin.flush()
         assert proc.stdout.readline() == b"first password=[REDACTED]\n"   # before EOF
-        proc.stdin.write(b"second line\n")
+        proc.stdin.write(token[15:] + b" done\nsecond line\n")      # a token split across writes
         proc.stdin.close()
-        assert proc.stdout.read() == b"second line\n"
+        assert proc.stdout.read() == b"push with [REDACTED] done\nsecond line\n"
         assert proc.wait(timeout=30) == 0
     finally:
         if proc.poll() is None:
