@@ -115,6 +115,15 @@ def check_text(value, what):
     return value
 
 
+_CONTROL_CHARS = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f]")   # C0 but tab, DEL, C1
+
+
+def printable(text):
+    """`text` with every control character but tab spelled `\\xNN`: what another program wrote
+    (a server's stderr, a request header) reaches the user's terminal inert, on one line."""
+    return _CONTROL_CHARS.sub(lambda m: "\\x%02x" % ord(m.group()), text)
+
+
 def warn(message):
     """One line on stderr, prefixed so it is clear who is talking."""
     try:
@@ -6717,7 +6726,37 @@ def relay_up(root, config, captain_id, session, cmd_id, status, summary, force=F
 
 PROXY_ERROR_CODE = -32000             # the MCP SDKs' "connection closed": clients already know it
 PROXY_HIGH_WATER = 4 << 20            # stop reading a source while its destination holds this much
-PROXY_IDS = (int, str, float)         # JSON-RPC ids we track (anything else is forwarded untracked)
+class ProxyFloat(float):
+    """A number written with a fraction or exponent, as parsed from a relayed line: as a JSON-RPC
+    id it is never the same id as an integer (`1.0` is not `1`)."""
+    __slots__ = ()
+
+    def __eq__(self, other):
+        return other.__class__ is ProxyFloat and float(self) == float(other)
+
+    def __ne__(self, other):
+        return not self.__eq__(other)
+
+    def __hash__(self):
+        return hash((ProxyFloat, float(self)))
+
+
+class ProxyDigits(str):
+    """An integer longer than Python's digit limit (4300 digits on 3.11), kept as its digits: a
+    distinct id from the string of those digits, and written back as the number (reply_error)."""
+    __slots__ = ()
+
+    def __eq__(self, other):
+        return other.__class__ is ProxyDigits and str.__eq__(self, other)
+
+    def __ne__(self, other):
+        return not self.__eq__(other)
+
+    def __hash__(self):
+        return hash((ProxyDigits, str(self)))
+
+
+PROXY_IDS = (int, str, ProxyFloat, ProxyDigits)   # JSON-RPC ids we track (others are relayed untracked)
 PROXY_LEVELS = {"debug": 0, "info": 1, "warn": 2, "error": 3}
 # client requests whose successful answer sets up session state a restarted Doctor is given again
 PROXY_STATEFUL = ("initialize", "logging/setLevel", "resources/subscribe", "resources/unsubscribe")
@@ -6749,7 +6788,7 @@ def proxy_decoder():
     The text goes straight to the decoder's scanner, which raises the very errors `json.loads`
     would; the result is taken as is only when nothing but the final newline follows the value.
     Anything else goes the full decode way."""
-    decoder, loads = json.JSONDecoder(), json.loads
+    decoder, loads = json.JSONDecoder(parse_float=ProxyFloat), json.loads
     scan, decode = decoder.scan_once, decoder.decode
 
     def fast(line):
@@ -6772,8 +6811,8 @@ def proxy_decoder():
             # valid JSON: keep such numbers (only those) as text instead of calling it malformed.
             if "integer string conversion" not in str(exc):
                 raise
-            return loads(line.decode("utf-8"),
-                         parse_int=lambda digits: int(digits) if len(digits) <= 4000 else digits)
+            return loads(line.decode("utf-8"), parse_float=ProxyFloat,
+                         parse_int=lambda digits: int(digits) if len(digits) <= 4000 else ProxyDigits(digits))
     return parse
 
 
@@ -7071,6 +7110,7 @@ class Proxy:
         self.crashes = collections.deque()              # when recent crashes were (within window)
         self.tail = collections.deque(maxlen=20)        # its last stderr lines, for doctor:crashed
         self.own_n = 0                                  # numbers bridge.py's own request ids
+        self.own_tag = random_hex(8)                    # in them: a client cannot reuse one by chance
         self.stopped = False                            # doctor:kill: down until doctor:restart
         # -- the client's session, replayed to a restarted Doctor --
         self.init_params = None                         # the client's initialize params
@@ -7113,7 +7153,7 @@ class Proxy:
     def log(self, level, text):
         """One line on bridge.py's stderr; never blocks the relay (dropped if stderr is full)."""
         if PROXY_LEVELS[level] >= self.verbosity:
-            text = self.redactor.redact("bridge proxy: %s: %s\n" % (level, text))
+            text = printable(self.redactor.redact("bridge proxy: %s: %s" % (level, text))) + "\n"
             self.write_stderr(text.encode("utf-8", "replace"))
 
     def write_stderr(self, data):
@@ -7300,7 +7340,7 @@ class Proxy:
         """Send the Doctor a request of bridge.py's own, under an id of its own; the answer is
         swallowed (answered()). Returns the id."""
         self.own_n += 1
-        mid = "bridge.py-%s-%d" % (method.rsplit("/", 1)[-1], self.own_n)
+        mid = "bridge.py-%s-%s-%d" % (self.own_tag, method.rsplit("/", 1)[-1], self.own_n)
         self.child.owned[mid] = method
         msg = {"jsonrpc": "2.0", "id": mid, "method": method}
         if params is not None:
@@ -7425,7 +7465,8 @@ class Proxy:
         if exit:
             data["exit"] = exit
         error = {"code": PROXY_ERROR_CODE, "message": PROXY_REASONS[reason], "data": data}
-        line = json_compact({"jsonrpc": "2.0", "id": mid, "error": error}).encode("utf-8") + b"\n"
+        line = ('{"jsonrpc":"2.0","id":%s,"error":%s}\n' % (
+            mid if mid.__class__ is ProxyDigits else json_compact(mid), json_compact(error))).encode("utf-8")
         if to_doctor:
             return self.send_child(line)
         self.tries.pop(mid, None)
@@ -7757,7 +7798,7 @@ class Proxy:
             cut = len(buf)
         for line in bytes(buf[:cut]).splitlines():
             # redact before cutting: a cut token is no longer recognisable
-            text = self.redactor.redact(line.decode("utf-8", "replace"))
+            text = printable(self.redactor.redact(line.decode("utf-8", "replace")))
             self.tail.append(text[:500])
             self.write_stderr(b"[doctor] " + text.encode("utf-8") + b"\n")
         del buf[:cut]

@@ -5,6 +5,7 @@ proxy started may be left alive (leaders, grandchildren, `sh -c` wrappers)."""
 import json
 import os
 import queue
+import re
 import signal
 import subprocess
 import sys
@@ -605,7 +606,7 @@ def test_busy_server_that_answers_ping_is_not_hung(session):
     reply = s.reply()
     assert reply == {"jsonrpc": "2.0", "id": mid, "result": {"content": [{"type": "text", "text": "ok"}]}}
     pings = [json.loads(line) for line in s.received() if '"method":"ping"' in line]
-    assert len(pings) >= 2 and all(p["id"].startswith("bridge.py-ping-") for p in pings)
+    assert len(pings) >= 2 and all(re.match(r"bridge\.py-[0-9a-f]{16}-ping-\d+$", p["id"]) for p in pings)
     s.nothing()                                                          # the pings' answers swallowed
     assert len(s.pids()) == 1 and not s.event_list("doctor:hung") and not s.event_list("doctor:crashed")
     s.close()
@@ -1103,3 +1104,47 @@ def test_the_command_line_is_redacted_as_a_whole(session):
     text = json.dumps(starting) + s.err()
     assert "Xq7kP2mZ9vLw4" not in text and "Yh8nT3rB6cQs1" not in text
     assert "--api-key [REDACTED]" in starting["command"] and "mcp_server.py" in starting["command"]
+
+
+# ---- ids: bridge.py's own never collide with the client's; 1 is not 1.0 ------------------------
+
+def test_a_client_id_shaped_like_bridge_owned_ones_gets_its_own_answer(session):
+    """The health ping goes out while the client's request with the id bridge.py used to give its
+    first ping is in progress; the server answers the client's request first."""
+    s = session(config={"proxy": {"health_check_sec": 0.2}})
+    s.initialize()
+    s.request("tools/call", {"name": "slow", "arguments": {"sec": 1.0}}, mid="bridge.py-ping-1")
+    s.request("tools/call", {"name": "sleep", "arguments": {"sec": 2.0}}, mid=7)   # the ping waits behind it
+    first = s.reply(timeout=10)
+    assert first["id"] == "bridge.py-ping-1" and first["result"]["content"][0]["text"] == "ok", first
+    assert s.reply(timeout=10)["id"] == 7
+    s.nothing(0.5)                                            # and the ping's answer is not relayed
+    s.close()
+
+
+def test_ids_1_and_1_0_and_a_4500_digit_id_are_three_requests(session):
+    s = session()
+    big = "9" * 4500
+    s.send_raw(b'{"jsonrpc":"2.0","id":1,"method":"ignore"}\n{"jsonrpc":"2.0","id":1.0,"method":"ignore"}\n'
+               b'{"jsonrpc":"2.0","id":%s,"method":"ignore"}\n' % big.encode())
+    s.request("tools/call", {"name": "crash", "arguments": {"code": 3}}, mid=2)
+    raw = [s.recv_raw() for _ in range(4)]
+    ids = sorted(line.split(b',"error"')[0] for line in raw)
+    assert ids == sorted([b'{"jsonrpc":"2.0","id":1', b'{"jsonrpc":"2.0","id":1.0', b'{"jsonrpc":"2.0","id":2',
+                          b'{"jsonrpc":"2.0","id":' + big.encode()]), raw
+    s.nothing()
+    s.close()
+
+
+def test_control_characters_from_the_server_never_reach_the_terminal(session):
+    s = session(harness=True)
+    s.call("stderr", text="plain \x1b[2J\x1b]0;pwned\x07 and \u009b31m red\n")
+    s.recv()
+    s.call("crash", code=3)
+    s.recv()
+    s.close()
+    err = (s.tmp / "stderr.txt").read_bytes()
+    assert b"\x1b" not in err and b"\x07" not in err and "\u009b".encode() not in err, err
+    assert b"[doctor] plain \\x1b[2J\\x1b]0;pwned\\x07 and \\x9b31m red\n" in err
+    tail = s.wait_event("doctor:crashed")[0]["data"]["stderrTail"]
+    assert "plain \\x1b[2J\\x1b]0;pwned\\x07 and \\x9b31m red" in tail
