@@ -3116,6 +3116,133 @@ def bead_id_from_meta(handoff, task_id):
 
 # ---- the watcher ----------------------------------------------------------------
 
+class Fingerprint:
+    """What the editing agent and its verification commands must not change, recorded
+    before the agent runs and compared after it and after each verification command.
+
+    - git's own configuration: `config`, `config.worktree`, `hooks/` and `info/` in the
+      git directory. Their bytes are kept, so a change is undone: the agent's version
+      is moved to meta/{id}.tampered/ and the original written back.
+    - .ai-handoff/ outside this task's own files (its log and patches, which the
+      watcher writes meanwhile), tasks/ (planners add tasks at any time: a task file
+      that appears is simply run after this one) and locks/ (heartbeats). Compared by
+      lstat signature (type, mode, size, mtime, ctime, inode); a change is named, and
+      anything added is moved to meta/{id}.tampered/.
+    Cheap: no git call, one lstat per entry, small reads of .git files only.
+    """
+
+    KEEP_MAX = 1 << 20  # .git files larger than this are compared, not restored
+
+    def __init__(self, handoff, git_dir, task_id):
+        self.handoff, self.task_id = handoff, task_id
+        common = _read_small(os.path.join(git_dir, "commondir"))
+        self.common = common = os.path.normpath(os.path.join(git_dir, common)) if common else git_dir
+        self.git_paths = [os.path.join(common, "config"), os.path.join(git_dir, "config.worktree"),
+                          os.path.join(common, "hooks"), os.path.join(common, "info")]
+        own = {handoff.path("logs", task_id + ".log"),
+               handoff.path("patches", task_id + "_pre.patch"),
+               handoff.path("patches", task_id + "_post.patch")}
+        self.skip = own | {handoff.dir("tasks"), handoff.dir("locks")}
+        self.aside = handoff.path("meta", task_id + ".tampered")
+        self.before = self.signatures()
+        self.kept = {}
+        for path, sig in self.before.items():
+            if sig[0] == "file" and sig[2] <= self.KEEP_MAX and not path.startswith(handoff.base):
+                try:
+                    self.kept[path] = read_input(path, "file", self.KEEP_MAX)
+                except BridgeError:
+                    pass
+
+    def signatures(self):
+        import stat
+        found, stack = {}, self.git_paths + [self.handoff.base]
+        while stack:
+            path = stack.pop()
+            if path in self.skip or path == self.aside:
+                continue
+            try:
+                st = os.lstat(path)
+            except FileNotFoundError:
+                continue
+            except OSError as exc:
+                found[path] = ("error", exc.errno)
+                continue
+            kind = ("dir" if stat.S_ISDIR(st.st_mode) else "file" if stat.S_ISREG(st.st_mode)
+                    else "symlink" if stat.S_ISLNK(st.st_mode) else "special")
+            if kind == "dir":
+                found[path] = ("dir", st.st_mode)
+                try:
+                    stack.extend(os.path.join(path, name) for name in os.listdir(path))
+                except OSError as exc:
+                    found[path] = ("error", exc.errno)
+                continue
+            found[path] = (kind, st.st_mode, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+        return found
+
+    def changes(self):
+        """[(path, 'changed'|'added'|'removed')] since the record, sorted."""
+        now = self.signatures()
+        changed = [(path, "removed") for path in self.before if path not in now]
+        changed += [(path, "added") for path in now if path not in self.before]
+        changed += [(path, "changed") for path, sig in now.items()
+                    if path in self.before and self.before[path] != sig
+                    and not (sig[0] == "dir" == self.before[path][0])]
+        return sorted(changed)
+
+    def restore(self, changes):
+        """Undo what can be undone; one line per change saying what was done."""
+        notes = []
+        for path, change in changes:
+            if any(path.startswith(p + os.sep) for p, c in changes if c == "added" and p != path):
+                continue  # inside an added folder: moved with it
+            done = []
+            try:
+                if change != "removed" and (change == "added" or path in self.kept):
+                    where = self.move_aside(path)
+                    done.append("the new version moved to %s" % self.handoff.rel(where))
+                if change != "added" and path in self.kept:
+                    atomic_write(path, self.kept[path], mode=self.before[path][1] & 0o7777)
+                    done.append("the original restored")
+            except OSError as exc:
+                done.append("could not be restored: %s" % (exc.strerror or exc))
+            notes.append("%s %s%s" % (self.display(path), change,
+                                      (": " + ", ".join(done)) if done else " (not restorable)"))
+        return notes
+
+    def move_aside(self, path):
+        if path.startswith(self.handoff.base + os.sep):
+            rel = os.path.join("ai-handoff", os.path.relpath(path, self.handoff.base))
+        else:
+            rel = os.path.relpath(path, self.common)
+            rel = os.path.join("git", os.path.basename(path) if rel.startswith(os.pardir) else rel)
+        target = os.path.join(self.aside, rel)
+        os.makedirs(os.path.dirname(target), exist_ok=True)
+        if os.path.lexists(target):
+            target += "." + random_hex(2)
+        os.rename(path, target)
+        return target
+
+    def display(self, path):
+        if path.startswith(self.handoff.base + os.sep):
+            return os.path.join(HANDOFF_DIR, os.path.relpath(path, self.handoff.base))
+        root = os.path.dirname(self.handoff.base)
+        return os.path.relpath(path, root) if path.startswith(root + os.sep) else path
+
+
+def attribute_filter_lines(patch):
+    """{(file, line)} of .gitattributes lines that set or unset a filter, added or removed
+    in `patch` (a git diff): how an agent would point files at a filter driver."""
+    found, current = set(), None
+    for line in patch.splitlines():
+        if line.startswith("diff --git "):
+            name = line.rsplit(" b/", 1)[-1]
+            current = name if os.path.basename(name) == ".gitattributes" else None
+        elif current and line[:1] in "+-" and not line.startswith(("+++", "---")) \
+                and re.search(r"(^|\s)[-!]?filter(=|\s|$)", line[1:]):
+            found.add((current, line))
+    return found
+
+
 class Watcher:
     """One watcher process: the worker lock, the startup sweep and the task loop."""
 
@@ -3148,6 +3275,7 @@ class Watcher:
         self.interrupted = False
         self.beat_lock = None  # serialises heartbeats with lock releases (fd reuse)
         self.active = None  # the result of the task being executed (see internal_error)
+        self.tamper_stop = False  # an agent changed what it must not: the queue stops
 
     # -- small helpers --
 
@@ -3283,17 +3411,19 @@ class Watcher:
                         last_mtime = None
                     elif outcome:
                         worked = True
-                    if outcome == "failed" and self.stop_on_failure:
+                    if outcome == "failed" and (self.stop_on_failure or self.tamper_stop):
                         self.stopped_on_failure = True
                         self.say("the queue stopped on the failure of %s (set continue_on_failure "
                                  "to go on); fix it, then run the watcher again" % name[:-5])
                         return
-            if self.once and not worked and not deferred:
+                    if worked:  # re-read the queue: a task file that appeared during the run
+                        last_mtime = None  # was held until now, and may sort first
+                        break
+            if worked:
+                continue
+            if self.once and not deferred:
                 return
-            if self.once and deferred and not worked:
-                time.sleep(0.25)
-            elif not self.once or not worked:
-                time.sleep(self.poll)
+            time.sleep(0.25 if self.once else self.poll)
         self.say("stopping on %s" % self.stopping)
 
     # -- startup sweep (crash recovery) --
@@ -3821,7 +3951,11 @@ class Watcher:
         env.update(BRIDGE_TASK_ID=task_id, BRIDGE_TASK_FILE=running, BRIDGE_PROMPT_FILE=prompt_path,
                    BRIDGE_ROOT=self.root)
         self.say("%s: running the editing agent (%s)" % (task_id, self.executor[0]))
+        guard = Fingerprint(self.handoff, self.git_dir, task_id)
+        attributes = attribute_filter_lines(self.audit(git_state["base_commit"])[0]) \
+            if snap["dirty"] else set()
         ran = self.run_child(argv, task, "agent", env=env)
+        self.tamper_check(guard, result, "the editing agent")  # before any further git call
         self.log(task_id, "--- agent: %s\n--- stdout\n%s\n--- stderr\n%s\n--- agent %s%s\n" % (
             " ".join(self.executor), ran.stdout, ran.stderr, ran.describe(), dropped_note(ran)))
         result["executor"] = {
@@ -3833,7 +3967,7 @@ class Watcher:
             "error": ran.error,
         }
         # 9. audit 1 (also the partial evidence when the agent failed)
-        self.audit_into(task_id, result, "pre")
+        self.audit_into(task_id, result, "pre", attributes)
         if self.stopping:
             raise Stop("failed", "interrupted", "the watcher received %s while the agent ran; "
                        "the agent was stopped" % self.stopping)
@@ -3858,10 +3992,11 @@ class Watcher:
                 "stdout": cap_text(self.redact(done.stdout), self.cap, task_id),
                 "stderr": cap_text(self.redact(done.stderr), self.cap, task_id),
             })
+            self.tamper_check(guard, result, "verification command %d" % (index + 1))
             if not done.ok:
                 failed = (command, done)
         # 11. audit 2
-        self.audit_into(task_id, result, "post")
+        self.audit_into(task_id, result, "post", attributes)
         self.post_state(result)
         if self.stopping:
             raise Stop("failed", "interrupted", "the watcher received %s during verification; "
@@ -3906,13 +4041,36 @@ class Watcher:
         except FileNotFoundError:
             return None
 
-    def audit_into(self, task_id, result, which):
+    def audit_into(self, task_id, result, which, attributes=None):
         base = result["git"]["base_commit"]
         patch, stat = self.audit(base)
+        if attributes is not None:
+            # the work tree's .gitattributes is the agent's to edit, except where it
+            # points files at a filter (a program the user's own git would then run)
+            pointed = attribute_filter_lines(patch) ^ attributes
+            if pointed:
+                self.tampered(result, ["%s: %s" % item for item in sorted(pointed)],
+                              "the work tree's .gitattributes changed which files go "
+                              "through a filter")
         path = self.handoff.path("patches", "%s_%s.patch" % (task_id, which))
         result["patch_redacted"][which] = self.write_redacted(path, patch)
         result["artifacts"]["patch_" + which] = self.handoff.rel(path)
         result["git"]["diff_stat_" + which] = stat
+
+    def tamper_check(self, guard, result, who):
+        """agent_tampered when `who` changed what it must not (see Fingerprint)."""
+        changes = guard.changes()
+        if changes:
+            self.tampered(result, guard.restore(changes), "%s changed %s" % (
+                who, ", ".join(guard.display(path) for path, _ in changes[:5])
+                + (" and %d more" % (len(changes) - 5) if len(changes) > 5 else "")))
+
+    def tampered(self, result, notes, detail):
+        result["tampered"] = notes
+        self.log(result["id"], "--- agent_tampered: %s\n%s\n" % (detail, "\n".join(notes)))
+        self.tamper_stop = True
+        raise Stop("failed", "agent_tampered", "%s; the queue stops (see `tampered` in the "
+                   "result)" % detail)
 
     def post_state(self, result):
         snap = self.git_snapshot()
@@ -4013,6 +4171,7 @@ def submit_task(root, source, retry=False):
                               "it again as the next attempt" % (
                                   task_id, (previous or {}).get("status"), (previous or {}).get("reason")),
                               EXIT_FAILED)
+        refuse_while_running(handoff, "submit --retry", task_id)
         last = (previous or {}).get("attempt")
         task = dict(task)
         task["attempt"] = max(task.get("attempt", 1), (last if isinstance(last, int) else 0) + 1)
@@ -4022,6 +4181,17 @@ def submit_task(root, source, retry=False):
         archive_result(handoff, task_id, "manual retry as attempt %d" % task["attempt"])
     atomic_write_json(handoff.path("tasks", task_id + ".json"), task)
     return task_id, task.get("attempt", 1)
+
+
+def refuse_while_running(handoff, verb, task_id):
+    """`approve` and `submit --retry` change results/, meta/ and pending/, which the watcher
+    guards while an agent runs (an agent writing there is tampering, and a planner cannot
+    be told apart from it): while a task runs they refuse, with exit 3, instead."""
+    running = list_task_files(handoff.dir("running"))
+    if running and FileLock.probe(handoff.path("locks", WORKER_LOCK))[0] == "held":
+        raise BridgeError("%s %s: task %s is running; try again when it has finished (a change "
+                          "to .ai-handoff/ now would fail it as agent_tampered)" % (
+                              verb, task_id, running[0][:-5]), EXIT_LOCKED)
 
 
 def approve_task(root, task_id):
@@ -4038,6 +4208,7 @@ def approve_task(root, task_id):
         task = read_task_file(pending, fresh_sec=0)
     except TaskFileError as exc:
         raise BridgeError("pending/%s.json is not a valid task: %s" % (task_id, "; ".join(exc.errors)))
+    refuse_while_running(handoff, "approve", task_id)
     task["approved_at"] = now_iso()
     # Order matters for crashes: history first, then the gate result goes, then the
     # task appears in tasks/, then it leaves pending/.

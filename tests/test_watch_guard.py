@@ -171,31 +171,32 @@ def test_sweep_quarantines_a_running_task_it_cannot_recover(queue):
     assert queue.watch().returncode == 0
 
 
-def break_own_task_file(task_id):
-    """A verification command that replaces the task's running/ file by a folder: the
-    watcher's tidying after the result fails in a way no step expects."""
-    path = ".ai-handoff/running/%s.json" % task_id
-    return "rm %s && mkdir %s && touch %s/planted" % (path, path, path)
+def plant_lock_symlink(queue, task_id, tmp_path):
+    """A symlink where the task's lock file goes: taking the lock fails in a way no step
+    expects (an OSError naming it), before the task is even in running/."""
+    (queue.handoff / "locks" / (task_id + ".lock")).symlink_to(tmp_path / "elsewhere")
 
 
 def test_an_unexpected_error_fails_only_that_task_with_internal_error(git_repo, tmp_path):
     queue = Queue(git_repo, tmp_path, continue_on_failure=True)
-    queue.put(queue.task("boom", commands_to_run=[break_own_task_file("boom")]))
+    queue.put(queue.task("boom"))
+    plant_lock_symlink(queue, "boom", tmp_path)
     queue.put(queue.task("next"))
     out = queue.watch()
     assert "Traceback" not in out.stderr and "internal error:" not in out.stderr, out.stderr
     r = queue.result("boom")
     assert (r["status"], r["reason"]) == ("failed", "internal_error")
-    assert "IsADirectoryError" in r["detail"] or "Is a directory" in r["detail"]
+    assert "boom.lock" in r["detail"] and "failed/boom.json" in r["detail"]
     assert "Traceback (most recent call last)" in (queue.handoff / "logs" / "boom.log").read_text()
-    assert queue.history("boom")[-1]["status"] == "success"  # the result it replaced is kept
     assert queue.names("running") == [] and "boom.json" in queue.names("failed")
+    assert not (tmp_path / "elsewhere").exists()
     assert queue.result("next")["status"] == "success"
     assert branch(queue.repo) == "main"
 
 
-def test_an_unexpected_error_stops_the_queue_per_stop_on_failure(queue):
-    queue.put(queue.task("boom1", commands_to_run=[break_own_task_file("boom1")]))
+def test_an_unexpected_error_stops_the_queue_per_stop_on_failure(queue, tmp_path):
+    queue.put(queue.task("boom1"))
+    plant_lock_symlink(queue, "boom1", tmp_path)
     queue.put(queue.task("boom2"))
     out = queue.watch()
     assert out.returncode == 1, out.stderr
@@ -220,3 +221,111 @@ def test_every_id_submit_accepts_runs_and_status_reports_skipped_files(queue, tm
         source.write_text(json.dumps(queue.task(bad)))
         out = queue.bridge("submit", source)
         assert out.returncode == 2 and "id:" in out.stderr, (bad, out.stderr)
+
+
+# ---- tamper check: what the agent must not change ----------------------------------------
+
+def tamper_run(queue, agent, **fields):
+    queue.put(queue.task("t1", agent=agent, **fields))
+    queue.put(queue.task("t2"))
+    out = queue.watch()
+    return out, queue.result("t1")
+
+
+@pytest.mark.parametrize("continue_on_failure", [False, True])
+def test_agent_editing_git_config_fails_as_tampered_restored_and_the_queue_stops(
+        git_repo, tmp_path, continue_on_failure):
+    queue = Queue(git_repo, tmp_path, continue_on_failure=continue_on_failure)
+    config = queue.repo / ".git" / "config"
+    original = config.read_bytes()
+    out, r = tamper_run(queue, {"append": {".git/config": "[core]\n\tfsmonitor = evil\n"},
+                                "write": {"x.txt": "x\n"}})
+    assert (r["status"], r["reason"]) == ("failed", "agent_tampered"), out.stderr
+    assert ".git/config" in r["detail"] and any(".git/config changed" in n for n in r["tampered"])
+    assert config.read_bytes() == original  # restored
+    aside = queue.handoff / "meta" / "t1.tampered" / "git" / "config"
+    assert aside.read_text().endswith("fsmonitor = evil\n")  # the agent's version kept
+    assert "agent_tampered" in (queue.handoff / "logs" / "t1.log").read_text()
+    assert out.returncode == 1 and queue.names("tasks") == ["t2.json"]  # stopped either way
+    assert "t1.json" in queue.names("failed")
+
+
+def test_planted_hook_and_info_attributes_are_moved_aside_and_named(queue):
+    out, r = tamper_run(queue, {"write": {".git/hooks/post-checkout": "#!/bin/sh\nevil\n",
+                                          ".git/info/attributes": "* filter=lfs\n"}})
+    assert r["reason"] == "agent_tampered", out.stderr
+    assert ".git/hooks/post-checkout" in r["detail"] and ".git/info/attributes" in r["detail"]
+    assert not (queue.repo / ".git" / "hooks" / "post-checkout").exists()
+    assert not (queue.repo / ".git" / "info" / "attributes").exists()
+    assert (queue.handoff / "meta" / "t1.tampered" / "git" / "hooks" / "post-checkout").exists()
+
+
+def test_gitattributes_pointing_files_at_a_filter_is_tampering_other_lines_are_not(queue):
+    out, r = tamper_run(queue, {"write": {".gitattributes": "*.png binary\n*.txt filter=lfs\n"}})
+    assert r["reason"] == "agent_tampered", out.stderr
+    assert ".gitattributes" in r["detail"] and "filter" in " ".join(r["tampered"])
+
+
+def test_gitattributes_lines_without_a_filter_are_the_agents_to_edit(queue):
+    queue.put(queue.task("t3", agent={"write": {"sub/.gitattributes": "*.png binary -diff\n"}}))
+    out = queue.watch()
+    assert queue.result("t3")["status"] == "success", out.stderr
+
+
+def test_gitattributes_filter_lines_already_there_with_allow_dirty_are_not_tampering(queue):
+    (queue.repo / ".gitattributes").write_text("*.bin filter=lfs\n")
+    queue.put(queue.task("d1", allow_dirty=True, agent={"write": {"d1.txt": "d\n"}}))
+    out = queue.watch()
+    assert queue.result("d1")["status"] == "success", out.stderr
+
+
+@pytest.mark.parametrize("target", ["pending/other.json", "results/other.json",
+                                    "meta/other.bead", "running/t1.json", "failed/new.json"])
+def test_agent_writing_into_ai_handoff_is_tampering(queue, target):
+    for state in ("pending", "results"):
+        (queue.handoff / state / "other.json").write_text('{"id": "other"}\n')
+    (queue.handoff / "meta" / "other.bead").write_text("bd-1\n")
+    out, r = tamper_run(queue, {"write": {".ai-handoff/" + target: '{"id": "forged"}\n'}})
+    assert r["reason"] == "agent_tampered", out.stderr
+    assert ".ai-handoff/" + target in r["detail"]
+
+
+def test_a_verification_command_that_tampers_fails_the_task(queue):
+    out, r = tamper_run(queue, {"write": {"v.txt": "v\n"}},
+                        commands_to_run=["true", "echo '[core]' >> .git/config", "true"])
+    assert r["reason"] == "agent_tampered" and "verification command 2" in r["detail"], out.stderr
+    assert [c["cmd"] for c in r["commands"]] == ["true", "echo '[core]' >> .git/config"]
+    assert "[core]\n[core]" not in (queue.repo / ".git" / "config").read_text()
+
+
+def test_a_task_the_agent_queues_runs_after_its_run_like_any_planner_task(queue):
+    planted = queue.task("from-agent", agent={"write": {"fa.txt": "fa\n"}})
+    out, r = tamper_run(queue, {"write": {".ai-handoff/tasks/0-from-agent.json": json.dumps(
+        dict(planted, id="0-from-agent"))}})
+    assert r["status"] == "success", out.stderr
+    assert queue.result("0-from-agent")["status"] == "success"
+    assert queue.result("t2")["status"] == "success"
+    order = [line for line in out.stderr.splitlines() if "running the editing agent" in line]
+    assert [line.split(":")[2].strip() for line in order] == ["t1", "0-from-agent", "t2"]
+
+
+def test_approve_and_retry_wait_while_a_task_runs_instead_of_failing_it(queue, tmp_path):
+    queue.put(queue.task("gate", requires_confirmation=True))
+    queue.put(queue.task("done1"))
+    assert queue.watch().returncode == 0
+    pids = tmp_path / "pids"
+    queue.put(queue.task("slow", agent={"sleep": 60, "pidfile": str(pids)}))
+    watcher = queue.popen_watch("--once")
+    try:
+        assert wait_for(lambda: pids.exists() and pids.read_text().strip())
+        approve = queue.bridge("approve", "gate")
+        assert approve.returncode == 3 and "slow is running" in approve.stderr
+        source = tmp_path / "done1.json"
+        source.write_text(json.dumps(queue.task("done1")))
+        retry = queue.bridge("submit", "--retry", source)
+        assert retry.returncode == 3 and "slow is running" in retry.stderr
+        assert queue.names("pending") == ["gate.json"] and queue.result("done1")["status"] == "success"
+    finally:
+        watcher.terminate()
+        watcher.wait(20)
+    assert queue.bridge("approve", "gate").returncode == 0
