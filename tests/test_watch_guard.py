@@ -312,7 +312,7 @@ def test_a_task_the_agent_queues_runs_after_its_run_like_any_planner_task(queue)
 def test_approve_and_retry_wait_while_a_task_runs_instead_of_failing_it(queue, tmp_path):
     queue.put(queue.task("gate", requires_confirmation=True))
     queue.put(queue.task("done1"))
-    assert queue.watch().returncode == 0
+    assert queue.watch().returncode == 4  # a task needs a person
     pids = tmp_path / "pids"
     queue.put(queue.task("slow", agent={"sleep": 60, "pidfile": str(pids)}))
     watcher = queue.popen_watch("--once")
