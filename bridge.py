@@ -10466,53 +10466,101 @@ def cmd_unlock(args):
 # also the fast entry point the hooks use (see the README): `egress emit` must
 # start in the time Python takes to import json.
 
-SEAM_USAGE = {
-    "egress": "egress emit --host claude|codex|pi [--repo-root DIR]  < hook payload",
-    "inbox drain": "inbox drain --slug SLUG [--host H] [--session-id ID] [--members a,b] [--repo-root DIR]",
-    "inbox ack": ("inbox ack --slug SLUG --line N --kind tell|conn|decision|permission-decision "
-                  "--status STATUS (--id ID | --ts TS) [--text T] [--granted [true|false]] "
-                  "[--entity E] [--field F] [--value V] [--verdict V] [--request-id R] "
-                  "[--session-id ID] [--host H] [--repo-root DIR]"),
-    "inbox commit": "inbox commit --slug SLUG --cursor N [--repo-root DIR]",
-    "inbox check": "inbox check [--host claude] [--slug SLUG] [--session-id ID] [--repo-root DIR]  < Stop payload",
-    "initiate": ("initiate --kind status|reco|gate-review --id ID --headline TEXT [--body TEXT] "
-                 "[--workflow W] [--entity E] [--ship-id S] [--host H] [--session-id ID] "
-                 "[--request-id R] [--repo-root DIR]"),
-    "alert": ("alert permission --reason TEXT [--id ID] [--command CMD] [--prefix-rule a,b] "
-              "[--workflow W] [--entity E] [--host H] [--session-id ID] [--repo-root DIR]"),
-    "feed": ("feed --verb dispatch|advance|complete --text TEXT [--entity E] [--workflow W] "
-             "[--stage S] [--repo-root DIR]"),
-    "wake": "wake --host codex [--members a,b] [--codex-bin PATH] [--repo-root DIR]",
+# One row per seam verb: the help `bridge.py --help` shows (on a verb's first row), its
+# usage, an example, its flags in the Go CLI's grammar (`tristate`: bare or true/false,
+# `strict`: a value may not start with --), the answer it prints when it fails (the error
+# is added), whether a failure exits 0 because it must never block the agent (`never_block`),
+# and what it does: run(root, opts) -> (answer, exit code). egress emit and inbox check,
+# the hooks, have their own paths (_cmd_egress_emit, _cmd_inbox_check).
+SEAM_COMMANDS = {
+    "egress": dict(
+        help="record an agent hook payload in _bridge/events.jsonl (silent, exit 0)",
+        usage="egress emit --host claude|codex|pi [--repo-root DIR]  < hook payload",
+        example="echo '{\"hook_event_name\":\"PreToolUse\",\"session_id\":\"s1\"}' | "
+                "python3 scripts/bridge.py egress emit --host claude",
+        flags=("host",)),
+    "inbox drain": dict(
+        help="drain|ack|commit|check captain intent from _bridge/inbox.jsonl",
+        usage="inbox drain --slug SLUG [--host H] [--session-id ID] [--members a,b] [--repo-root DIR]",
+        example="python3 scripts/bridge.py inbox drain --slug fo-main",
+        flags=("host", "slug", "session-id", "members"),
+        failed={"status": "failed", "slug": "", "cursor": 0, "high_water": 0, "count": 0,
+                "heartbeat": False, "records": None},
+        run=lambda root, opts: _seam_drain(root, opts)),
+    "inbox ack": dict(
+        usage="inbox ack --slug SLUG --line N --kind tell|conn|decision|permission-decision "
+              "--status STATUS (--id ID | --ts TS) [--text T] [--granted [true|false]] "
+              "[--entity E] [--field F] [--value V] [--verdict V] [--request-id R] "
+              "[--session-id ID] [--host H] [--repo-root DIR]",
+        example="python3 scripts/bridge.py inbox ack --slug fo-main --line 3 --kind tell "
+                "--status answered --id msg-17 --text 'shipped'",
+        flags=("host", "slug", "line", "id", "ts", "kind", "status", "text", "entity", "field",
+               "value", "verdict", "request-id", "session-id"), tristate=("granted",),
+        failed={"appended": False},
+        run=lambda root, opts: (inbox_ack(root, opts), EXIT_OK)),
+    "inbox commit": dict(
+        usage="inbox commit --slug SLUG --cursor N [--repo-root DIR]",
+        example="python3 scripts/bridge.py inbox commit --slug fo-main --cursor 3",
+        flags=("slug", "cursor"),
+        failed={"cursor": 0},
+        run=lambda root, opts: (inbox_commit(root, opts.get("slug", ""), opts.get("cursor", "")),
+                                EXIT_OK)),
+    "inbox check": dict(
+        usage="inbox check [--host claude] [--slug SLUG] [--session-id ID] [--repo-root DIR]  < Stop payload",
+        example="echo '{\"stop_hook_active\":false}' | python3 scripts/bridge.py inbox check --slug fo-main",
+        flags=("host", "slug", "session-id")),
+    "initiate": dict(
+        help="push a status / reco / gate-review card to _bridge/fo-initiate.jsonl",
+        usage="initiate --kind status|reco|gate-review --id ID --headline TEXT [--body TEXT] "
+              "[--workflow W] [--entity E] [--ship-id S] [--host H] [--session-id ID] "
+              "[--request-id R] [--repo-root DIR]",
+        example="python3 scripts/bridge.py initiate --kind status --id st-1 "
+                "--headline 'tests green on feat/x'",
+        flags=("kind", "id", "headline", "workflow", "entity", "ship-id", "host", "session-id",
+               "body", "request-id"), strict=True, never_block=True,
+        failed={"queued": False},
+        run=lambda root, opts: (initiate(root, opts), EXIT_OK)),
+    "alert": dict(
+        help="raise a permission alert in _bridge/fo-alerts.jsonl",
+        usage="alert permission --reason TEXT [--id ID] [--command CMD] [--prefix-rule a,b] "
+              "[--workflow W] [--entity E] [--host H] [--session-id ID] [--repo-root DIR]",
+        example="python3 scripts/bridge.py alert permission --reason 'wants to run rm -rf build/'",
+        flags=("id", "workflow", "entity", "host", "session-id", "reason", "command", "prefix-rule"),
+        strict=True, never_block=True,
+        failed={"queued": False},
+        run=lambda root, opts: (alert_permission(root, opts), EXIT_OK)),
+    "feed": dict(
+        help="append ambient narration to _bridge/fo-feed.jsonl",
+        usage="feed --verb dispatch|advance|complete --text TEXT [--entity E] [--workflow W] "
+              "[--stage S] [--repo-root DIR]",
+        example="python3 scripts/bridge.py feed --verb advance --text 'moved task 4 to review'",
+        flags=("verb", "text", "entity", "workflow", "stage"), never_block=True,
+        failed={"appended": False},
+        run=lambda root, opts: (feed(root, opts), EXIT_OK)),
+    "wake": dict(
+        help="resume parked Codex sessions that have undelivered intent",
+        usage="wake --host codex [--members a,b] [--codex-bin PATH] [--repo-root DIR]",
+        example="python3 scripts/bridge.py wake --host codex",
+        flags=("host", "members", "codex-bin"),
+        failed={"status": "failed"},
+        run=lambda root, opts: _seam_wake(root, opts)),
 }
 
-SEAM_EXAMPLES = {
-    "egress": "echo '{\"hook_event_name\":\"PreToolUse\",\"session_id\":\"s1\"}' | "
-              "python3 scripts/bridge.py egress emit --host claude",
-    "inbox drain": "python3 scripts/bridge.py inbox drain --slug fo-main",
-    "inbox ack": ("python3 scripts/bridge.py inbox ack --slug fo-main --line 3 --kind tell "
-                  "--status answered --id msg-17 --text 'shipped'"),
-    "inbox commit": "python3 scripts/bridge.py inbox commit --slug fo-main --cursor 3",
-    "inbox check": "echo '{\"stop_hook_active\":false}' | python3 scripts/bridge.py inbox check --slug fo-main",
-    "initiate": ("python3 scripts/bridge.py initiate --kind status --id st-1 "
-                 "--headline 'tests green on feat/x'"),
-    "alert": "python3 scripts/bridge.py alert permission --reason 'wants to run rm -rf build/'",
-    "feed": "python3 scripts/bridge.py feed --verb advance --text 'moved task 4 to review'",
-    "wake": "python3 scripts/bridge.py wake --host codex",
-}
 
-_SEAM_FLAGS = {
-    "egress": ("host",),
-    "inbox drain": ("host", "slug", "session-id", "members"),
-    "inbox ack": ("host", "slug", "line", "id", "ts", "kind", "status", "text", "entity", "field",
-                  "value", "verdict", "request-id", "session-id"),
-    "inbox commit": ("slug", "cursor"),
-    "inbox check": ("host", "slug", "session-id"),
-    "initiate": ("kind", "id", "headline", "workflow", "entity", "ship-id", "host", "session-id",
-                 "body", "request-id"),
-    "alert": ("id", "workflow", "entity", "host", "session-id", "reason", "command", "prefix-rule"),
-    "feed": ("verb", "text", "entity", "workflow", "stage"),
-    "wake": ("host", "members", "codex-bin"),
-}
+def _seam_drain(root, opts):
+    host = opts.get("host", "").strip().lower()
+    out = inbox_drain(root, opts.get("slug", ""), host, opts.get("session-id"), _csv(opts.get("members")))
+    # a heartbeat or acting acks not written: the records still go out, but the
+    # exit says something is wrong with _bridge/ (out["error"] names the file)
+    return out, EXIT_FAILED if out["status"] == "failed" or out.get("error") else EXIT_OK
+
+
+def _seam_wake(root, opts):
+    host = opts.get("host", "codex").strip().lower() or "codex"
+    if host != "codex":
+        return {"status": "failed", "error": "bridge ingress wake currently supports host codex only"}, EXIT_USAGE
+    out = wake_codex(root, _csv(opts.get("members")), opts.get("codex-bin"))
+    return out, {"locked": EXIT_LOCKED, "failed": EXIT_FAILED, "partial": EXIT_FAILED}.get(out["status"], EXIT_OK)
 
 
 def parse_go_flags(argv, names, strict=False, tristate=()):
@@ -10588,12 +10636,12 @@ def seam_main(argv=None):
     if verb == "inbox check":
         return _cmd_inbox_check(rest)
     key = {"alert permission": "alert"}.get(verb, verb)
-    if "-h" in rest or "--help" in rest or key not in SEAM_USAGE or verb in ("inbox", "egress", "alert"):
-        usage = SEAM_USAGE.get(key) or "\n  ".join(
-            text for name, text in SEAM_USAGE.items() if name.startswith(verb or " "))
+    if "-h" in rest or "--help" in rest or key not in SEAM_COMMANDS or verb in ("inbox", "egress", "alert"):
+        rows = [SEAM_COMMANDS[key]] if key in SEAM_COMMANDS else [
+            row for name, row in SEAM_COMMANDS.items() if name.startswith(verb or " ")]
+        usage = "\n  ".join(row["usage"] for row in rows)
         if "-h" in rest or "--help" in rest:
-            example = SEAM_EXAMPLES.get(key) or "\n  ".join(
-                text for name, text in SEAM_EXAMPLES.items() if name.startswith(verb or " "))
+            example = "\n  ".join(row["example"] for row in rows)
             sys.stdout.write("usage: bridge.py %s\n\nexample:\n  %s\n" % (usage, example))
             return EXIT_OK
         if verb.startswith("inbox "):
@@ -10611,55 +10659,23 @@ def seam_main(argv=None):
 
 
 def _run_seam_verb(key, rest):
-    failed = {
-        "inbox drain": lambda e: {"status": "failed", "slug": "", "cursor": 0, "high_water": 0,
-                                  "count": 0, "heartbeat": False, "records": None, "error": e},
-        "inbox ack": lambda e: {"appended": False, "error": e},
-        "inbox commit": lambda e: {"cursor": 0, "error": e},
-        "initiate": lambda e: {"queued": False, "error": e},
-        "alert": lambda e: {"queued": False, "error": e},
-        "feed": lambda e: {"appended": False, "error": e},
-        "wake": lambda e: {"status": "failed", "error": e},
-    }[key]
-    strict = key in ("initiate", "alert")
+    row = SEAM_COMMANDS[key]
+    quiet = row.get("never_block", False)
+
+    def failed(message):
+        return dict(row["failed"], error=message)
+
     try:
-        opts = parse_go_flags(rest, _SEAM_FLAGS[key], strict,
-                              tristate=("granted",) if key == "inbox ack" else ())
+        opts = parse_go_flags(rest, row["flags"], row.get("strict", False), row.get("tristate", ()))
     except SeamFailure as exc:
         _seam_print(failed(exc.message))
-        return EXIT_OK if key in ("initiate", "alert", "feed") else EXIT_USAGE
+        return EXIT_OK if quiet else EXIT_USAGE
     root = None
     try:
         root = seam_root(opts.get("repo-root"))
-        if key == "inbox drain":
-            host = opts.get("host", "").strip().lower()
-            out = inbox_drain(root, opts.get("slug", ""), host, opts.get("session-id"),
-                              _csv(opts.get("members")))
-            _seam_print(out)
-            # a heartbeat or acting acks not written: the records still go out, but the
-            # exit says something is wrong with _bridge/ (out["error"] names the file)
-            return EXIT_FAILED if out["status"] == "failed" or out.get("error") else EXIT_OK
-        if key == "inbox ack":
-            _seam_print(inbox_ack(root, opts))
-        elif key == "inbox commit":
-            _seam_print(inbox_commit(root, opts.get("slug", ""), opts.get("cursor", "")))
-        elif key == "initiate":
-            _seam_print(initiate(root, opts))
-        elif key == "alert":
-            _seam_print(alert_permission(root, opts))
-        elif key == "feed":
-            _seam_print(feed(root, opts))
-        elif key == "wake":
-            host = opts.get("host", "codex").strip().lower() or "codex"
-            if host != "codex":
-                _seam_print({"status": "failed",
-                             "error": "bridge ingress wake currently supports host codex only"})
-                return EXIT_USAGE
-            out = wake_codex(root, _csv(opts.get("members")), opts.get("codex-bin"))
-            _seam_print(out)
-            return {"locked": EXIT_LOCKED, "failed": EXIT_FAILED,
-                    "partial": EXIT_FAILED}.get(out["status"], EXIT_OK)
-        return EXIT_OK
+        answer, code = row["run"](root, opts)
+        _seam_print(answer)
+        return code
     except (SeamFailure, BridgeError, OSError) as exc:
         message = getattr(exc, "message", None)
         if not message:  # an OSError no verb wrapped: name its file, or at least the verb
@@ -10673,7 +10689,7 @@ def _run_seam_verb(key, rest):
                 and is_safe_name(opts.get("slug")):
             answer["cursor"] = read_cursor(os.path.join(root, SEAM_DIR), opts["slug"])
         _seam_print(answer)
-        return EXIT_OK if key in ("initiate", "alert", "feed") else EXIT_FAILED
+        return EXIT_OK if quiet else EXIT_FAILED
 
 
 def _quiet_stderr():
@@ -10691,11 +10707,11 @@ def _quiet_stderr():
 def _cmd_egress_emit(rest):
     """Observe-only: read the payload, record it, print nothing, exit 0."""
     if "-h" in rest or "--help" in rest:
-        sys.stdout.write("usage: bridge.py %s\n" % SEAM_USAGE["egress"])
+        sys.stdout.write("usage: bridge.py %s\n" % SEAM_COMMANDS["egress"]["usage"])
         return EXIT_OK
     saved = _quiet_stderr()
     try:
-        opts = parse_go_flags(rest, _SEAM_FLAGS["egress"])
+        opts = parse_go_flags(rest, SEAM_COMMANDS["egress"]["flags"])
         data = sys.stdin.buffer.read()
         done = egress_emit(data, opts.get("host", ""), opts.get("repo-root"))
     except Exception as exc:  # the host must never see us fail
@@ -10713,7 +10729,7 @@ def _cmd_inbox_check(rest):
     answer = {}
     saved = _quiet_stderr()
     try:
-        opts = parse_go_flags(rest, _SEAM_FLAGS["inbox check"])
+        opts = parse_go_flags(rest, SEAM_COMMANDS["inbox check"]["flags"])
         data = sys.stdin.buffer.read() if not sys.stdin.isatty() else b""
         answer = inbox_check(data, opts.get("host", ""), opts.get("repo-root"),
                              opts.get("slug"), opts.get("session-id"))
@@ -10736,19 +10752,11 @@ def cmd_seam(args):
 
 def add_seam_parsers(subparsers):
     """egress, inbox, initiate, alert, feed, wake."""
-    helps = {
-        "egress": "record an agent hook payload in _bridge/events.jsonl (silent, exit 0)",
-        "inbox": "drain|ack|commit|check captain intent from _bridge/inbox.jsonl",
-        "initiate": "push a status / reco / gate-review card to _bridge/fo-initiate.jsonl",
-        "alert": "raise a permission alert in _bridge/fo-alerts.jsonl",
-        "feed": "append ambient narration to _bridge/fo-feed.jsonl",
-        "wake": "resume parked Codex sessions that have undelivered intent",
-    }
     for verb in SEAM_VERBS:
-        usage = "\n  ".join("bridge.py " + text for name, text in SEAM_USAGE.items()
-                            if name.split()[0] == verb)
+        rows = [row for name, row in SEAM_COMMANDS.items() if name.split()[0] == verb]
+        usage = "\n  ".join("bridge.py " + row["usage"] for row in rows)
         # prefix_chars that no flag uses: every word after the verb reaches seam_main
-        parser = subparsers.add_parser(verb, help=helps[verb], add_help=False, prefix_chars="\x01",
+        parser = subparsers.add_parser(verb, help=rows[0]["help"], add_help=False, prefix_chars="\x01",
                                        usage=usage)
         parser.add_argument("seam_args", nargs="*")
         parser.set_defaults(func=cmd_seam, seam_verb=verb)
