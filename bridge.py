@@ -1154,7 +1154,7 @@ def split_command(value, what):
 #      maps and credentials, and their base64, URL-, JSON- and \u-escaped forms; plus
 #      `redaction_patterns` from the config (whole match).
 #
-# Python's `re` backtracks and has no timeout (reference/redaction.md section 5), so every
+# Python's `re` backtracks and has no timeout, so every
 # pattern starts with a literal (CPython then scans at ~1 GB/s with a fast prefix search),
 # bounds every repeat and never nests one. Matching resumes after each match, so each
 # adversarial shape (BEGIN floods, `eyJ` runs, `api_key=` x 100 000) stays linear. Most
@@ -2697,14 +2697,14 @@ def find_root(root=None):
 
 
 # =============================================================================
-# 2. WATCH - the .ai-handoff/ task queue (seed 000)
+# 2. WATCH - the .ai-handoff/ task queue
 # =============================================================================
 # The Bridge Protocol: a planner drops task JSON into .ai-handoff/tasks/, one
 # watcher (worker lock) takes each task through validate -> idempotency -> task
 # lock -> running/ -> confirmation gate -> dirty check -> branch -> bead ->
 # editing agent -> audit -> verify -> audit -> commit/return -> result. Every
-# exit path writes results/{id}.json, redacted. The holes of the seed's sequence
-# are closed as issue 2 decides (see the README's "Decisions").
+# exit path writes results/{id}.json, redacted. The README's "Decisions" lists where
+# this goes beyond the Bridge Protocol's own sequence.
 
 HANDOFF_DIR = ".ai-handoff"
 HANDOFF_SUBDIRS = ("tasks", "running", "results", "patches", "locks", "logs", "meta",
@@ -3480,7 +3480,7 @@ class Watcher:
         self.recover(task_id, path, task, meta, why)
 
     def recover(self, task_id, path, task, meta, why):
-        """Seed step 4 stale recovery: every process group of the run killed, the work
+        """Recovery of a stale run: every process group of the run killed, the work
         parked and the base checked out again, result, bead blocked, re-queue or failed/."""
         lock = FileLock(self.handoff.path("locks", task_id + ".lock"))
         if not lock.acquire():
@@ -3775,7 +3775,7 @@ class Watcher:
             self.child = None
 
     def execute(self, task, running):
-        """Steps 6-14 for a task already in running/ under its lock."""
+        """A task already in running/ under its lock, from the confirmation gate to its result."""
         task_id = task["id"]
         result = self.active = self.new_result(task)
         started = monotonic()
@@ -3872,7 +3872,7 @@ class Watcher:
     def steps(self, task, running, result):
         task_id = task["id"]
         git_state = result["git"]
-        # 6. confirmation gate: before any git change
+        # confirmation gate: before any git change
         if task["requires_confirmation"] and not task.get("approved_at"):
             snap = self.git_snapshot()
             git_state.update(branch=snap["current_branch"], base_branch=snap["current_branch"],
@@ -3887,7 +3887,7 @@ class Watcher:
             move_no_clobber(running, self.handoff.dir("pending"), task_id + ".json")
             self.say("%s: needs confirmation (bridge.py approve %s)" % (task_id, task_id))
             return "pending"
-        # 3. safety: dirty check and git state, captured before the agent runs
+        # safety: dirty check and git state, captured before the agent runs
         snap = self.git_snapshot()
         base_branch = snap["current_branch"]
         git_state.update(base_branch=base_branch, base_commit=snap["head"],
@@ -3902,7 +3902,7 @@ class Watcher:
         if snap["head"] is None:
             raise Stop("blocked", "branch_checkout_failed", "the repository has no commit yet "
                        "(unborn branch); commit something first")
-        # 3b. branch: off protected branches (and detached HEAD) onto feat/ai/{id}
+        # branch: off protected branches (and detached HEAD) onto feat/ai/{id}
         branch = base_branch
         if base_branch is None or base_branch in self.protected:
             branch = "feat/ai/" + task_id
@@ -3927,9 +3927,9 @@ class Watcher:
                 raise Stop("blocked", "branch_checkout_failed", "git checkout -b %s failed: %s" % (
                     branch, made.stderr.strip()[-300:]))
         git_state["branch"] = branch
-        # 7. bead
+        # bead
         self.bead_create(task, result)
-        # 8. the editing agent
+        # the editing agent
         prompt = build_prompt(task)
         prompt_path = self.handoff.path("meta", task_id + ".prompt.md")
         self.write_redacted(prompt_path, prompt)
@@ -3966,7 +3966,7 @@ class Watcher:
             "stderr": cap_text(self.redact(ran.stderr), self.cap, task_id),
             "error": ran.error,
         }
-        # 9. audit 1 (also the partial evidence when the agent failed)
+        # audit 1 (also the partial evidence when the agent failed)
         self.audit_into(task_id, result, "pre", attributes)
         if self.stopping:
             raise Stop("failed", "interrupted", "the watcher received %s while the agent ran; "
@@ -3974,7 +3974,7 @@ class Watcher:
         if not ran.ok:
             self.post_state(result)
             raise Stop("failed", "opencode_failed", "the editing agent %s" % ran.describe())
-        # 10. verify
+        # verify
         failed = None
         for index, command in enumerate(task["commands_to_run"]):
             if failed is not None or self.stopping:
@@ -3995,7 +3995,7 @@ class Watcher:
             self.tamper_check(guard, result, "verification command %d" % (index + 1))
             if not done.ok:
                 failed = (command, done)
-        # 11. audit 2
+        # audit 2
         self.audit_into(task_id, result, "post", attributes)
         self.post_state(result)
         if self.stopping:
@@ -4003,7 +4003,7 @@ class Watcher:
                        "the verification was stopped" % self.stopping)
         if failed is not None:
             raise Stop("failed", "verify_failed", "`%s` %s" % (failed[0][:200], failed[1].describe()))
-        # 12-13. success: commit on the task branch, return to base, close the bead
+        # success: commit on the task branch, return to base, close the bead
         if self.config["commit_on_success"] and git_state["dirty_after_verify"]:
             git_state["commit"] = self.commit_all("bridge: %s: %s\n\nTask %s (attempt %d) passed: %s\n" % (
                 task_id, task["bead_title"], task_id, task["attempt"],
@@ -4282,15 +4282,15 @@ def unlock_worker(root, force=False):
 
 
 # =============================================================================
-# 3. SEAM - the _bridge/ verbs (seed 001)
+# 3. SEAM - the _bridge/ verbs
 # =============================================================================
 #
 # The `_bridge/` directory is a file seam between agents (Claude Code, Codex, Pi)
 # and a captain's Bridge UI. The formats are those of Spacedock's Go verbs
-# (`spacedock bridge ...`, the [PR445] generation in reference/seam.md): a Bridge
+# (`spacedock bridge ...`, the generation with `inbox drain/ack/commit`): a Bridge
 # reading what this writes, or writing what this reads, cannot tell the
 # difference - compact JSON in Go's key order with Go's escaping, one record per
-# line. Where the sources disagree, issue 6 decided:
+# line. Where Spacedock's Go verbs and its Bridge disagree, bridge.py does this:
 #
 #   1. A torn last line (no newline yet) is not counted and not delivered.
 #      Lines of any length are read; a malformed line consumes its number.
@@ -4314,14 +4314,14 @@ SEAM_DIR = "_bridge"
 SEAM_VERBS = ("egress", "inbox", "initiate", "alert", "feed", "wake")
 EVENTS_MAX_LINES, EVENTS_KEEP_LINES = 2000, 1000
 INITIATE_MAX_LINES, INITIATE_KEEP_LINES = 2000, 1000
-# truncateReplies: Go's tests imply the cap; its window is not in the sources, so it
-# is events' keep (README, decisions).
+# truncateReplies: Go's tests imply the cap but not how many lines it keeps; events'
+# keep is used (README, decisions).
 REPLIES_MAX_LINES, REPLIES_KEEP_LINES = 2000, 1000
 
 # Intent kind -> the kind of the reply that acknowledges it (ackKindFor).
 ACK_KINDS = {"tell": "reply", "conn": "conn-ack", "decision": "decision-ack",
              "permission-decision": "permission-ack"}
-# Ack kind -> the statuses Bridge's reader accepts for it (reference 5.1; any other is
+# Ack kind -> the statuses Bridge's reader accepts for it (any other is
 # dropped by Bridge, so `inbox ack` refuses it rather than write an invisible ack).
 ACK_STATUSES = {
     "reply": ("answered", "rejected", "blocked", "acting"),
@@ -4844,7 +4844,7 @@ def redact_fields(redactor, fields):
 
 
 def _marker_for(host, hook_event, payload, detail, actor, cwd):
-    """The session marker this event calls for, or None (section 4 of the reference)."""
+    """The session marker this event calls for (as Spacedock's egress writes it), or None."""
     if not actor:
         return None
     agent_id = _payload_str(payload, "agent_id")
@@ -5515,7 +5515,7 @@ def inbox_ack(root, opts):
     rid, rts = opts.get("id", ""), opts.get("ts", "")
     if not rid and not rts:
         raise SeamFailure("ack has no correlator: pass --id (from the drained record) or --ts")
-    # An intent id is an opaque correlator (reference 2.1): it is only compared with the
+    # An intent id is an opaque correlator: Bridge only compares it with the
     # inbox line's id, never used as a path or an argv word, so any id Bridge wrote can be
     # acked. Only a control character is refused: no id is written with one.
     bad = next((ch for ch in rid if ord(ch) < 0x20 or 0x7f <= ord(ch) <= 0x9f), None)
@@ -6118,7 +6118,7 @@ def _wake_event(bdir, status, lines, targets, session, message="", error=""):
 
 
 # =============================================================================
-# 4. RELAY - Agent Teams <-> YAML queue relay (seed 002)
+# 4. RELAY - Agent Teams <-> YAML queue relay
 # =============================================================================
 #
 # A captain hands commands down to the tmux work layer through a YAML queue
@@ -6290,8 +6290,8 @@ class QueueLayout:
     """Where and how `down` splices a new entry into a queue file's text.
 
     kind: "list" (block list under `key:`), "map" (block mapping keyed by id
-    under `key:`), "toplist" (the whole document is a list, as in the seed's
-    section 1.3 example) or "new" (no `key:` yet: one is added at the end).
+    under `key:`), "toplist" (the whole document is a list, as some older queues
+    are) or "new" (no `key:` yet: one is added at the end).
     Columns are those of the first existing entry, so a new entry looks like
     its neighbours: indentless (PyYAML) or indented lists, 2 or 4 spaces.
     """
@@ -6632,7 +6632,7 @@ def relay_find_entry(layout, cmd_id):
 # ---- logging, locking, paths ----------------------------------------------------
 
 class RelayLog:
-    """The seed's log: `[YYYY-MM-DDTHH:MM:SS] [bridge_relay/DIR] MESSAGE`.
+    """The relay shell script's log: `[YYYY-MM-DDTHH:MM:SS] [bridge_relay/DIR] MESSAGE`.
 
     Each line goes to logs/bridge/<captain_id>_<YYYYMMDD>.log (one append) and
     to stderr, like the script's `tee -a`. Lines are redacted first.
@@ -6662,7 +6662,7 @@ class RelayLog:
 def relay_lock(lock_path, config, log, what="queue"):
     """flock on `lock_path` like `flock -w 5`: 3 attempts 1 s apart -> fd.
 
-    Logs the seed's `Lock timeout (attempt N/3), retrying...` lines and, when
+    Logs the shell script's `Lock timeout (attempt N/3), retrying...` lines and, when
     every attempt failed, `ERROR: Failed to acquire lock after 3 attempts`
     and raises (exit 1, the script's code).
     """
@@ -6711,7 +6711,7 @@ def _relay_read(path):
 
 def relay_purpose(message):
     """The first sentence or line of the message (。！？ end a sentence, and
-    . ! ? when followed by a space), as the spec's field mapping says."""
+    . ! ? when followed by a space): the entry's `purpose`."""
     for line in message.split("\n"):
         line = line.strip()
         if line:
@@ -6729,7 +6729,7 @@ def relay_criteria(text):
 
 def relay_down(root, config, captain_id, session, message, project, priority="",
                criteria=""):
-    """Append a new cmd to the queue; returns its id. The seed's `down`."""
+    """Append a new cmd to the queue; returns its id (the shell script's `down`)."""
     log = RelayLog(root, captain_id, "down", config)
     if not message.strip() or not project.strip():
         log("ERROR: down mode requires message_content and project")
@@ -6794,7 +6794,8 @@ def relay_nudge_target(root, config, log, captain_id, session):
 
 
 def relay_nudge(root, config, log, captain_id, cluster_id, cmd_id, session=""):
-    """Wake the vice captain; a failure is a WARN line, never an error (seed 3.2)."""
+    """Wake the vice captain; a failure is a WARN line, never an error: the command is
+    queued, and the vice captain's self-watch picks it up."""
     if not config["relay"]["nudge"]:
         return
     target = relay_nudge_target(root, config, log, captain_id, session)
@@ -6849,7 +6850,9 @@ def inbox_write(root, config, log, target, content, msg_type, sender):
 # ---- up -------------------------------------------------------------------------
 
 def relay_up(root, config, captain_id, session, cmd_id, status, summary, force=False):
-    """The report line for Agent Teams, or None when the seed says not to relay."""
+    """The report line for Agent Teams, or None when it is not to be relayed: the entry did
+    not come from Agent Teams, is not finished or was reassigned, or redoes another (unless
+    `force`)."""
     log = RelayLog(root, captain_id, "up", config)
     if not cmd_id.strip() or not status.strip() or not summary.strip():
         log("ERROR: up mode requires cmd_id, status, and summary")
@@ -6885,7 +6888,7 @@ def relay_up(root, config, captain_id, session, cmd_id, status, summary, force=F
 
 
 # =============================================================================
-# 5. PROXY - stdio MCP supervisor with observability (seed 003)
+# 5. PROXY - stdio MCP supervisor with observability
 # =============================================================================
 
 # ---- 5a. supervisor and relay ----
@@ -7753,7 +7756,8 @@ class Proxy:
         self.send_child(b"".join(out))
 
     def child_lines(self, lines):
-        """Doctor -> client: swallow the seed's special lines and answers to bridge.py's requests."""
+        """Doctor -> client: swallow its special lines (special()) and answers to bridge.py's
+        requests."""
         loads, pending, out, child, obs, tries = self.parse, self.pending, [], self.child, self.obs, self.tries
         watch = obs is not None and obs.client_count > 0
         for line in lines:
@@ -7799,7 +7803,8 @@ class Proxy:
             self.send_client(b"".join(out))
 
     def special(self, msg):
-        """The seed's non-JSON-RPC Doctor lines: never forwarded (stdout carries MCP only)."""
+        """The Doctor's non-JSON-RPC lines ({"ready": true}, {"health": ...}, {"shutdown":
+        "graceful"}): never forwarded (stdout carries MCP only)."""
         if msg.get("ready") is True:
             self.mark_ready("ready line")
         elif msg.get("shutdown") == "graceful":
@@ -8779,10 +8784,10 @@ connect("/control", onAck);
 
 
 # =============================================================================
-# 6. CHANGES - change sets and their MCP executor (seed 004)
+# 6. CHANGES - change sets and their MCP executor
 # =============================================================================
 
-# Change sets (seed 004, issue 5). A planning agent writes reviewable change sets under
+# Change sets. A planning agent writes reviewable change sets under
 # changes/<id>/; the trusted executor (`changes run`) validates each one offline (schema,
 # integrity) and against the repository's MCP server (alignment, governance, impact), then
 # applies it through the server, gates it for a human (Tier 2) or rejects it. Every decision
@@ -8857,8 +8862,7 @@ def _canonical_check_text(text, where):
 
 
 def canonical_json(value):
-    """Canonical JSON bytes: UTF-8, keys sorted by code point (= UTF-8 byte order, the seed's
-    rule; RFC 8785 sorts by UTF-16 code units, which differs only for astral-plane vs
+    """Canonical JSON bytes: UTF-8, keys sorted by code point (= UTF-8 byte order; RFC 8785 sorts by UTF-16 code units, which differs only for astral-plane vs
     U+E000..U+FFFF keys), no whitespace, arrays in order, no trailing newline."""
     import json
     _canonical_check(value)
@@ -9707,7 +9711,7 @@ class ChangeSets:
     def base_state(self, client, snapshot=None):
         """snapshot -> {"kind": "snapshot", "id": ID}; worktree -> sha256 of the canonical JSON
         of snapshot.info's fingerprint; servers without snapshot.info anchor to a new
-        snapshot (the seed's fallback)."""
+        snapshot."""
         if snapshot:
             return {"kind": "snapshot", "id": str(snapshot)}
         try:
@@ -9869,7 +9873,7 @@ def _violation_text(violations):
 # ---- the executor ---------------------------------------------------------------------------
 
 class ChangeExecutor:
-    """The trusted local executor of seed section 6: one change set at a time, under
+    """The trusted local executor: one change set at a time, under
     changes/.locks/worktree.lock, each with its own MCP server process."""
 
     def __init__(self, sets):
@@ -10858,7 +10862,7 @@ def add_changes_parsers(subparsers):
     import argparse
     top = subparsers.add_parser(
         "changes", help="deterministic change sets, validated and executed through an MCP server",
-        description="Change sets under changes/<id>/ (seed 004): a planning agent proposes, the "
+        description="Change sets under changes/<id>/: a planning agent proposes, the "
                     "executor validates against the MCP server and applies, or gates for review.",
         epilog="example:\n  python3 bridge.py changes new --subject 'Fix login' --plan plan.json\n"
                "  python3 bridge.py changes run --once",
