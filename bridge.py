@@ -8823,42 +8823,58 @@ class CanonicalJSONError(BridgeError):
     """A value that canonical JSON (our subset of RFC 8785) cannot represent."""
 
 
-def _canonical_check(value, where="$"):
+class _Refused:
+    """A value canonical JSON refuses (a float, NaN), kept while parsing so that every one is
+    reported with its place instead of only the first."""
+
+    def __init__(self, why):
+        self.why = why
+
+
+def _canonical_check(value, where="$", problems=None):
     """Refuse what canonical JSON may not hold: floats, NaN, out-of-range integers,
-    non-string keys, lone surrogates. `where` is a JSONPath-like location for the message."""
+    non-string keys, lone surrogates. `where` is a JSONPath-like location for the message.
+    Each problem is appended to `problems` when a list is given; else the first raises."""
+    def bad(msg):
+        if problems is None:
+            raise CanonicalJSONError(msg)
+        problems.append(msg)
+
     if value is None or value is True or value is False:
         return
     if isinstance(value, int):
         if not -CS_MAX_SAFE_INT <= value <= CS_MAX_SAFE_INT:
             shown = str(value) if value.bit_length() < 256 else "of %d bits" % value.bit_length()
-            raise CanonicalJSONError("%s: integer %s is outside +/-(2^53-1)" % (where, shown))
-        return
-    if isinstance(value, float):
-        raise CanonicalJSONError("%s: number %r is not an integer (floats are not allowed in "
-                                 "canonical JSON)" % (where, value))
-    if isinstance(value, str):
-        _canonical_check_text(value, where)
-        return
-    if isinstance(value, (list, tuple)):
+            bad("%s: integer %s is outside +/-(2^53-1)" % (where, shown))
+    elif isinstance(value, float):
+        bad("%s: number %r is not an integer (floats are not allowed in canonical JSON)"
+            % (where, value))
+    elif isinstance(value, _Refused):
+        bad("%s: %s" % (where, value.why))
+    elif isinstance(value, str):
+        if _lone_surrogate(value):
+            bad("%s: %s" % (where, _lone_surrogate(value)))
+    elif isinstance(value, (list, tuple)):
         for i, item in enumerate(value):
-            _canonical_check(item, "%s[%d]" % (where, i))
-        return
-    if isinstance(value, dict):
+            _canonical_check(item, "%s[%d]" % (where, i), problems)
+    elif isinstance(value, dict):
         for key, item in value.items():
             if not isinstance(key, str):
-                raise CanonicalJSONError("%s: object key %r is not a string" % (where, key))
-            _canonical_check_text(key, where + " (key)")
-            _canonical_check(item, "%s.%s" % (where, key))
-        return
-    raise CanonicalJSONError("%s: %s is not a JSON value" % (where, type(value).__name__))
+                bad("%s: object key %r is not a string" % (where, key))
+                continue
+            if _lone_surrogate(key):
+                bad("%s (key): %s" % (where, _lone_surrogate(key)))
+            _canonical_check(item, "%s.%s" % (where, key), problems)
+    else:
+        bad("%s: %s is not a JSON value" % (where, type(value).__name__))
 
 
-def _canonical_check_text(text, where):
+def _lone_surrogate(text):
     try:
         text.encode("utf-8")
     except UnicodeEncodeError as exc:
-        raise CanonicalJSONError("%s: lone surrogate U+%04X in string" % (
-            where, ord(text[exc.start])))
+        return "lone surrogate U+%04X in string" % ord(text[exc.start])
+    return None
 
 
 def canonical_json(value):
@@ -8876,25 +8892,27 @@ def canonical_sha256(value):
     return hashlib.sha256(canonical_json(value)).hexdigest()
 
 
-def canonical_loads(data, what="JSON"):
+def canonical_loads(data, what="JSON", problems=None):
     """Parse JSON strictly for hashed artifacts: duplicate keys, floats, NaN/Infinity,
-    out-of-range integers, lone surrogates and invalid UTF-8 are errors naming `what`."""
+    out-of-range integers, lone surrogates and invalid UTF-8 are errors naming `what`, all
+    of them at once. With a `problems` list, the value problems (all but undecodable or
+    unparseable text) are appended to it instead and the value is returned."""
     import json
+    found = []
 
     def pairs(items):
         seen = {}
         for key, val in items:
             if key in seen:
-                raise CanonicalJSONError("%s: duplicate key %s" % (what, json.dumps(key)))
+                found.append("duplicate key %s" % json.dumps(key))
             seen[key] = val
         return seen
 
     def bad_float(text):
-        raise CanonicalJSONError("%s: number %s is not an integer (floats are not allowed)"
-                                 % (what, text))
+        return _Refused("number %s is not an integer (floats are not allowed)" % text)
 
     def bad_constant(text):
-        raise CanonicalJSONError("%s: %s is not valid JSON here" % (what, text))
+        return _Refused("%s is not valid JSON here" % text)
 
     if isinstance(data, bytes):
         try:
@@ -8911,15 +8929,17 @@ def canonical_loads(data, what="JSON"):
                                                                 exc.msg))
     except ValueError as exc:  # e.g. an integer of 5000 digits, or nested too deeply
         raise CanonicalJSONError("%s: %s" % (what, exc))
-    try:
-        _canonical_check(value)
-    except CanonicalJSONError as exc:
-        raise CanonicalJSONError("%s: %s" % (what, exc))
+    _canonical_check(value, "$", found)
+    found = ["%s: %s" % (what, msg) for msg in found]
+    if problems is not None:
+        problems.extend(found)
+    elif found:
+        raise CanonicalJSONError("; ".join(found))
     return value
 
 
-def read_canonical_file(path, what=None):
-    return canonical_loads(read_input(path), what or str(path))
+def read_canonical_file(path, what=None, problems=None):
+    return canonical_loads(read_input(path), what or str(path), problems)
 
 
 # ---- slug, repo key, id -------------------------------------------------------------------
@@ -9052,7 +9072,8 @@ class McpClient:
                 self.command[0], exc.strerror or exc), EXIT_FAILED)
         self._replies = queue.Queue()
         threading.Thread(target=self._read_stdout, daemon=True).start()
-        threading.Thread(target=self._read_stderr, daemon=True).start()
+        self._stderr_reader = threading.Thread(target=self._read_stderr, daemon=True)
+        self._stderr_reader.start()
         init = self.request("initialize", {
             "protocolVersion": "2024-11-05", "capabilities": {},
             "clientInfo": {"name": "bridge.py", "version": __version__}})
@@ -9101,6 +9122,8 @@ class McpClient:
                 code = self.proc.wait(timeout=1.0)
             except Exception:
                 code = None
+        if code is not None:  # its last words are on their way: read them before quoting
+            self._stderr_reader.join(timeout=2.0)
         msg = "MCP server %s" % what
         if code is not None:
             msg += " (exit code %s)" % code
@@ -9731,6 +9754,21 @@ class ChangeSets:
             raise BridgeError("snapshot.info returned no fingerprint object", EXIT_FAILED)
         return canonical_sha256(fp)
 
+    def stale_base(self, client, base):
+        """Why `base` is no longer the repository's state (the worktree fingerprint moved, or
+        the snapshot is gone), or None."""
+        if base["kind"] == "worktree":
+            current = self.worktree_fingerprint(client)
+            if current == base["id"]:
+                return None
+            return "the worktree fingerprint is %s, the plan was made against %s; re-plan " \
+                   "under a new id" % (current[:16], base["id"][:16])
+        try:
+            client.call_tool("snapshot.info", {"repo_root": self.root, "snapshot_id": base["id"]})
+        except McpError as exc:
+            return "snapshot %s is not available: %s" % (base["id"], exc)
+        return None
+
     # -- validation against the server --
     def check_online(self, client, meta, plan):
         """Alignment, governance, impact. Returns (outcome, code, reason, details):
@@ -9739,19 +9777,11 @@ class ChangeSets:
         kind = base["kind"]
         details = {"server": (client.server_info or {}).get("serverInfo")}
         rejects = []  # every reason to reject, so `validate` can print them all
-        if kind == "worktree":
-            current = self.worktree_fingerprint(client)
-            if current != base["id"]:
-                rejects.append(("stale_base", "the worktree fingerprint is %s, the plan was "
-                                "made against %s; re-plan under a new id" % (
-                                    current[:16], base["id"][:16])))
-        else:
-            try:
-                client.call_tool("snapshot.info", {"repo_root": self.root,
-                                                   "snapshot_id": base["id"]})
-            except McpError as exc:
-                return ("reject", "stale_base", "snapshot %s is not available: %s"
-                        % (base["id"], exc), details)
+        stale = self.stale_base(client, base)
+        if stale and kind == "snapshot":  # nothing else can be checked against it
+            return ("reject", "stale_base", stale, details)
+        if stale:
+            rejects.append(("stale_base", stale))
         found, problems = self.patch_paths(plan)  # again: the worktree may have changed
         rejects.extend(problems)
         paths = sorted(set(p for task_paths in found.values() for p in task_paths))
@@ -10157,7 +10187,8 @@ def changeset_new(sets, subject, plan_path, arch_path=None, snapshot=None, workt
     check_text(snapshot, "--snapshot")
     if not str(subject).strip():
         raise BridgeError("--subject must not be empty", EXIT_USAGE)
-    plan = read_canonical_file(plan_path)
+    json_problems = []  # every problem of the plan is listed at once
+    plan = read_canonical_file(plan_path, problems=json_problems)
     arch = None
     if arch_path:
         try:
@@ -10170,7 +10201,8 @@ def changeset_new(sets, subject, plan_path, arch_path=None, snapshot=None, workt
             "; ".join("%s: %s" % p for p in problems)), EXIT_USAGE)
 
     paths, path_problems = sets.patch_paths(plan)
-    problems = changeset_plan_problems(plan) + path_problems
+    problems = [("invalid_plan", p) for p in json_problems] + changeset_plan_problems(plan) \
+        + path_problems
     if problems:  # before starting any server
         refuse(problems)
     base = changeset_resolve_base(sets, snapshot, worktree)
@@ -11043,7 +11075,20 @@ def cmd_changes_status(args):
 def cmd_changes_approve(args):
     sets = _changes_open(args)
     status, changed = changeset_approve(sets, safe_name(args.id, "change set id"))
-    print("%s %s" % (status["change_set_id"], "approved" if changed else "already approved"))
+    cs_id = status["change_set_id"]
+    print("%s %s" % (cs_id, "approved" if changed else "already approved"))
+    # Approving a change set the executor can only refuse is a wasted review: say so now.
+    try:
+        with sets.client() as client:
+            client.start()
+            stale = sets.stale_base(client, status["validated_against"]["base_state"])
+    except BridgeError as exc:
+        stale = None
+        warn("warning: could not check whether %s's base is still current: %s" % (cs_id, exc))
+    if stale:
+        warn("warning: %s's base is already stale (%s): the executor will fail it as stale_base. "
+             "Re-plan: run `changes new` again with the same subject and plan (it gets a new id "
+             "on the current base), have it validated, and approve that one" % (cs_id, stale))
     return EXIT_OK
 # ---- end changes commands ----
 

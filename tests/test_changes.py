@@ -435,6 +435,40 @@ def test_approve_names_who_approved_without_USER(env, monkeypatch):
     assert B.approver_name(str(env.repo)) == "uid %d" % os.getuid()
 
 
+def test_approving_a_stale_change_set_warns(tmp_path):
+    # Two change sets on the same base: once one is applied, the other can only fail with
+    # stale_base, and approving it used to succeed silently.
+    env = Env(tmp_path, critical_features=["auth_core"])
+    first = env.new("Change login", [task("t1", AUTH_PATCH)])
+    second = env.new("Add world", [task("t1", NOTES_PATCH), task("t2", GUIDE_PATCH)])
+    env.configure(critical_features=["auth_core", "docs"])
+    env.run()
+    assert env.status(second)["state"] == "pending_review"
+    res = env.cli("approve", first)
+    assert res.returncode == 0 and "stale" not in res.stderr, res.stderr
+    env.run()
+    assert env.status(first)["state"] == "completed"
+    res = env.cli("approve", second)
+    assert res.returncode == 0 and "approved" in res.stdout
+    assert "base is already stale" in res.stderr and "Re-plan" in res.stderr, res.stderr
+    assert env.run().returncode == 1
+    assert env.status(second)["reason"].startswith("stale_base:")
+
+
+def test_new_lists_every_problem_of_the_plan_at_once(env):
+    plan_file = env.tmp / "bad.json"
+    doc = plan([task("t1", NOTES_PATCH), task("t2", tool="run.execute")])
+    text = json.dumps(doc).replace('"low"', '"low", "weight": 0.5, "cost": 1e3', 1).replace(
+        '"destructive": false', '"destructive": false, "destructive": NaN', 1)
+    plan_file.write_text(text)
+    res = env.cli("new", "--subject", "x", "--plan", plan_file)
+    assert res.returncode == 2, res.stderr
+    for words in ("$.tasks[0].risk_profile.weight: number 0.5", "$.tasks[0].risk_profile.cost: "
+                  "number 1e3", 'duplicate key "destructive"', "NaN is not valid JSON",
+                  "forbidden_tool", "(6 problem(s))"):
+        assert words in res.stderr, (words, res.stderr)
+
+
 @pytest.mark.parametrize("line", [False, True])
 def test_critical_feature_asks_for_review(tmp_path, line):
     env = Env(tmp_path, server_args=["--line"] if line else [],
