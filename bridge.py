@@ -733,7 +733,10 @@ class FileLock:
         import fcntl
         os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
         for _ in range(5):
-            fd = open_lock(self.path)
+            try:
+                fd = open_lock(self.path)
+            except OSError as exc:
+                raise BridgeError("cannot lock %s: %s" % (self.path, exc.strerror or exc))
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except BlockingIOError:
@@ -2748,22 +2751,26 @@ class Handoff:
         self.base = os.path.join(self.root, HANDOFF_DIR)
 
     def dir(self, name):
-        return os.path.join(self.base, name)
+        """.ai-handoff/NAME, made when missing: a symlink (or a file) in place of it or of
+        .ai-handoff/ is a BridgeError naming it, never a read or write outside."""
+        return make_dirs(os.path.join(self.base, name), self.root)
 
     def path(self, name, filename):
-        return os.path.join(self.base, name, filename)
+        return os.path.join(self.dir(name), filename)
 
     def rel(self, path):
         """A path relative to .ai-handoff/, as results name their artifacts."""
         return os.path.relpath(path, self.base)
 
     def exists(self):
-        return os.path.isdir(self.dir("tasks"))
+        return os.path.isdir(os.path.join(self.base, "tasks"))
 
     def require(self):
         if not self.exists():
             raise BridgeError("%s has no %s/ (run `bridge.py init --root %s` first)" % (
                 self.root, HANDOFF_DIR, self.root))
+        for name in HANDOFF_SUBDIRS:
+            self.dir(name)
 
     def history_path(self, task_id):
         return self.path("meta", "%s.results.jsonl" % task_id)
@@ -2774,11 +2781,9 @@ def handoff_init(root):
     handoff = Handoff(root)
     done = []
     for name in HANDOFF_SUBDIRS:
-        if os.path.lexists(handoff.dir(name)) and not os.path.isdir(handoff.dir(name)):
-            raise BridgeError("%s exists but is not a directory" % handoff.dir(name), EXIT_FAILED)
-        if not os.path.isdir(handoff.dir(name)):
-            os.makedirs(handoff.dir(name), exist_ok=True)
+        if not os.path.lexists(os.path.join(handoff.base, name)):
             done.append("created %s/%s/" % (HANDOFF_DIR, name))
+        handoff.dir(name)
     exclude = git_exclude(root, "/%s/" % HANDOFF_DIR,
                           "bridge.py watcher state (local, never committed)")
     if exclude is None:
@@ -2909,11 +2914,9 @@ def read_task_file(path, check_stem=True, fresh_sec=2.0):
         raise TaskFileError(["%s is %d bytes; the limit is %d" % (name, info.st_size, TASK_MAX_BYTES)])
     fresh = time.time() - info.st_mtime < fresh_sec
     try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0))
-    except OSError as exc:
-        raise TaskFileError(["cannot open %s: %s" % (name, exc.strerror or exc)])
-    with os.fdopen(fd, "rb") as handle:
-        raw = handle.read(TASK_MAX_BYTES + 1)
+        raw = read_input(path, "task file", TASK_MAX_BYTES)
+    except BridgeError as exc:
+        raise TaskFileError([exc.message])
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
@@ -2987,7 +2990,11 @@ def dropped_note(result):
 
 def result_history(handoff, task_id):
     """Archived results of earlier attempts/gates of a task, oldest first."""
-    return [line.record for line in scan_jsonl(handoff.history_path(task_id)) if line.record]
+    path = handoff.history_path(task_id)
+    try:
+        return [line.record for line in scan_jsonl(path) if line.record]
+    except OSError as exc:
+        raise BridgeError("cannot read result history %s: %s" % (path, exc.strerror or exc))
 
 
 def archive_result(handoff, task_id, why):
@@ -2997,13 +3004,11 @@ def archive_result(handoff, task_id, why):
     leaves a duplicate, never a loss.
     """
     path = handoff.path("results", task_id + ".json")
-    try:
-        with open(path, "rb") as handle:
-            raw = handle.read()
-    except FileNotFoundError:
+    raw = read_input(path, "result", missing=None)
+    if raw is None:
         return False
     try:
-        record = json.loads(raw.decode("utf-8"))
+        record = parse_json(raw.decode("utf-8"))
     except ValueError:
         record = {"unparseable_result": raw.decode("utf-8", "replace")}
     if not isinstance(record, dict):
@@ -3016,8 +3021,8 @@ def archive_result(handoff, task_id, why):
 
 
 def move_no_clobber(src, directory, name):
-    """Rename src into directory/name, adding a suffix instead of replacing a file."""
-    os.makedirs(directory, exist_ok=True)
+    """Rename src into directory/name (an existing folder), adding a suffix instead of
+    replacing a file."""
     target = os.path.join(directory, name)
     if os.path.lexists(target):
         stem, ext = os.path.splitext(name)
@@ -3028,9 +3033,12 @@ def move_no_clobber(src, directory, name):
 
 
 def read_result(handoff, task_id):
+    """The result of a task, or None when there is none or it is not JSON. Anything but a
+    regular file in its place is a BridgeError naming it."""
+    raw = read_input(handoff.path("results", task_id + ".json"), "result", missing=None)
     try:
-        return read_json_file(handoff.path("results", task_id + ".json"), "result")
-    except BridgeError:
+        return parse_json(raw.decode("utf-8")) if raw is not None else None
+    except ValueError:
         return None
 
 
@@ -3106,12 +3114,8 @@ def parse_bead_id(output):
 
 
 def bead_id_from_meta(handoff, task_id):
-    path = handoff.path("meta", task_id + ".bead")
-    try:
-        with open(path, encoding="utf-8", errors="replace") as handle:
-            return parse_bead_id(handle.read())
-    except FileNotFoundError:
-        return None
+    return parse_bead_id(read_input(handoff.path("meta", task_id + ".bead"), "bead output",
+                                    missing=b"").decode("utf-8", "replace"))
 
 
 # ---- the watcher ----------------------------------------------------------------
@@ -3565,6 +3569,7 @@ class Watcher:
         task = task_defaults(task)
         task_id = task["id"]
         existing = read_result(self.handoff, task_id)
+        result_history(self.handoff, task_id)  # unreadable: stop now, not after the agent ran
         if os.path.exists(self.handoff.path("results", task_id + ".json")):
             done_attempt = (existing or {}).get("attempt", 1)
             if existing is None or not isinstance(done_attempt, int) or done_attempt >= task["attempt"]:
@@ -4035,11 +4040,8 @@ class Watcher:
             raise Stop("failed", "bead_failed", error)
 
     def read_meta(self, name):
-        try:
-            with open(self.handoff.path("meta", name), encoding="utf-8", errors="replace") as handle:
-                return handle.read()
-        except FileNotFoundError:
-            return None
+        raw = read_input(self.handoff.path("meta", name), "file", missing=None)
+        return None if raw is None else raw.decode("utf-8", "replace")
 
     def audit_into(self, task_id, result, which, attributes=None):
         base = result["git"]["base_commit"]

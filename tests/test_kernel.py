@@ -468,7 +468,6 @@ def stray_opens(source):
     return found
 
 
-@pytest.mark.xfail(strict=True, reason="the sections are being converted to the file layer")
 def test_no_open_outside_the_kernel():
     source = BRIDGE.read_text(encoding="utf-8")
     assert stray_opens(source) == []

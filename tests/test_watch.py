@@ -836,3 +836,81 @@ def test_submit_from_stdin(queue):
     assert out.returncode == 0 and "queued stdin-task" in out.stdout, out.stderr
     out = run_bridge("submit", "-", "--root", queue.repo, input="{not json")
     assert out.returncode == 2 and "stdin" in out.stderr
+
+
+# ---- special files and symlinks under .ai-handoff/ ------------------------------
+
+def _outside_untouched(outside):
+    return list(outside.iterdir()) == []
+
+
+@pytest.mark.parametrize("where", ["results", "history"])
+def test_fifo_where_the_watcher_reads_state_stops_it_naming_the_file(queue, where):
+    """A FIFO at results/<id>.json or meta/<id>.results.jsonl: the watcher (and `submit
+    --retry`) stops with exit 2 naming it before the agent runs; a plain open() blocked
+    forever, holding the worker lock."""
+    path = queue.handoff / ("results/t1.json" if where == "results" else "meta/t1.results.jsonl")
+    os.mkfifo(path)
+    queue.put(queue.task("t1"))
+    out = queue.watch(timeout=20)
+    assert out.returncode == 2, out.stderr
+    assert str(path) in out.stderr and "not a regular file" in out.stderr
+    assert queue.names("tasks") == ["t1.json"] and not (queue.repo / "t1.txt").exists()
+    if where == "results":
+        task = queue.handoff.parent / "retry.json"
+        task.write_text(json.dumps(queue.task("t1")))
+        os.unlink(queue.handoff / "tasks" / "t1.json")
+        out = queue.bridge("submit", "--retry", task, timeout=20)
+        assert out.returncode == 2 and str(path) in out.stderr
+    assert run_bridge("unlock", "--root", queue.repo).returncode in (0, 1)  # worker lock free
+
+
+def test_fifo_at_the_task_log_fails_the_task_with_a_result(queue):
+    path = queue.handoff / "logs" / "t1.log"
+    os.mkfifo(path)
+    queue.put(queue.task("t1"))
+    out = queue.watch(timeout=30)
+    result = queue.result("t1")
+    assert result["status"] == "failed" and str(path) in result["detail"], (out.stderr, result)
+    assert branch(queue.repo) == "main"
+
+
+def test_symlinked_task_lock_is_an_error_naming_it_not_a_crash(queue, tmp_path):
+    outside = tmp_path / "outside.lock"
+    (queue.handoff / "locks" / "t1.lock").symlink_to(outside)
+    queue.put(queue.task("t1"))
+    for _ in range(2):  # the same clear error on every start, never an ELOOP traceback
+        out = queue.watch(timeout=20)
+        assert out.returncode == 2, out.stderr
+        assert str(queue.handoff / "locks" / "t1.lock") in out.stderr and "symlink" in out.stderr
+    assert not outside.exists() and queue.names("tasks") == ["t1.json"]
+
+
+@pytest.mark.parametrize("name", ["results", "logs", "patches", "locks", "meta"])
+def test_symlinked_state_folder_is_refused_never_written_through(queue, tmp_path, name):
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    folder = queue.handoff / name
+    folder.rmdir()
+    folder.symlink_to(outside)
+    queue.put(queue.task("t1"))
+    out = queue.watch(timeout=30)
+    assert out.returncode == 2, out.stderr
+    assert str(folder) in out.stderr and "symlink" in out.stderr
+    assert _outside_untouched(outside) and queue.names("tasks") == ["t1.json"]
+    out = queue.bridge("submit", queue.handoff.parent / "x.json", timeout=20)
+    assert out.returncode == 2 and str(folder) in out.stderr
+
+
+def test_state_folder_swapped_for_a_symlink_mid_task_is_never_written_through(queue, tmp_path):
+    """A verify command (or the agent) replaces results/ and patches/ with links to a folder
+    outside while the task runs: nothing is written there; the watcher stops naming it."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    swap = " && ".join("rm -rf .ai-handoff/%s && ln -s %s .ai-handoff/%s" % (n, outside, n)
+                       for n in ("results", "patches", "logs"))
+    queue.put(queue.task("t1", commands_to_run=[swap]))
+    out = queue.watch(timeout=60)
+    assert out.returncode == 2, out.stderr
+    assert "symlink" in out.stderr and str(queue.handoff) in out.stderr
+    assert _outside_untouched(outside)
