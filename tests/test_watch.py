@@ -845,24 +845,21 @@ def _outside_untouched(outside):
 
 
 @pytest.mark.parametrize("where", ["results", "history"])
-def test_fifo_where_the_watcher_reads_state_stops_it_naming_the_file(queue, where):
-    """A FIFO at results/<id>.json or meta/<id>.results.jsonl: the watcher (and `submit
-    --retry`) stops with exit 2 naming it before the agent runs; a plain open() blocked
-    forever, holding the worker lock."""
+def test_fifo_where_the_watcher_reads_state_fails_the_task_naming_it(queue, where):
+    """A FIFO at results/<id>.json or meta/<id>.results.jsonl: the task fails naming it
+    before the agent runs, and `submit --retry` stops with exit 2 naming it; a plain open()
+    blocked forever, holding the worker lock."""
     path = queue.handoff / ("results/t1.json" if where == "results" else "meta/t1.results.jsonl")
     os.mkfifo(path)
     queue.put(queue.task("t1"))
     out = queue.watch(timeout=20)
-    assert out.returncode == 2, out.stderr
+    assert out.returncode == 1, out.stderr
     assert str(path) in out.stderr and "not a regular file" in out.stderr
-    assert queue.names("tasks") == ["t1.json"] and not (queue.repo / "t1.txt").exists()
+    assert queue.names("failed") == ["t1.json"] and not (queue.repo / "t1.txt").exists()
     if where == "results":
-        task = queue.handoff.parent / "retry.json"
-        task.write_text(json.dumps(queue.task("t1")))
-        os.unlink(queue.handoff / "tasks" / "t1.json")
-        out = queue.bridge("submit", "--retry", task, timeout=20)
+        out = queue.bridge("submit", "--retry", queue.handoff / "failed" / "t1.json", timeout=20)
         assert out.returncode == 2 and str(path) in out.stderr
-    assert run_bridge("unlock", "--root", queue.repo).returncode in (0, 1)  # worker lock free
+    assert queue.watch(timeout=20).returncode == 0  # the worker lock was released
 
 
 def test_fifo_at_the_task_log_fails_the_task_with_a_result(queue):
@@ -875,15 +872,19 @@ def test_fifo_at_the_task_log_fails_the_task_with_a_result(queue):
     assert branch(queue.repo) == "main"
 
 
-def test_symlinked_task_lock_is_an_error_naming_it_not_a_crash(queue, tmp_path):
+def test_symlinked_task_lock_fails_the_task_naming_it_not_a_crash(queue, tmp_path):
+    """A symlink at locks/<id>.lock (today: an ELOOP crash on every start) fails that task
+    with a result naming it; the lock is never followed, the agent never runs."""
     outside = tmp_path / "outside.lock"
     (queue.handoff / "locks" / "t1.lock").symlink_to(outside)
     queue.put(queue.task("t1"))
-    for _ in range(2):  # the same clear error on every start, never an ELOOP traceback
-        out = queue.watch(timeout=20)
-        assert out.returncode == 2, out.stderr
-        assert str(queue.handoff / "locks" / "t1.lock") in out.stderr and "symlink" in out.stderr
-    assert not outside.exists() and queue.names("tasks") == ["t1.json"]
+    out = queue.watch(timeout=20)
+    result = queue.result("t1")
+    assert result["reason"] == "internal_error", out.stderr
+    assert str(queue.handoff / "locks" / "t1.lock") in result["detail"]
+    assert "symlink" in result["detail"]
+    assert queue.watch(timeout=20).returncode == 0  # the next start is clean
+    assert not outside.exists() and not (queue.repo / "t1.txt").exists()
 
 
 @pytest.mark.parametrize("name", ["results", "logs", "patches", "locks", "meta"])
