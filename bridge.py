@@ -9536,7 +9536,10 @@ class ChangeSets:
             if not os.path.isabs(base):
                 base = os.path.join(os.path.expanduser("~"), ".config")
             path = os.path.join(base, "bridge", "approval.key")
-        path = os.path.abspath(os.path.expanduser(path))
+        path = os.path.expanduser(path)
+        if not os.path.isabs(path):  # relative to what? the repository is the wrong answer
+            raise BridgeError("changes.approval_key must be an absolute path (or start with ~), "
+                              "not %r" % path, EXIT_USAGE)
         real, root = os.path.realpath(path), os.path.realpath(self.root)
         if real == root or real.startswith(root.rstrip(os.sep) + os.sep):
             raise BridgeError("the approval key %s is inside the repository, where an agent can "

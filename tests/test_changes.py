@@ -398,6 +398,10 @@ def test_approval_key_lives_outside_the_repository(tmp_path):
     env.configure(approval_key=str(env.repo / "approval.key"))
     res = env.cli("approve", cs_id)
     assert res.returncode == 2 and "inside the repository" in res.stderr
+    env.configure(approval_key="approval.key")
+    res = env.cli("approve", cs_id)
+    assert res.returncode == 2 and "must be an absolute path" in res.stderr
+    assert env.status(cs_id)["decision"] == "review_required"  # nothing was approved
 
 
 def test_approval_key_from_the_environment(env):
