@@ -1249,7 +1249,12 @@ for _names, _body, _edge in (
 _BACK = {".atlasv1.": "[A-Za-z0-9]{14}"}
 # A separator after the last two characters of a known prefix, followed by 8 token
 # characters (after "_" base64 too: Fly.io, Grafana Cloud).
-_SEP_SCAN = r"%s(?<=(?:%s)%s)(?=%s{8}|\d-[A-Za-z0-9])"
+_SEP_SCAN = r"%s(?:(?=%s{8}|\d-[A-Za-z0-9])(?<=(?:%s)%s)%s)"   # lookahead first: it fails sooner
+# Formats whose separator is inside: separator -> (lookaround after it, characters of the
+# token before it, its length): MaxMind license keys (6, "_", 29, "_mmk"), Airtable
+# personal access tokens ("pat", 14, ".", 64 hex).
+_SEP_INSIDE = {"_": (r"(?=[A-Za-z0-9]{29}_mmk(?![A-Za-z0-9]))(?<=[A-Za-z0-9]{6}_)", 6, 40),
+               ".": (r"(?=[a-f0-9]{64}(?![A-Za-z0-9]))(?<=pat[A-Za-z0-9]{14}\.)", 17, 82)}
 
 # Token formats without a separator, one scan per first letter (a scan led by one literal
 # character is fast; one led by a set of them is not). AWS key ids need one of base32's
@@ -1277,9 +1282,6 @@ _LITERAL_RULES = (
     # JWTs (header and payload base64url JSON, optional signature); Grafana API keys
     (r"eyJ(?<![A-Za-z0-9_-]eyJ)(?:[A-Za-z0-9_-]{8,4096}\.[A-Za-z0-9_-]{8,8192}\.[A-Za-z0-9_-]{0,4096}"
      r"|rIjoi[A-Za-z0-9]{70,400}={0,3})", 0),
-    # MaxMind license keys (6, "_", 29, "_mmk"), Airtable personal access tokens
-    (r"_mmk(?<=[^A-Za-z0-9][A-Za-z0-9]{6}_[A-Za-z0-9]{29}_mmk)", 36),
-    (r"pat(?<![A-Za-z0-9]pat)[A-Za-z0-9]{14}\.[a-f0-9]{64}(?![A-Za-z0-9])", 0),
     # Databricks, ClickHouse Cloud, Artifactory reference tokens
     (r"dapi(?<![A-Za-z0-9]dapi)[a-f0-9]{32}(?:-\d)?(?![A-Za-z0-9])", 0),
     (r"4b1d(?<![A-Za-z0-9]4b1d)[A-Za-z0-9]{38}(?![A-Za-z0-9])", 0),
@@ -1324,13 +1326,13 @@ _STRONG_KEY_PREFIXES = (b"api", b"access", b"secret", b"private", b"account", b"
 _KV_OP = (rb"(\\{0,2}[\"']?[ \t]{0,8}(?::=|=>|=|:|%3d))"
           rb"(?=[ \t]{0,8}(?:\"[^\"\\\r\n]|'[^'\r\n]|\\{1,3}\"[^\"\\]|[^\s\"'`,;&<>(){}\[\]\\]))")
 _KV_GATES = (   # grouped by first letter: one scan per group
-    (b"p", rb"p(?:ass(?:w(?:or)?d|phrase)|wd)"), (b"s", rb"s(?:ecret|ig(?:nature)?|ession)"),
+    (b"p", rb"p(?:ass(?:w(?:or)?d|phrase)|wd)"), (b"s", rb"s(?:ecret[-_.]?key[-_.]?base|ecret|ig(?:nature)?|ession)"),
     (b"token", rb"token"), (b"key", rb"key(?=\\{0,2}[\"']?[ \t]{0,8}[:=%])(?:" + b"|".join(
         b"(?<=(?:%s)%skey)" % (b"|".join(p for p in _STRONG_KEY_PREFIXES if len(p) == size), sep)
         for size in sorted({len(p) for p in _STRONG_KEY_PREFIXES}) for sep in (b"", b"[-_.]"))
         + b")"),
     (b"auth", rb"auth(?:orization)?"), (b"c", rb"c(?:redentials?|ookie)"))
-_UPPER_KEY_GATE = rb"_KEY([ \t]{0,8}[:=])"   # STRIPE_KEY=..., searched on the original text
+_UPPER_KEY_GATE = rb"_KEY([ \t]{0,8}[:=])"   # STRIPE_KEY=..., searched on the text itself
 _FLAG_GATE = rb"--(?:[a-z0-9]{1,20}-){0,3}(?:passw(?:or)?d|passphrase|secret|token|api-?key|auth)([ \t])"
 _KV_RULE = (r"(?P<q>\\{0,2}[\"']?)"
             r"(?P<op>[ \t]{0,8}(?::=|=>|=|:|%3[dD])[ \t]{0,8}|[ \t]{1,8})"
@@ -1343,7 +1345,8 @@ _KV_RULE = (r"(?P<q>\\{0,2}[\"']?)"
 _KV_AMP = r"&(?![A-Za-z_][A-Za-z0-9_.\[\]-]{0,60}=)[^\s\"'`,;<>(){}\[\]\\]{1,2048}"
 _SECRET_NAME = (r"(?:passw(?:or)?d|passphrase|(?:^|[-_.])pwd|secret|token|credentials?"
                 r"|authorization|(?:^|[-_.o])auth|cookie|signature|(?:^|[-_.])sig"
-                r"|[-_.]session|(?:client|private)[-_.]?key[-_.]?data|(?:%s)[-_.]?key)$"
+                r"|[-_.]session|(?:client|private)[-_.]?key[-_.]?data|secret[-_.]?key[-_.]?base"
+                r"|(?:%s)[-_.]?key)$"
                 % "|".join(p.decode() for p in _STRONG_KEY_PREFIXES))
 # Keys that end like a secret's name without holding one (pagination and progress tokens).
 _NOT_SECRET_NAME = r"(?:progress|page|next|continuation|sync|resume|cursor|cancellation)[-_.]?token$"
@@ -1364,20 +1367,41 @@ _CODE_VALUE = r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)+|[A-Za-z_][A-
 _SECRET_WORDS = ("pass", "passwd", "password", "passwords", "passphrase", "pwd", "secret", "secrets",
                  "token", "tokens", "key", "keys", "auth", "credential", "credentials", "creds")
 
-# XML: <password>...</password> (Maven settings.xml, any element with a secret's name) and
-# <add key="ClearTextPassword" value="..."/> (NuGet, .NET appSettings).
+# XML: <password>...</password> (Maven settings.xml, any element with a secret's name),
+# <add key="ClearTextPassword" value="..."/> (NuGet, .NET appSettings),
 _XML_ELEMENT = r"<([A-Za-z][\w.:-]{0,63})>([^<\r\n]{1,2048})</\1>"
-_XML_KEY_VALUE = r"key=([\"'])([^\"'\r\n]{1,64})\1[ \t]{1,8}value=([\"'])([^\"'\r\n]{1,2048})\3"
+
+# <entry key="password">...</entry>, <property name="token">...</property>
+_XML_NAMED = (r"=(?:(?<=key=)|(?<=name=))([\"'])([^\"'\r\n]{1,64})\1(?:[ \t]{1,8}value=([\"'])([^\"'\r\n]{1,2048})\3"
+              r"|[^<>\r\n]{0,200}?>([^<\r\n]{1,2048})</)")
 
 # Credentials given to commands as flags, found from " -" on the lowercased copy and
-# checked against the command earlier on the line: curl -u/--user user:PASS, docker login
-# -p PASS, mysql -pPASS, sshpass -p PASS, redis-cli -a PASS, htpasswd -b FILE USER PASS,
-# openssl ... -pass pass:PASS; and .netrc's `password PASS` (no operator at all).
-_CLI_GATE = rb" -(?:-user[ \t=]|pass(?:in|out|word)?[ \t]{1,8}pass:|[pua](?=[^\s-])|[pua][ \t]|[a-z]{0,4}b[a-z]{0,4}[ \t])"
+# checked against the command earlier on the line: flag as typed -> (the words that must
+# come before it on the line, one tuple per command), and what separates a user name from
+# the password in the value ("" for none): curl -u/--user user:PASS, docker/az login -p
+# PASS, mysql -pPASS, sshpass -p PASS, smbclient -U user%PASS, redis-cli -a PASS,
+# ldapsearch -w PASS, ssh-keygen -N/-P PASS; htpasswd -b FILE USER PASS and openssl ...
+# -pass pass:PASS apart; .netrc's `password PASS` (no operator at all).
+_CLI_GATE = (rb" -(?:-user[ \t=]|pass(?:in|out|word)?[ \t]{1,8}pass:|[puawn](?=[^\s-])|[puawn][ \t]"
+             rb"|[a-z]{0,4}b[a-z]{0,4}[ \t])")
 _CLI_VALUE = r"[ \t=]{0,8}(?:'([^'\r\n]{1,512})'|\"([^\"\r\n]{1,512})\"|([^\s'\"]{1,512}))"
-_CLI_COMMANDS = {"p": (b"docker", b"sshpass", b"mysql", b"mariadb"), "u": (b"curl",),
-                 "-user": (b"curl", b"wget"), "a": (b"redis-cli",), "b": (b"htpasswd",)}
+_CLI_FLAGS = {
+    "p": (((b"docker", b"login"), (b"az", b"login"), (b"sshpass",), (b"mysql",), (b"mariadb",)), ""),
+    "u": (((b"curl",),), ":"), "-user": (((b"curl",), (b"wget",)), ":"),
+    "U": (((b"smbclient",), (b"rpcclient",)), "%"), "a": (((b"redis-cli",),), ""),
+    "w": (((b"ldapsearch",), (b"ldapmodify",), (b"ldapadd",), (b"ldapdelete",), (b"ldapwhoami",),
+           (b"ldappasswd",)), ""),
+    "N": (((b"ssh-keygen",),), ""), "P": (((b"ssh-keygen",),), ""),
+}
 _NETRC_GATE = rb"password[ \t]{1,8}(?=[^\s:=])"
+# A secret piped or fed to a login that reads it from stdin: `echo X | docker login
+# --password-stdin`, `gh auth login --with-token <<< X`.
+_STDIN_GATE = r"--(?:password-stdin|with-token)"
+_STDIN_VALUE = (r"(?:\b(?:echo|printf)(?:[ \t]+-[a-z]{1,3})*[ \t]+(?:'([^'\n]{1,512})'|\"([^\"\n]{1,512})\""
+                r"|([^\s|'\"]{1,512}))[ \t]*\||<<<[ \t]*(?:'([^'\n]{1,512})'|\"([^\"\n]{1,512})\"|([^\s'\"]{1,512})))")
+# `npm config set //registry/:_authToken VALUE`, `git config --global x.token VALUE`: a
+# space is the operator after `config set` / `config --...`.
+_CONFIG_SET = rb"config(?:[ \t]+(?:set|--[a-z-]{1,20}))*[ \t]+([^\s=]{1,200})[ \t]+(?=\S)"
 
 # A lone value printed right after a command that prints a secret: the line holding one
 # random-looking word, then the line before it checked for such a command.
@@ -1423,9 +1447,9 @@ class _Regexes(dict):
                                 "upper": lambda: _UPPER_RULES[name],
                                 "b64": lambda: _B64_RULES[name],
                                 "sep": lambda: _SEP_SCAN % (
-                                    re.escape(name), "|".join(sorted({re.escape(p[-3:-1]) for p in _PREFIXED
-                                                                      if p[-1] == name})),
-                                    re.escape(name), "[A-Za-z0-9+/_-]" if name == "_" else "[A-Za-z0-9_-]"),
+                                    re.escape(name), "[A-Za-z0-9+/_-]" if name == "_" else "[A-Za-z0-9_-]",
+                                    "|".join(sorted({re.escape(p[-3:-1]) for p in _PREFIXED if p[-1] == name})),
+                                    re.escape(name), "|" + _SEP_INSIDE[name][0] if name in _SEP_INSIDE else ""),
                                 "prefixed": lambda: _PREFIXED[name][0],
                                 "back": lambda: _BACK[name]}[kind]())
         else:
@@ -1441,7 +1465,7 @@ class _Regexes(dict):
                 "pem_header": lambda: re.compile(_PEM_HEADER),
                 "pem_tail": lambda: re.compile(_PEM_TAIL),
                 "kv_gates": lambda: [(kw, re.compile(gate + _KV_OP)) for kw, gate in _KV_GATES]
-                + [(b"--", re.compile(_FLAG_GATE)), (b"_KEY", re.compile(_UPPER_KEY_GATE))],
+                + [(b"--", re.compile(_FLAG_GATE)), (b"_KEY", re.compile(_UPPER_KEY_GATE.decode()))],
                 "kv": lambda: re.compile(_KV_RULE, re.I),
                 "kv_amp": lambda: re.compile(_KV_AMP),
                 "secret_name": lambda: re.compile(_SECRET_NAME),
@@ -1451,8 +1475,11 @@ class _Regexes(dict):
                 "prose": lambda: re.compile(_PROSE),
                 "line_rest": lambda: re.compile(_LINE_REST),
                 "xml_element": lambda: re.compile(_XML_ELEMENT),
-                "xml_key_value": lambda: re.compile(_XML_KEY_VALUE),
                 "cli_gate": lambda: re.compile(_CLI_GATE),
+                "stdin_gate": lambda: re.compile(_STDIN_GATE),
+                "stdin_value": lambda: re.compile(_STDIN_VALUE),
+                "config_set": lambda: re.compile(_CONFIG_SET),
+                "xml_named": lambda: re.compile(_XML_NAMED),
                 "cli_value": lambda: re.compile(_CLI_VALUE),
                 "netrc": lambda: re.compile(_NETRC_GATE),
                 "lone_line": lambda: re.compile(_LONE_LINE),
@@ -1690,7 +1717,10 @@ class Redactor:
     def spans(self, text, decoded=False):
         """The (start, end) spans of `text` to redact (unsorted, may overlap)."""
         spans = []
+        escaped = "\\u" in text
         for value in self.values:
+            if value[0] == "\\" and not escaped:
+                continue                          # the \uXXXX forms
             find, size, at = text.find, len(value), 0
             while True:
                 at = find(value, at)
@@ -1752,7 +1782,7 @@ class Redactor:
                         or not self._b64_secret(m.group()):
                     continue
                 spans.append(m.span())
-        if "discord" in text or "Discord" in text or "DISCORD" in text:
+        if "iscord" in text or "ISCORD" in text:
             for m in rx["discord"].finditer(text):
                 seg = m.start()                        # back over the 24-26 char id part
                 while seg > max(0, m.start() - 26) and (text[seg - 1].isalnum()
@@ -1773,8 +1803,16 @@ class Redactor:
             pos = 0
             for m in rx["sep", sep].finditer(text):
                 at = m.start()
-                if at >= pos:
-                    pos = self._prefix_at(text, at, tails.get(text[at - 2:at + 1], ()), spans) or pos
+                if at < pos:
+                    continue
+                end = self._prefix_at(text, at, tails.get(text[at - 2:at + 1], ()), spans)
+                if end is None and sep in _SEP_INSIDE:
+                    _, before, size = _SEP_INSIDE[sep]
+                    start = at - before
+                    if start >= 0 and (not start or not text[start - 1].isalnum()):
+                        end = start + size
+                        spans.append((start, end))
+                pos = end or pos
 
     def _prefix_at(self, text, end, prefixes, spans):
         """If one of `prefixes` (longest first) ends at text[end] and its body follows,
@@ -1874,17 +1912,18 @@ class Redactor:
     def _context(self, text, low, spans):
         rx = self._rx
         mask = None
+        short = len(text) <= 65536  # see _tokens
         # Every key=value gate needs an assignment operator (":", "=" or "%3d") after the
         # key, the --flag gate a "--": without them no gate can match (nor needs compiling).
         gates = rx["kv_gates"] if ":" in text or "=" in text or "--" in text or "%3" in text else ()
         for keyword, gate in gates:
             haystack = low
             if keyword == b"_KEY":             # case matters: search the original text
-                if "_KEY" not in text:
+                if short and "_KEY" not in text:
                     continue
-                haystack = text.encode("ascii", "replace")
-            elif len(keyword) > 1 and keyword not in low:
-                continue
+                haystack = text
+            elif short and len(keyword) > 1 and keyword not in low:
+                continue                       # (a long text: the gate's own scan is as fast)
             search, pos = gate.search, 0
             while True:
                 g = search(haystack, pos)
@@ -1951,7 +1990,6 @@ class Redactor:
                     end = rx["line_rest"].match(text, begin).end()
                 spans.append((begin, end))
                 pos = max(pos, end)
-        short = len(text) <= 65536  # see _tokens
         for m in _matches_at(low, rx["bearer"], text) if not short or b"bearer" in low else ():
             value = m.group("v")
             if any(c.isdigit() for c in value) or (value.lower() != value and value.upper() != value):
@@ -1969,10 +2007,11 @@ class Redactor:
                 name = m.group(1).lower().rpartition(":")[2]
                 if self._secret_key(name) and not _is_placeholder(m.group(2).strip()):
                     spans.append(m.span(2))
-        if not short or "value=" in text:
-            for m in rx["xml_key_value"].finditer(text):
-                if self._secret_key(m.group(2)) and not _is_placeholder(m.group(4)):
-                    spans.append(m.span(4))
+        if not short or "key=" in text or "name=" in text:
+            for m in rx["xml_named"].finditer(text):
+                group = 4 if m.group(4) is not None else 5
+                if self._secret_key(m.group(2)) and not _is_placeholder(m.group(group).strip()):
+                    spans.append(m.span(group))
 
     def _commands(self, text, low, spans):
         """Credentials given to commands as flags, .netrc passwords, and a lone value
@@ -1988,27 +2027,45 @@ class Redactor:
                     if value:
                         spans.append(value.span(value.lastindex))
                     continue
-                key = flag if flag in ("p", "u", "a", "-user") else "b" if "b" in flag else None
-                if key is None or not any(cmd in line for cmd in _CLI_COMMANDS[key]):
-                    continue
-                if len(key) == 1 and text[g.start() + 2] != key:
-                    continue                       # -P3306 is mysql's port, -U a user
-                if key == "p" and b"docker" in line and b"login" not in line:
-                    continue
-                value = rx["cli_value"].match(text, g.start() + 2 + len(flag))
-                if key == "b":
+                if "b" in flag and b"htpasswd" in line:
                     self._htpasswd(text, g.end(), flag, spans)
                     continue
+                if len(flag) > 1 and flag != "-user":
+                    continue
+                if len(flag) == 1:
+                    flag = text[g.start() + 2]          # as typed: -P3306 is mysql's port
+                commands, separator = _CLI_FLAGS.get(flag, ((), ""))
+                if not any(all(word in line for word in words) for words in commands):
+                    continue
+                if flag == "p" and text[g.start() + 3] in " \t" and not any(
+                        word in line for word in (b"docker", b"az", b"sshpass")):
+                    continue                        # mysql -p DB: -p alone asks for it
+                value = rx["cli_value"].match(text, g.start() + 2 + len(flag))
                 if not value:
                     continue
                 begin, end = value.span(value.lastindex)
-                if key in ("u", "-user"):           # user:password, the password goes
-                    colon = text.find(":", begin, end)
-                    if colon < 0:
+                if separator:                       # user:password, the password goes
+                    cut = text.find(separator, begin, end)
+                    if cut < 0:
                         continue
-                    begin = colon + 1
+                    begin = cut + 1
                 if begin < end and not _is_placeholder(text[begin:end]):
                     spans.append((begin, end))
+        if not short or b"config" in low:
+            for g in rx["config_set"].finditer(low):
+                name = g.group(1).decode("ascii").rstrip(".-_")
+                if self._secret_key(name):
+                    value = rx["cli_value"].match(text, g.end())
+                    if value and not _is_placeholder(value.group(value.lastindex)):
+                        spans.append(value.span(value.lastindex))
+        if not short or "--" in text:
+            for g in rx["stdin_gate"].finditer(text):
+                start = _line_start(text, g.start(), "\n")
+                end = text.find("\n", g.end(), g.end() + 4096)
+                for m in rx["stdin_value"].finditer(text, start, end if end >= 0 else g.end() + 4096):
+                    group = m.lastindex
+                    if not _is_placeholder(m.group(group)):
+                        spans.append(m.span(group))
         if not short or b"password" in low:
             for g in rx["netrc"].finditer(low):
                 line = low[_line_start(low, g.start(), b"\n"):g.start()]

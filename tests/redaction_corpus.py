@@ -277,6 +277,19 @@ def positives(seed=12):
         add("cli:openssl-passin", "openssl rsa -in key.pem -passin pass:%s -out plain.pem" % q, q)
         add("cli:openssl-k", "openssl enc -aes-256-cbc -pass pass:%s -in a -out b" % q, q)
         add("cli:redis-cli", "redis-cli -h cache -a %s ping" % q, q)
+        add("cli:az-login", "az login --service-principal -u http://ci -p %s --tenant t1" % q, q)
+        add("cli:ldapsearch", "ldapsearch -x -D cn=admin,dc=example -w %s -b dc=example" % q, q)
+        add("cli:smbclient", "smbclient //fs/share -U deploy%%%s -c ls" % q, q)
+        add("cli:ssh-keygen", "ssh-keygen -t ed25519 -N %s -f deploy_key" % q, q)
+        add("cli:stdin-docker", "echo %s | docker login -u ci --password-stdin ghcr.io" % q, q)
+        add("cli:stdin-gh", "gh auth login --with-token <<< %s" % q, q)
+        add("cli:npm-config-set", "npm config set //registry.npmjs.org/:_authToken %s" % q, q)
+        add("cli:git-config-token", "git config --global github.token %s" % q, q)
+        add("cli:helm-set", "helm upgrade app ./chart --set db.password=%s --set image.tag=%s" % (v, g.version()), v)
+        add("cli:kubectl-literal", "kubectl create secret generic db --from-literal=password=%s" % q, q)
+        add("cli:java-property", "java -Dspring.datasource.password=%s -jar app.jar" % q, q)
+        add("cli:docker-env", "docker run -e AWS_SECRET_ACCESS_KEY=%s -e AWS_REGION=us-east-1 app" % s(40, B64), None)
+        out[-1] = (out[-1][0], out[-1][1], out[-1][1].split("=", 1)[1].split(" ")[0])
         add("cli:git-credential", "git -c http.extraheader='AUTHORIZATION: basic %s' fetch" % g.b64(("x:" + q).encode()), g.b64(("x:" + q).encode()))
 
     # -- configuration formats --
@@ -305,6 +318,8 @@ def positives(seed=12):
         add("cfg:yaml-nested", "spring:\n  datasource:\n    password: %s" % v, v)
         add("cfg:properties", "spring.datasource.password=%s" % v, v)
         add("cfg:env-file", "STRIPE_SECRET=%s\nPORT=8080" % q, q)
+        add("cfg:secret-key-base", "SECRET_KEY_BASE=%s" % q, q)
+        add("cfg:xml-named", '<entry key="password">%s</entry>' % v, v)
         add("cfg:hcl", 'variable "db" {\n  password = "%s"\n}' % v, v)
         add("cfg:terraform-plan", '      + master_password = "%s"' % v, v)
 
@@ -434,6 +449,9 @@ def negatives(seed=21):
         add("ids:ssh", "ssh://git@github.com:22/org/%s.git and git@github.com:org/%s.git" % (w, w))
         add("ids:urls", "https://github.com/org/%s/blob/main/README.md?plain=1#L%d and http://localhost:%d/api" % (w, g.num(1, 99), g.num(1024, 9999)))
         add("ids:pubkey", "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAI%s dev@laptop" % s(43, B64))
+        add("cli:ordinary", "npm config set registry https://registry.npmjs.org/\ngit config --global user.name Bob\n"
+            "docker login -u ci --password-stdin < pw.txt\nmysql -h db -P 3306 -u root -p %s\n"
+            "docker run -u 1000:1000 -p 8080:80 %s:%s\ncurl -u ci https://x" % (w, w, ver()))
         add("ids:cert", "-----BEGIN CERTIFICATE-----\nMIIB%s\n-----END CERTIFICATE-----" % s(60, B64))
     return out
 
