@@ -3499,6 +3499,10 @@ class Watcher:
                         os.unlink(os.path.join(self.git_dir, name))
                     except OSError:
                         pass
+        results = self.handoff.dir("results")
+        for name in os.listdir(results):  # a crashed watcher's half-written results
+            if name.startswith(".") and name.endswith(".tmp"):  # (only watchers write here)
+                os.unlink(os.path.join(results, name))
         running = self.handoff.dir("running")
         for name in list_task_files(running):
             try:
@@ -3523,7 +3527,7 @@ class Watcher:
             task = None
         if result and task and result.get("attempt") == task.get("attempt"):
             # finished, crashed before tidying up: the result is the truth
-            os.unlink(path)
+            self.file_away(path, result)
             self.drop_lock_file(lock_path)
             return
         if meta and not meta.get("released_at") and not holder_is_dead(meta):
@@ -3602,6 +3606,16 @@ class Watcher:
         requeued["attempt"] = attempt
         atomic_write_json(self.handoff.path("tasks", task_id + ".json"), requeued)
         os.unlink(path)
+
+    def file_away(self, running, result):
+        """Where a task file goes once its result is written: gone after a success,
+        pending/ to wait for approval, else failed/ (kept, never overwritten)."""
+        state = {"success": None, "needs_confirmation": "pending"}.get(result.get("exit_path"),
+                                                                       "failed")
+        if state is None:
+            os.unlink(running)
+        else:
+            move_no_clobber(running, self.handoff.dir(state), os.path.basename(running))
 
     @staticmethod
     def drop_lock_file(path):
@@ -3866,10 +3880,7 @@ class Watcher:
                 return "interrupted"
             self.write_result(task_id, result)
             # the result is written first: a crash now leaves a result, never a lost task
-            if result["status"] == "success":
-                os.unlink(running)
-            else:
-                move_no_clobber(running, self.handoff.dir("failed"), task_id + ".json")
+            self.file_away(running, result)
             self.say("%s: %s (%s)%s" % (task_id, result["status"], result["reason"],
                                         (": " + result["detail"]) if result["detail"] else ""))
         self.active = None
@@ -3946,7 +3957,7 @@ class Watcher:
                           reason="requires_confirmation",
                           detail="waiting in pending/; run `bridge.py approve %s`" % task_id)
             self.write_result(task_id, result)
-            move_no_clobber(running, self.handoff.dir("pending"), task_id + ".json")
+            self.file_away(running, result)
             self.say("%s: needs confirmation (bridge.py approve %s)" % (task_id, task_id))
             return "pending"
         # safety: dirty check and git state, captured before the agent runs

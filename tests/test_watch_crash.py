@@ -1,0 +1,117 @@
+"""Fault injection: the watcher is SIGKILLed at each step of a task, then started again.
+
+Deterministic, no sleeps: the crash comes from a `git` wrapper on PATH (after the real git
+command ran), from the fixture agent or a verify command (SIGKILL to their parent, the
+watcher), or from tests/crashpoint.py (an audit hook that kills the watcher right before a
+given rename or unlink). After the restart, for every step: exactly one final result,
+running/ empty, no index.lock, the base branch checked out and clean, and no process of the
+task alive.
+"""
+import json
+import os
+import shutil
+import signal
+import subprocess
+
+import pytest
+
+from conftest import BRIDGE, PYTHON, REPO, git, process_running
+from test_watch import Queue, branch, wait_for
+
+TASK = "k"
+# step -> (how the watcher dies, the attempt that finally succeeds)
+STEPS = {
+    "lock": ({"event": "os.rename", "args": {"0": "/tasks/k.json", "1": "/running/"}}, 1),
+    "branch": ("checkout -q -b feat/ai/k", 2),
+    "agent start": ("start", 2),
+    "agent end": ("end", 2),
+    "verify": ("verify", 2),
+    "commit": ("commit -q --no-verify", 2),
+    "return to base": ("checkout -q main", 2),
+    "result write": ({"event": "os.rename", "args": {"0": ".tmp", "1": "/results/k.json"}}, 2),
+    "move": ({"event": "os.remove", "args": {"0": "/running/k.json"}}, 1),
+}
+VERIFY_CRASH = ("echo $$ >> {pids}; if mkdir {mark} 2>/dev/null; then "
+                "sleep 60 & echo $! >> {pids}; "
+                "until grep -q \"\\\"pid\\\": $$,\" {lock}; do sleep 0.01; done; "
+                "kill -9 $PPID; sleep 60; fi")
+
+
+def git_wrapper(bin_dir, pattern, mark):
+    """A `git` that runs the real one, then SIGKILLs its parent after the first matching call."""
+    bin_dir.mkdir()
+    wrapper = bin_dir / "git"
+    wrapper.write_text('#!/bin/sh\n"%s" "$@"\nrc=$?\ncase " $* " in\n  *" %s "*)\n'
+                       '    if mkdir "%s" 2>/dev/null; then kill -9 $PPID; fi ;;\nesac\nexit $rc\n'
+                       % (shutil.which("git"), pattern, mark))
+    wrapper.chmod(0o755)
+    return str(bin_dir)
+
+
+@pytest.mark.parametrize("step", list(STEPS))
+def test_sigkill_at_every_step(git_repo, tmp_path, step):
+    how, final_attempt = STEPS[step]
+    queue = Queue(git_repo, tmp_path, protected_branches=["main"])
+    pids, mark = tmp_path / "pids", tmp_path / "crashed"
+    agent = {"write": {"k.txt": "k\n"}, "pidfile": str(pids), "grandchild": True}
+    verify = "echo $$ >> %s" % pids
+    env = dict(queue.env)
+    argv = [PYTHON, str(BRIDGE)]
+    if isinstance(how, dict):
+        argv = [PYTHON, str(REPO / "tests" / "crashpoint.py"), str(BRIDGE)]
+        env["CRASH_AT"] = json.dumps(how)
+    elif how in ("start", "end"):
+        agent.update(kill_watcher=how, linger=str(tmp_path / "late"))
+        if how == "start":
+            agent.update(sleep=60, sleep_attempts=[1])
+    elif how == "verify":
+        verify = VERIFY_CRASH.format(pids=pids, mark=mark,
+                                     lock=queue.handoff / "locks" / (TASK + ".lock"))
+    else:
+        env["PATH"] = git_wrapper(tmp_path / "bin", how, mark) + os.pathsep + env["PATH"]
+    queue.put(queue.task(TASK, agent=agent, commands_to_run=[verify],
+                         retry_policy={"max_attempts": 2}))
+    crashed = subprocess.run(argv + ["watch", "--once", "--root", str(queue.repo), "--config",
+                                     str(queue.config_path)], env=env, capture_output=True,
+                             text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr
+
+    out = queue.watch()
+    assert out.returncode == 0, out.stderr
+    assert queue.names("results") == ["k.json"]  # a half-written one is cleared too
+    r = queue.result(TASK)
+    assert (r["status"], r["attempt"]) == ("success", final_attempt), r["detail"]
+    assert [h["reason"] for h in queue.history(TASK)] == (
+        ["stale_lock_recovered"] if final_attempt == 2 else [])
+    assert queue.names("running") == [] and queue.names("tasks") == []
+    assert queue.names("locks") == ["__worker__.lock"]
+    assert not (queue.repo / ".git" / "index.lock").exists()
+    assert branch(queue.repo) == "main"
+    assert git(queue.repo, "status", "--porcelain", "--untracked-files=all") == ""
+    assert git(queue.repo, "show", "feat/ai/k:k.txt") == "k\n"
+    for pid in map(int, pids.read_text().split()):
+        assert wait_for(lambda: not process_running(pid), 5), (step, pid)
+
+
+@pytest.mark.parametrize("state, fields", [
+    ("failed", {"commands_to_run": ["false"]}),
+    ("pending", {"requires_confirmation": True}),
+])
+def test_sigkill_between_result_and_move_keeps_the_task_file(git_repo, tmp_path, state, fields):
+    """The result is written first; a crash before the task file reaches failed/ or
+    pending/ must not lose the file (a pending task could never be approved)."""
+    queue = Queue(git_repo, tmp_path)
+    queue.put(queue.task(TASK, **fields))
+    env = dict(queue.env, CRASH_AT=json.dumps(
+        {"event": "os.rename", "args": {"0": "/running/k.json", "1": "/%s/" % state}}))
+    crashed = subprocess.run([PYTHON, str(REPO / "tests" / "crashpoint.py"), str(BRIDGE), "watch",
+                              "--once", "--root", str(queue.repo), "--config", str(queue.config_path)],
+                             env=env, capture_output=True, text=True, timeout=60,
+                             stdin=subprocess.DEVNULL)
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr
+    before = queue.result(TASK)
+    assert queue.names("running") == ["k.json"]
+    queue.watch()
+    assert queue.result(TASK) == before
+    assert queue.names("running") == [] and queue.names(state) == ["k.json"]
+    assert queue.names("locks") == ["__worker__.lock"]
