@@ -6204,6 +6204,8 @@ def _wake_event(bdir, status, lines, targets, session, message="", error=""):
 
 RELAY_DEFAULT_CRITERIA = "No acceptance criteria provided"
 RELAY_PRIORITIES = ("high", "medium", "low")
+# The statuses a queue entry moves through; `up` reports one of them.
+RELAY_STATUSES = ("pending", "in_progress", "done", "failed", "reassigned")
 RELAY_NO_RELAY_STATUSES = ("pending", "in_progress", "reassigned")
 RELAY_NUDGE_TEXT = "新規指令 {cmd_id} を受信。処理されたし。"
 
@@ -6439,29 +6441,411 @@ def _key_name(line):
     return name
 
 
+class YamlSubset:
+    """Checks that a whole queue file is in the YAML subset bridge.py follows, which
+    PyYAML's yaml.safe_load (what every consumer of the queue uses) also reads.
+
+    relay reads and appends to queue files without a YAML library, so before it
+    touches one it makes sure every line is accounted for; a file outside the subset
+    is refused naming the line, rather than appended to and handed on unreadable.
+    The subset: comments, blank lines and one leading `---`; a block mapping or block
+    list at the top; block mappings with one-line plain or quoted keys; block lists,
+    indented or indentless, with compact `- key: value` entries; every line of a
+    collection at that collection's column. Values: plain scalars, continued on lines
+    indented past their collection; single- and double-quoted scalars (valid escapes,
+    closed, continued likewise); literal and folded blocks (`|`, `>-`, `|2`); one-line
+    flow collections of scalars (`[]`, `{}`, `{status: idle, task: null}`). Refused,
+    though YAML has them: anchors, aliases, tags, directives, `?` keys, flow
+    collections spanning lines or nested, tabs outside quotes, blocks and comments, a
+    second document, and plain values PyYAML resolves to a type but cannot build
+    (`=`, `<<`, `0x_`, 2026-02-30).
+    """
+
+    _PLAIN_FIRST = re.compile(r"[^\s\-?:,\[\]{}#&*!|>'\"%@`]|-[^\s:,\[\]{}]")
+    _FLOW_PLAIN = re.compile(r"(?:[^\s\-?:,\[\]{}#&*!|>'\"%@`]|-[^\s,\[\]{}#:])[^,?\[\]{}#:\t]*")
+    _KEY_END = re.compile(r":(?: |\Z)| #")
+    _BLOCK_HEADER = re.compile(r"[|>](?:([1-9])[+-]?|[+-]([1-9])?)?(?: +(?:#.*)?)?\Z")
+    _PRINTABLE = re.compile("[^\t\n\x20-\x7e\xa0-\u2027\u202a-\ud7ff\ue000-\ufefe\uff00-\ufffd"
+                            "\U00010000-\U0010ffff]")
+    _SINGLE = re.compile(r"(?:[^']|'')*")
+    _DOUBLE = re.compile(r'(?:[^"\\]|\\[0abt\tnvfre "/\\N_LP]|\\x[0-9A-Fa-f]{2}'
+                         r'|\\u[0-9A-Fa-f]{4}|\\U[0-9A-Fa-f]{8})*')
+    _TIMESTAMP = re.compile(
+        r"(\d{4})-(\d\d)-(\d\d)\Z|(\d{4})-(\d\d?)-(\d\d?)(?:[Tt]|[ \t]+)(\d\d?):(\d\d):(\d\d)"
+        r"(?:\.\d*)?(?:[ \t]*(?:Z|[-+](\d\d?)(?::(\d\d))?))?\Z")
+
+    _RUNS = {}                   # (dash column or None, key column) -> compiled run
+
+    def __init__(self, path, text):
+        import itertools
+        self.path = path
+        self.text = text
+        self.lines = text.split("\n")
+        # where each line starts in text, for the runs below
+        self.starts = list(itertools.accumulate(map((1).__add__, map(len, self.lines)),
+                                                initial=0))
+
+    @classmethod
+    def run(cls, dash, col):
+        """A regex for a run of whole, common entries that the line-by-line checks
+        below would accept: `key: value` lines of a mapping at column `col` (or list
+        items at column `dash` holding such mappings) whose keys are plain words and
+        whose values are plain words, quoted text, `[]`/`{}`, or a list of those.
+        It only saves time on large queues; whatever it does not match, or the
+        moment it stops matching, is checked line by line."""
+        if (dash, col) in cls._RUNS:
+            return cls._RUNS[dash, col]
+        skip = r"(?:\n[ ]*(?:#[^\n]*)?(?=\n|\Z))*"       # blank and comment lines
+
+        def upto(k, no_item=False):   # the next content line is indented at most k
+            line = r"[ ]{0,%d}[^ \n#]" % k
+            if no_item:  # ... and is not an item of a list at column k
+                line = r"[ ]{%d}(?!-(?:[ \n]|\Z))[^ \n#]" % k
+                if k:
+                    line = r"(?:[ ]{0,%d}[^ \n#]|%s)" % (k - 1, line)
+            return r"(?=\n%s|\Z)" % line
+
+        def scalar(k):
+            eol = r"[ ]*(?=\n|\Z)"
+            more = r"\n(?=[ ]*\n)|\n[ ]{%d}" % (k + 1)       # continuation lines
+            return (r"(?:[^\s\-?:,\[\]{}#&*!|>'\"%%@`=<+.~0-9][^\n\t: #]*(?:(?::(?=[^ \n])"
+                    r"| (?=[^#\n])| +(?=\n|\Z)|#)[^\n\t: #]*)*%s|[0-9]+[ ]*%s|\[[ ]*\]%s"
+                    r"|\{[ ]*\}%s|'[^'\n]*(?:(?:''|%s)[^'\n]*)*'%s"
+                    r"|\"[^\"\\\n]*(?:(?:\\[0abtnvfre \"/\\N_LP]|%s)[^\"\\\n]*)*\"%s)"
+                    % (upto(k), upto(k), eol, eol, more, eol, more, eol))
+
+        def items(k):
+            return r"(?:%s\n[ ]{%d}-[ ]+%s)+" % (skip, k, scalar(k))
+
+        pair = (r"[A-Za-z_][A-Za-z0-9_]*:(?:[ ]+%s|[ ]*(?:%s%s|%s%s|%s))" % (
+            scalar(col), items(col), upto(col, True), items(col + 2), upto(col),
+            upto(col, True)))
+        run = r"%s(?:%s\n[ ]{%d}%s)*" % (pair, skip, col, pair)
+        if dash is not None:
+            item = r"-[ ]{%d}%s%s" % (col - dash - 1, run, upto(dash))
+            run = r"%s(?:%s\n[ ]{%d}%s)*" % (item, skip, dash, item)
+        cls._RUNS[dash, col] = re.compile(run)
+        return cls._RUNS[dash, col]
+
+    def fast(self, row, col, dash=None):
+        """The row after a run (see run()) starting at (row, col), or None."""
+        m = self.run(dash, col).match(self.text, self.starts[row] + (col if dash is None
+                                                                     else dash))
+        return None if m is None else self.skip(row + m.group().count("\n") + 1)
+
+    def check(self):
+        odd = self._PRINTABLE.search(self.text)
+        if odd:
+            self.fail(self.text.count("\n", 0, odd.start()), "character U+%04X, which YAML "
+                      "readers refuse or take as a line break" % ord(odd.group()))
+        row = self.skip(0)
+        if row < len(self.lines) and re.match(r"---(?: +(?:#.*)?)?\Z", self.lines[row]):
+            row = self.skip(row + 1)
+        if row < len(self.lines):
+            if self.lines[row][:1] == " ":
+                self.fail(row, "the top level must start in column 1")
+            if not self.is_item(row, 0) and self.key_end(row, 0) is None:
+                self.stray(row, "the top level must be a mapping (`key:` lines) or a list "
+                                "(`- ` lines)")
+            row = self.node(row, 0, -1)
+        if row < len(self.lines):
+            self.stray(row, "a line that is not a list item after the top-level list")
+
+    def fail(self, row, why):
+        _refuse(self.path, self.text, self.starts[row], why)
+
+    def stray(self, row, why):
+        if self.lines[row].startswith(("---", "...")):
+            why = "a second YAML document (%s) is not supported" % self.lines[row][:3]
+        self.fail(row, why)
+
+    # -- lines
+
+    def indent(self, row):
+        line = self.lines[row]
+        return len(line) - len(line.lstrip(" "))
+
+    def skip(self, row):
+        """The first row from `row` on that holds more than spaces or a comment."""
+        lines = self.lines
+        while row < len(lines):
+            rest = lines[row].lstrip(" ")
+            if rest and rest[0] != "#":
+                if rest[0] == "\t":
+                    self.fail(row, "a tab in the indentation (YAML indents with spaces)")
+                return row
+            row += 1
+        return row
+
+    def is_item(self, row, col):
+        line = self.lines[row]
+        return line[col:col + 1] == "-" and line[col + 1:col + 2] in ("", " ")
+
+    def end_of_line(self, row, col, what):
+        """Only spaces and a ` #` comment may follow `what` on its line."""
+        rest = self.lines[row][col:]
+        stripped = rest.lstrip(" ")
+        if stripped and not (stripped[0] == "#" and len(stripped) < len(rest)):
+            self.fail(row, "unexpected text after %s: %r" % (what, stripped[:30]))
+
+    # -- collections
+
+    def node(self, row, col, parent):
+        """The node starting at (row, col), in a collection at column `parent`."""
+        if self.is_item(row, col):
+            return self.sequence(row, col)
+        if self.key_end(row, col) is not None:
+            return self.mapping(row, col)
+        return self.scalar(row, col, parent)
+
+    def below(self, row, col, indentless):
+        """The node after a `key:` or `-` that ends its line: on the next rows,
+        indented past `col` (or an indentless list at `col`); else it is null."""
+        nxt = self.skip(row + 1)
+        if nxt < len(self.lines):
+            ind = self.indent(nxt)
+            if ind > col:
+                return self.node(nxt, ind, col)
+            if ind == col and indentless and self.is_item(nxt, col):
+                return self.sequence(nxt, col)
+        return nxt
+
+    def mapping(self, row, col):
+        while True:
+            fast = self.fast(row, col)
+            if fast is not None:
+                row = fast
+            else:
+                end = self.key_end(row, col)
+                if end is None:
+                    self.stray(row, "expected a `key: value` line of the mapping at column "
+                                    "%d" % (col + 1))
+                line = self.lines[row]
+                at = len(line) - len(line[end:].lstrip(" "))
+                if at == len(line) or line[at] == "#":
+                    row = self.below(row, col, True)
+                elif self.is_item(row, at):
+                    self.fail(row, "a list cannot start on its key's line")
+                else:
+                    row = self.scalar(row, at, col)
+            if row >= len(self.lines) or self.indent(row) < col:
+                return row
+            if self.indent(row) > col:
+                self.fail(row, "indented deeper than the keys of the mapping at column %d"
+                          % (col + 1))
+            if self.is_item(row, col):
+                self.fail(row, "a list item where a key of the mapping at column %d was "
+                               "expected" % (col + 1))
+
+    def sequence(self, row, col):
+        while True:
+            line = self.lines[row]
+            at = len(line) - len(line[col + 1:].lstrip(" "))
+            if at == len(line) or line[at] == "#":
+                row = self.below(row, col, False)
+            else:
+                fast = self.fast(row, at, col)
+                row = self.node(row, at, col) if fast is None else fast
+            if row >= len(self.lines) or self.indent(row) < col:
+                return row
+            if self.indent(row) > col:
+                self.fail(row, "indented deeper than the items of the list at column %d"
+                          % (col + 1))
+            if not self.is_item(row, col):
+                return row    # an indentless list ends at its mapping's next key
+
+    def key_end(self, row, col):
+        """The column after the `:` of a one-line key starting at col, or None."""
+        line = self.lines[row]
+        if line[col:col + 1] in ("'", '"'):
+            end = self.quoted_end(row, col + 1, line[col])
+            if end is None:
+                return None
+            after = len(line) - len(line[end:].lstrip(" "))
+            if line[after:after + 1] == ":" and line[after + 1:after + 2] in ("", " "):
+                return after + 1
+            return None
+        if not self._PLAIN_FIRST.match(line, col):
+            return None
+        m = self._KEY_END.search(line, col)
+        if m is None or m.group() == " #":
+            return None
+        key = line[col:m.start()].rstrip(" ")
+        if "\t" in key:
+            self.fail(row, "a tab in a key")
+        if len(key) > 1000:
+            self.fail(row, "a key longer than 1000 characters (YAML readers stop at 1024)")
+        self.plain_value(row, key)
+        return m.start() + 1
+
+    # -- scalars
+
+    def scalar(self, row, col, parent):
+        """The scalar or flow value at (row, col); returns the next content row."""
+        line = self.lines[row]
+        ch = line[col]
+        if ch in "'\"":
+            end_row, end_col = self.quoted(row, col, parent)
+            self.end_of_line(end_row, end_col, "the closing quote")
+            return self.skip(end_row + 1)
+        if ch in "[{":
+            self.end_of_line(row, self.flow(row, col), "the flow collection")
+            return self.skip(row + 1)
+        if ch in "|>":
+            return self.block(row, col, parent)
+        if not self._PLAIN_FIRST.match(line, col):
+            self.fail(row, "%r cannot start a value here (anchors, aliases, tags, directives "
+                           "and `?` keys are not supported; quote the text)" % ch)
+        return self.plain(row, col, parent)
+
+    def plain_value(self, row, value):
+        """Refuse a plain value PyYAML resolves to a type it then cannot build."""
+        if value[:1] not in "0123456789+-=<":
+            return
+        bad = value in ("=", "<<") or re.match(r"[-+]?0[bx]_+\Z", value)
+        m = not bad and value[:1].isdigit() and self._TIMESTAMP.match(value)
+        if m:
+            import datetime
+            g = m.groups()
+            try:
+                if g[0]:
+                    datetime.date(int(g[0]), int(g[1]), int(g[2]))
+                else:
+                    datetime.datetime(*[int(x) for x in g[3:9]])
+                    datetime.timezone(datetime.timedelta(hours=int(g[9] or 0),
+                                                         minutes=int(g[10] or 0)))
+            except ValueError:
+                bad = True
+        if bad:
+            self.fail(row, "%r unquoted is read as a value YAML readers cannot build; "
+                           "quote it" % value)
+
+    def plain(self, row, col, parent):
+        parts, blanks = [], 0
+        while True:
+            line = self.lines[row]
+            cut = line.find(" #", col)
+            text = line[col:cut if cut >= 0 else len(line)].rstrip(" ")
+            if "\t" in text:
+                self.fail(row, "a tab in an unquoted value (quote it)")
+            if ": " in text or text.endswith(":"):
+                self.fail(row, "`: ` in an unquoted value (quote it)")
+            parts.append(("\n" * blanks or " ") + text if parts else text)
+            nxt, blanks = row + 1, 0
+            while nxt < len(self.lines) and not self.lines[nxt].strip(" "):
+                nxt, blanks = nxt + 1, blanks + 1
+            if cut >= 0 or nxt >= len(self.lines) or self.indent(nxt) <= parent \
+                    or self.lines[nxt].lstrip(" ")[0] in "#\t":
+                self.plain_value(row, "".join(parts))
+                return self.skip(nxt)
+            row, col = nxt, self.indent(nxt)
+
+    def quoted_end(self, row, i, quote):
+        """The column after the closing `quote` on `row`, scanning from column i
+        inside the quotes; None if the value goes on to the next line."""
+        line = self.lines[row]
+        end = (self._SINGLE if quote == "'" else self._DOUBLE).match(line, i).end()
+        if end == len(line) or (line[end] == "\\" and end + 1 == len(line)):
+            return None                  # goes on (after an escaped line break)
+        if line[end] == "\\":
+            self.fail(row, "an unknown escape %r in a double-quoted value" % line[end:end + 2])
+        if "\\U" in line[i:end] and max(int(x, 16) for x in re.findall(
+                r"\\U(\w{8})", line[i:end])) > 0x10FFFF:
+            self.fail(row, "a \\U escape past U+10FFFF in a double-quoted value")
+        return end + 1
+
+    def quoted(self, row, col, parent):
+        """(row, column) after the close of the quoted scalar opened at (row, col)."""
+        start, quote = row, self.lines[row][col]
+        end = self.quoted_end(row, col + 1, quote)
+        while end is None:
+            row += 1
+            if row >= len(self.lines):
+                self.fail(start, "the quote opened here is never closed")
+            if self.lines[row].strip(" ") and self.indent(row) <= parent:
+                self.fail(start, "the quote opened here is not closed before line %d (the "
+                                 "lines of a quoted value are indented past column %d)"
+                          % (row + 1, parent + 1))
+            end = self.quoted_end(row, 0, quote)
+        return row, end
+
+    def flow(self, row, col):
+        """A one-line flow collection of scalars; returns the column after it."""
+        line = self.lines[row]
+        close = "]" if line[col] == "[" else "}"
+
+        def spaces(i):
+            return len(line) - len(line[i:].lstrip(" "))
+
+        def item(i):
+            if line[i:i + 1] in ("'", '"'):
+                end = self.quoted_end(row, i + 1, line[i])
+                if end is None:
+                    self.fail(row, "a quote in a flow collection not closed on its line")
+                return end
+            m = self._FLOW_PLAIN.match(line, i)
+            if m is None:
+                self.fail(row, "only plain or quoted scalars can go in a flow collection "
+                               "(`[a, b]`, `{k: v}`), and it must close on its line")
+            self.plain_value(row, m.group().rstrip(" "))
+            return m.end()
+
+        i = spaces(col + 1)
+        while line[i:i + 1] != close:
+            i = spaces(item(i))
+            if close == "}" and line[i:i + 1] == ":" and line[i + 1:i + 2] in (" ", ",", "}"):
+                i = spaces(i + 1)
+                if line[i:i + 1] not in (",", "}"):
+                    i = spaces(item(i))
+            if line[i:i + 1] == ",":
+                i = spaces(i + 1)
+            elif line[i:i + 1] != close:
+                self.fail(row, "a flow collection (`%s`) not closed on its line, or with "
+                               "more than scalars in it" % line[col])
+        return i + 1
+
+    def block(self, row, col, parent):
+        """The literal or folded block whose header (`|`, `>-`, `|2`...) is at (row, col)."""
+        header = self._BLOCK_HEADER.match(self.lines[row], col)
+        if not header:
+            self.fail(row, "a bad block header %r" % self.lines[row][col:col + 10])
+        digit = header.group(1) or header.group(2)
+        nxt, longest = row + 1, 0
+        while nxt < len(self.lines) and not self.lines[nxt].strip(" "):
+            longest = max(longest, len(self.lines[nxt]))
+            nxt += 1
+        if digit:
+            ind = parent + int(digit)
+        else:
+            ind = parent + 1
+            if nxt < len(self.lines) and self.indent(nxt) > parent:
+                ind = self.indent(nxt)
+            if longest > ind:
+                self.fail(row + 1, "a blank line with more spaces than the text of its block")
+        while nxt < len(self.lines) and (not self.lines[nxt].strip(" ")
+                                         or self.indent(nxt) >= ind):
+            nxt += 1
+        return self.skip(nxt)
+
+
 def relay_layout(path, text, keys):
     """Find the list (or id-keyed mapping) under the first of `keys` present.
 
-    Looks only at the lines that start in column 0 and are not list items (a
-    handful in any real queue) and at the first entry, so the cost does not
-    grow with the number of entries. Raises BridgeError (exit 1) naming the
-    line when the top level is not a block mapping or list it can follow.
+    The whole text must pass YamlSubset first. Then only the lines that start
+    in column 0 and are not list items (a handful in any real queue) and the
+    first entry are looked at. Raises BridgeError (exit 1) naming the line
+    when the text is outside the subset or `keys` hold no block list or mapping.
     """
+    YamlSubset(path, text).check()
     key_re = re.compile(_YAML_KEY + r"[ \t]*(.*)\Z")
     found = {}                     # key -> (line offset, value offset)
     tops = []                      # offsets of the top-level non-item lines
     scan = "\n" + text
     for match in re.finditer(r"\n((?:[^ \n#\-]|-[^ \n])[^\n]*)", scan):
         line, offset = match.group(1), match.start()
-        if line.rstrip() == "---" or line.startswith("--- "):
-            if re.search(r"^[^#\s]", text[:offset], re.M):
-                _refuse(path, text, offset, "a second YAML document (---) is not supported")
-            continue
+        if line.startswith("---"):
+            continue               # YamlSubset allows one, before the document
         km = key_re.match(line)
-        if km is None:
-            _refuse(path, text, offset, "not a `key:` line or list item at the top level "
-                                        "(flow style, tab indentation, a bare scalar or a "
-                                        "directive are not supported)")
         tops.append(offset)
         name = _key_name(line)
         if name in keys:
@@ -6472,11 +6856,9 @@ def relay_layout(path, text, keys):
     layout = QueueLayout(text, key or keys[0])
     layout.scan = scan
     if key is None:
-        first_item = re.search(r"^-(?:[ \n]|\Z)", text, re.M)
+        # A list at the top (no top-level key at all), else a new key at the end.
+        first_item = None if tops else re.search(r"^-(?:[ \n]|\Z)", text, re.M)
         if first_item is not None:
-            if tops:
-                _refuse(path, text, max(tops[0], first_item.start()),
-                        "a top-level list mixed with mapping keys")
             layout.kind = "toplist"
             layout.region = (first_item.start(), len(text))
             _relay_list_columns(path, text, layout, first_item.start())
@@ -6492,8 +6874,6 @@ def relay_layout(path, text, keys):
     body = re.compile(r"^(?![ \t]*(?:#|$))", re.M).search(text, *layout.region)
     body_at = None if body is None else body.start()
     if value in ("[]", "{}", "null", "Null", "NULL", "~"):
-        if body_at is not None:
-            _refuse(path, text, body_at, "`%s: %s` followed by more content" % (key, value))
         layout.rewrite = (value_at, value_at + len(text[value_at:eol]) -
                           len(text[value_at:eol].lstrip(" \t")) + len(value))
         layout.kind = "map" if value == "{}" else "list"
@@ -6506,8 +6886,6 @@ def relay_layout(path, text, keys):
     else:
         line = _line_at(text, body_at)
         stripped = line.lstrip(" ")
-        if line[:1] == "\t" or stripped[:1] == "\t":
-            _refuse(path, text, body_at, "tab indentation")
         if stripped[:1] == "-" and stripped[1:2] in (" ", ""):
             layout.kind = "list"
             _relay_list_columns(path, text, layout, body_at)
@@ -6929,6 +7307,8 @@ def relay_up(root, config, captain_id, session, cmd_id, status, summary, force=F
         raise BridgeError("up requires a non-empty cmd_id, status and summary")
     for value, what in ((cmd_id, "cmd_id"), (status, "status"), (summary, "summary")):
         check_text(value, what)
+    if status not in RELAY_STATUSES:
+        raise BridgeError("status must be one of %s, got %r" % (", ".join(RELAY_STATUSES), status))
     queue, _clustered = relay_queue_path(root, session, config)
     raw, _bom, text = _relay_read(queue)
     if raw is None:

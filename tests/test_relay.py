@@ -771,3 +771,194 @@ def test_queue_file_may_not_leave_the_queue_directory(tmp_path):
     out = down(root, "miho", "main", "Do the thing.", "proj")
     assert out.returncode == 2 and "relay.queue_file" in out.stderr
     assert not (tmp_path / "escape.yaml").exists()
+
+
+# ---- a queue YAML readers cannot read is never written ------------------------------
+
+NEED_PYYAML = pytest.mark.skipif(
+    yaml is None, reason="PyYAML is not installed (tests/tools.sh installs it into .venv "
+                         "when it can; `pip install pyyaml` to run these cross-checks)")
+
+
+def load_bridge():
+    spec = importlib.util.spec_from_file_location("bridge_mod", str(BRIDGE))
+    bridge = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bridge)
+    return bridge
+
+
+def pyyaml_error(text):
+    """None when yaml.safe_load reads `text`, else the error's first line."""
+    try:
+        yaml.safe_load(text)
+    except Exception as exc:     # PyYAML raises YAMLError, ValueError, TypeError...
+        return "%s: %s" % (type(exc).__name__, str(exc).split("\n")[0])
+    return None
+
+
+# The reproductions: each one PyYAML cannot read, each appended to and nudged before.
+UNREADABLE = [
+    ("commands:\n- id: cmd_001\n  command: 'an unterminated quote\n  status: done\n"
+     "- id: cmd_002\n  status: done\n", 3),
+    ("commands:\n- id: cmd_001\n  status: done\n   source: agent_teams\n", 4),
+    ("commands:\n- id: cmd_001\n  status: done\nfoo: [\n", 4),
+]
+
+
+@pytest.mark.parametrize("text,line", UNREADABLE)
+def test_down_refuses_a_queue_yaml_readers_cannot_read(tmp_path, text, line):
+    root, queue = make_root(tmp_path, text=text)
+    if yaml is not None:
+        assert pyyaml_error(text)
+    result = down(root, "miho", "main", "m", "p")
+    assert result.returncode == 1, result.stderr
+    assert result.stdout == ""
+    assert "%s line %d:" % (queue, line) in result.stderr and "not changed" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert queue.read_text() == text
+    assert not any("DOWN SUCCESS" in ln for ln in log_lines(root))
+    assert not (root / "queue" / "inbox").exists()       # nobody was nudged
+
+
+def broken_variants():
+    """Queue files made unreadable one line at a time, in the ways hands and tools
+    break them (PyYAML decides which of these are broken; all are kept that it rejects)."""
+    texts = [(RELAY_FIX / name).read_text(encoding="utf-8") for name in (
+        "pyyaml_indentless.yaml", "hand_indented.yaml", "dict_keyed.yaml")]
+    edits = [
+        lambda ln: ln.replace(": ", ": '", 1),                 # unterminated quote
+        lambda ln: ln.replace(": ", ': "', 1),
+        lambda ln: " " + ln,                                   # mis-indented
+        lambda ln: ln[1:] if ln.startswith("  ") else ln,
+        lambda ln: ln + "\nfoo: [",                            # an unclosed flow list
+        lambda ln: ln.replace(": ", ": {a: 1", 1),
+        lambda ln: ln.replace("  ", "\t", 1),                  # tab indentation
+        lambda ln: ln + ": x" if ": " in ln else ln,          # a mapping value in a value
+        lambda ln: ln.replace(": ", ": *undefined ", 1),       # alias to no anchor
+        lambda ln: ln.replace(": ", ': "bad \\q escape" ', 1),
+        lambda ln: ln.replace(": ", ": 2026-02-30", 1) if ":" in ln else ln,
+        lambda ln: ln + "\n" + " " * (len(ln) - len(ln.lstrip())) + "- stray item",
+    ]
+    seen = set()
+    for text in texts:
+        lines = text.split("\n")
+        for n in range(len(lines)):
+            for edit in edits:
+                broken = "\n".join(lines[:n] + [edit(lines[n])] + lines[n + 1:])
+                if broken not in seen and pyyaml_error(broken):
+                    seen.add(broken)
+                    yield broken
+
+
+@NEED_PYYAML
+def test_every_file_pyyaml_rejects_relay_refuses():
+    bridge = load_bridge()
+    variants = list(broken_variants())
+    assert len(variants) >= 50
+    for text in variants:
+        for keys in (("commands", "queue"), ("messages",)):
+            with pytest.raises(bridge.BridgeError) as err:
+                bridge.relay_layout("q.yaml", text, keys)
+            assert err.value.code == 1 and re.match(r"q\.yaml line \d+: ", err.value.message), (
+                text, err.value.message)
+
+
+def mutations(rng, count):
+    """Deterministic random edits of every fixture: characters YAML cares about
+    inserted, text deleted, lines re-indented."""
+    texts = [p.read_text(encoding="utf-8") for p in sorted(RELAY_FIX.glob("*.yaml"))]
+    texts += [p.read_text(encoding="utf-8") for p in sorted((RELAY_FIX / "inbox").glob("*.yaml"))]
+    pieces = list(" -:#'\"\n[]{},|>&*!%@`?\t=<\\0") + [
+        "  ", "\n  ", "\n- ", ": ", " #", "''", "\n\n", "\n# c\n", "\n    ", "2026-02-30",
+        "0x_", "\\x4", "---\n", "\ncommands:\n", "\n  - x\n", "\n- id: cmd_5\n", "日"]
+    for _ in range(count):
+        text = rng.choice(texts)
+        for _ in range(rng.randint(1, 3)):
+            at = rng.randint(0, len(text))
+            if rng.random() < 0.6:
+                text = text[:at] + rng.choice(pieces) + text[at:]
+            else:
+                text = text[:at] + text[at + rng.randint(1, 4):]
+        yield text
+
+
+@NEED_PYYAML
+def test_every_file_relay_accepts_pyyaml_loads_before_and_after():
+    bridge = load_bridge()
+    fields = [("id", "cmd_X"), ("command", "a: b\n#c"), ("acceptance_criteria", ["x", "y: z"]),
+              ("status", "pending")]
+    accepted = refused = 0
+    for text in mutations(random.Random(13), 3000):
+        try:
+            layout = bridge.relay_layout("q.yaml", text, ("commands", "queue"))
+        except bridge.BridgeError as exc:
+            assert exc.code == 1 and re.match(r"q\.yaml line \d+: ", exc.message), exc.message
+            refused += 1
+            continue
+        accepted += 1
+        assert pyyaml_error(text) is None, text
+        after = bridge.relay_splice(layout, bridge.relay_entry_text(layout, "cmd_X", fields))
+        assert pyyaml_error(after) is None, (text, after)
+        items = yaml_entries(after)
+        mine = [it for it in items if isinstance(it, dict) and it.get("id") == "cmd_X"]
+        assert mine == [dict(fields)], after
+    assert accepted > 500 and refused > 500      # both sides were exercised
+
+
+def test_the_fast_path_accepts_nothing_the_line_by_line_check_refuses():
+    """YamlSubset matches runs of common entries with one regex (for large queues);
+    with it switched off the verdicts must be the same, error line included."""
+    bridge = load_bridge()
+
+    def verdict(text, fast):
+        check = bridge.YamlSubset("q.yaml", text)
+        if not fast:
+            check.fast = lambda *args, **kwargs: None
+        try:
+            check.check()
+        except bridge.BridgeError as exc:
+            return exc.message
+        return "ok"
+
+    fast_hits = 0
+    for text in mutations(random.Random(5), 3000):
+        check = bridge.YamlSubset("q.yaml", text)
+        assert verdict(text, True) == verdict(text, False), text
+        fast_hits += verdict(text, True) == "ok" and any(
+            check.fast(row, 2, 0) is not None for row in range(len(check.lines))
+            if check.lines[row].startswith("- id"))
+    assert fast_hits > 100
+
+
+@pytest.mark.parametrize("text", [
+    "commands:\n- id: cmd_001\n  when: 2026-02-16 01:23:45\n  n: 0x1f\n  s: {status: idle, t: null}\n"
+    "  l: [a, 'b', \"c\"]\n  e: []\n  f: >-\n    folded\n\n    text\n  g: |2\n     indented\n"
+    "  h: plain\n    continued\n\n    after a blank\n",
+    "# header\n---\nqueue:\n  - id: cmd_001  # trailing comment\n    nested:\n      a: 1\n"
+    "      b:\n      - x\n  - other: 1\n",
+])
+def test_down_accepts_the_yaml_real_queues_use(tmp_path, text):
+    root, queue = make_root(tmp_path, text=text, config={"relay": {"nudge": False}})
+    result = down(root, "miho", "main", "m", "p")
+    assert result.returncode == 0, result.stderr
+    if yaml is not None:
+        assert yaml_entries(queue.read_text())[-1]["id"] == "cmd_002"
+
+
+def test_a_top_level_mapping_without_commands_gets_a_new_key_not_a_stray_item(tmp_path):
+    text = "settings:\n- a\n- b\nother:\n  x: 1\n"
+    root, queue = make_root(tmp_path, text=text, config={"relay": {"nudge": False}})
+    assert down(root, "miho", "main", "m", "p").stdout == "cmd_001\n"
+    after = queue.read_text()
+    assert after.startswith(text + "commands:\n- id: cmd_001\n")
+    if yaml is not None:
+        assert yaml.safe_load(after)["settings"] == ["a", "b"]
+
+
+def test_up_refuses_a_status_the_queue_does_not_use(tmp_path):
+    root, _ = make_root(tmp_path, "pyyaml_indentless.yaml")
+    result = up(root, "miho", "main", "cmd_047", "bogus", "s")
+    assert result.returncode == 2 and result.stdout == ""
+    assert "pending, in_progress, done, failed, reassigned" in result.stderr
+    assert "'bogus'" in result.stderr and "Traceback" not in result.stderr
+    assert up(root, "miho", "main", "cmd_047", "failed", "s").stdout.startswith("miho隊報告")
