@@ -5422,18 +5422,14 @@ def trim_replies(bdir):
 
 
 def _floor_slugs(bdir):
-    """The slugs whose cursors bound a replies trim, or None without any cursor file.
-
-    `.inbox-cursor.<slug>.lock` (inbox commit's lock before it was renamed) is not a
-    cursor file."""
+    """The slugs whose cursors bound a replies trim, or None without any cursor file."""
     try:
         names = os.listdir(bdir)
     except OSError:
         return None
     slugs = set()
     for name in names:
-        if name.startswith(".inbox-cursor.") and not name.endswith(".lock") \
-                and is_safe_name(name[14:]):
+        if name.startswith(".inbox-cursor.") and is_safe_name(name[14:]):
             slugs.add(name[14:])
     if not slugs:
         return None
@@ -5652,10 +5648,6 @@ def inbox_commit(root, slug, cursor_text):
         raise SeamFailure("another commit for %s holds its cursor lock %s" % (
             slug, os.path.join(bdir, ".cursor-lock." + slug)))
     try:
-        try:  # the lock name older versions used: Go would read it as a cursor (cursor_lock)
-            os.unlink(os.path.join(bdir, ".inbox-cursor.%s.lock" % slug))
-        except OSError:
-            pass
         adopt_cursor(bdir, slug, locked=True)
         current = read_cursor(bdir, slug)
         lines = count_complete_lines(os.path.join(bdir, "inbox.jsonl"))
@@ -8634,7 +8626,6 @@ def proxy_command(cfg, argv=None):
     env = dict(os.environ)
     env.update({str(k): str(v) for k, v in doc["env"].items()})
     return argv, cwd, env
-# ---- end 5a ----
 
 
 # ---- 5b. observability: WebSocket server and dashboard ----
@@ -8952,12 +8943,12 @@ class ObservabilityServer:
     token is set; a foreign browser Origin gets 403 (README: "Observability")."""
 
     def __init__(self, host, port, token=None, allowed_origins=(), control=None, log=None,
-                 max_queue=1000, enabled=True, head_timeout=OBS_HEAD_TIMEOUT):
+                 max_queue=1000, head_timeout=OBS_HEAD_TIMEOUT):
         import collections
         import threading
         self.host, self.port, self.token = host or "127.0.0.1", int(port), token or None
         self.allowed = {o.lower().rstrip("/") for o in allowed_origins or ()}
-        self.control, self.max_queue, self.enabled = control, max(1, int(max_queue)), enabled
+        self.control, self.max_queue = control, max(1, int(max_queue))
         self.log, self.max_message, self.head_timeout = log or warn, OBS_MAX_MESSAGE, head_timeout
         self.listener, self.origins = None, ()
         self.lock, self.conns, self.events = threading.Lock(), set(), set()
@@ -8977,9 +8968,6 @@ class ObservabilityServer:
             loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
         except ValueError:
             loopback = False
-        if not self.enabled:
-            self.log("observability: disabled")
-            return False
         if not loopback and not self.token:
             self.log("observability: refusing to listen on non-loopback host %s without a token "
                      "(set BRIDGE_OBS_TOKEN); running without the dashboard" % host)
@@ -9230,7 +9218,6 @@ connect("/control", onAck);
 </script></body></html>
 """
 
-# ---- end 5b ----
 
 
 # =============================================================================
@@ -9328,9 +9315,9 @@ def _lone_surrogate(text):
 
 
 def canonical_json(value):
-    """Canonical JSON bytes: UTF-8, keys sorted by code point (= UTF-8 byte order; RFC 8785 sorts by UTF-16 code units, which differs only for astral-plane vs
-    U+E000..U+FFFF keys), no whitespace, arrays in order, no trailing newline."""
-    import json
+    """Canonical JSON bytes: UTF-8, keys sorted by code point (= UTF-8 byte order; RFC 8785
+    sorts by UTF-16 code units, which differs only for astral-plane vs U+E000..U+FFFF keys),
+    no whitespace, arrays in order, no trailing newline."""
     _canonical_check(value)
     # Python compares str by code point, so sort_keys gives the byte order we want.
     return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=False,
@@ -9347,7 +9334,6 @@ def canonical_loads(data, what="JSON", problems=None):
     out-of-range integers, lone surrogates and invalid UTF-8 are errors naming `what`, all
     of them at once. With a `problems` list, the value problems (all but undecodable or
     unparseable text) are appended to it instead and the value is returned."""
-    import json
     found = []
 
     def pairs(items):
@@ -9532,7 +9518,6 @@ class McpClient:
         return self
 
     def _read_stdout(self):
-        import json
         reader = MessageReader(self.proc.stdout)
         while True:
             try:
@@ -9587,7 +9572,6 @@ class McpClient:
 
     def request(self, method, params=None, timeout=None):
         import queue
-        import time
         self._next_id += 1
         rid = self._next_id
         self._send({"jsonrpc": "2.0", "id": rid, "method": method, "params": params or {}})
@@ -9629,7 +9613,6 @@ class McpClient:
     def call_tool(self, name, arguments, timeout=None):
         """tools/call, unwrapping the result: structuredContent, else `json` blocks (axiomregent)
         or `text` blocks holding JSON (the standard); several blocks give a list."""
-        import json
         result = self.request("tools/call", {"name": name, "arguments": arguments},
                               timeout=timeout)
         if not isinstance(result, dict):
@@ -10855,7 +10838,6 @@ def cmd_redact(args):
         # or a second error when Python flushes stdout at exit.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_FAILED
-# ---- end kernel commands ----
 
 
 # ---- watch commands ----
@@ -10945,7 +10927,6 @@ def cmd_unlock(args):
     root, _config = load_args_config(args)
     print(unlock_worker(root, force=args.force))
     return EXIT_OK
-# ---- end watch commands ----
 
 
 # ---- seam commands ----
@@ -11249,7 +11230,6 @@ def add_seam_parsers(subparsers):
                                        usage=usage)
         parser.add_argument("seam_args", nargs="*")
         parser.set_defaults(func=cmd_seam, seam_verb=verb)
-# ---- end seam commands ----
 
 
 # ---- relay commands ----
@@ -11317,7 +11297,6 @@ def cmd_relay_up(args):
     if report is not None:
         print(report)
     return EXIT_OK
-# ---- end relay commands ----
 
 
 # ---- proxy commands ----
@@ -11338,7 +11317,6 @@ def cmd_proxy(args):
     server = args.server[1:] if args.server[:1] == ["--"] else args.server
     argv, cwd, env = proxy_command(cfg, server)
     return Proxy(argv, cfg, cwd, env).run()
-# ---- end proxy commands ----
 
 
 # ---- changes commands ----
@@ -11543,7 +11521,6 @@ def cmd_changes_approve(args):
              "Re-plan: run `changes new` again with the same subject and plan (it gets a new id "
              "on the current base), have it validated, and approve that one" % (cs_id, stale))
     return EXIT_OK
-# ---- end changes commands ----
 
 
 def build_parser():

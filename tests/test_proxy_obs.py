@@ -583,11 +583,10 @@ def test_port_in_use_returns_false(harness):
     server = BRIDGE_MODULE.ObservabilityServer("127.0.0.1", harness.port, log=logs.append)
     assert server.start() is False
     assert "cannot listen" in logs[0] and str(harness.port) in logs[0]
-    disabled = BRIDGE_MODULE.ObservabilityServer("127.0.0.1", 0, enabled=False, log=logs.append)
-    assert disabled.start() is False
-    disabled.publish("doctor:ready", {})                  # a no-op, never an error
-    assert disabled.client_count == 0
-    disabled.stop()
+    idle = BRIDGE_MODULE.ObservabilityServer("127.0.0.1", 0, log=logs.append)   # never started
+    idle.publish("doctor:ready", {})                      # a no-op, never an error
+    assert idle.client_count == 0
+    idle.stop()
 
 
 def test_harness_script_serves_until_killed():

@@ -1064,12 +1064,11 @@ def test_truncate_replies_waits_for_every_slug_that_may_still_ask(repo):
 
 def test_truncate_replies_hostile_files(repo, tmp_path):
     bdir = write_inbox(repo, *INBOX3)
-    # a garbage cursor reads as 0, so nothing is below the floor; commit's lock file is no cursor
+    # a garbage cursor reads as 0, so nothing is below the floor
     before = write_replies(bdir, [reply(1) for _ in range(2500)], alpha="garbage\n", beta=100)
     ack_line1(repo)
     assert replies_after(bdir)[0] == before
     (bdir / ".inbox-cursor.alpha").write_text("100\n")
-    (bdir / ".inbox-cursor.beta.lock").write_text("")
     # lines that answer nothing (not JSON, no line number, a wrong type) go like any below the floor
     junk = ["not json", "{}", json.dumps(reply(1) | {"in_reply_to_line": "7"}), "[1]"]
     write_replies(bdir, junk + [reply(200, target="beta")] + [reply(1, target="beta")] * 2400)
@@ -1666,9 +1665,8 @@ def test_symlinked_cursor_lock_and_legacy_cursor_are_never_followed(repo, tmp_pa
 
 def test_commit_lock_is_not_named_like_a_cursor_for_go(repo):
     """Go's truncateReplies collects `.inbox-cursor.*` files: a lock file there would read as a
-    slug "alpha.lock" at cursor 0 and stop Go's trim for good. Old lock files are removed."""
+    slug "alpha.lock" at cursor 0 and stop Go's trim for good."""
     bdir = write_inbox(repo, *INBOX3)
-    (bdir / ".inbox-cursor.alpha.lock").write_text("")
     assert seam("inbox", "commit", "--slug", "alpha", "--cursor", "2", cwd=repo)[1] == {"cursor": 2}
     assert sorted(p.name for p in bdir.glob(".inbox-cursor.*")) == [".inbox-cursor.alpha"]
 
