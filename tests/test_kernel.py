@@ -620,3 +620,19 @@ def test_poll_flag_range_is_the_config_range(tmp_path):
         out = run_bridge(*argv, "--root", tmp_path, cwd=tmp_path)
         assert out.returncode == 2 and "argument --poll: SECONDS must be a number between 0.05 and 3600" \
             in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize("kind", ["fifo", "symlink"])
+def test_config_file_fifo_or_symlink_is_an_error_naming_it(tmp_path, kind):
+    root = tmp_path / "repo"
+    root.mkdir()
+    config = root / "bridge.config.json"
+    if kind == "fifo":
+        os.mkfifo(config)  # a plain open() waits for a writer forever
+    else:
+        outside = tmp_path / "outside.json"
+        outside.write_text('{"poll_sec": 5}')
+        config.symlink_to(outside)
+    for args in (("redact", "--root", root), ("redact", "--config", config)):
+        out = run_bridge(*args, input="x", timeout=20)
+        assert out.returncode == 2 and str(config) in out.stderr, out.stderr

@@ -2009,3 +2009,30 @@ def test_a_bom_line_is_read_and_a_symlinked_bridge_dir_is_followed(repo, tmp_pat
     code, out, _ = seam("inbox", "drain", "--slug", "alpha", cwd=repo)
     assert code == 0 and [r["id"] for r in out["records"]] == ["b1"]
     assert (elsewhere / "fo.alpha.json").exists()                        # the heartbeat went there too
+
+
+# ---- _bridge/ files symlinked to a file outside are never read --------------------------
+
+def test_symlinked_inbox_to_outside_is_never_read(repo, tmp_path):
+    outside = tmp_path / "outside-inbox.jsonl"
+    outside.write_text("".join(json.dumps(r) + "\n" for r in INBOX3))
+    bdir = repo / "_bridge"
+    bdir.mkdir()
+    (bdir / "inbox.jsonl").symlink_to(outside)
+    heartbeat(repo, "alpha", "sess-1")
+    code, out, _ = seam("inbox", "drain", "--slug", "alpha", cwd=repo)
+    assert code == 0 and out["count"] == 0 and out["records"] == []
+    assert seam("inbox", "check", "--host", "claude", cwd=repo,
+                input=payload("claude_stop.json", repo))[1] == {}
+
+
+def test_symlinked_heartbeat_to_outside_is_never_read(repo, tmp_path):
+    """fo.<slug>.json linked to a file outside naming a session: that session is not taken
+    for the slug's (no Stop-hook block for it, nothing for wake to resume)."""
+    write_inbox(repo, *INBOX3)
+    outside = tmp_path / "outside-fo.json"
+    outside.write_text(json.dumps({"session_id": "sess-1", "host": "claude",
+                                   "ts": "2026-07-03T12:00:00Z", "state": "idle"}) + "\n")
+    (repo / "_bridge" / "fo.alpha.json").symlink_to(outside)
+    assert seam("inbox", "check", "--host", "claude", cwd=repo,
+                input=payload("claude_stop.json", repo))[1] == {}
