@@ -2328,6 +2328,22 @@ def kill_process_group(proc, grace=5.0):
         pass
 
 
+def cut_middle(head, tail, cut):
+    """(head + a line saying `cut` bytes were cut here + tail, bytes cut) for output
+    whose middle was not kept. Each side is trimmed to a whitespace boundary (looked
+    for within 4 KiB of the cut), so no token is split: a secret's prefix alone would
+    escape redaction."""
+    if cut <= 0:
+        return head + tail, 0
+    edge = max(head.rfind(space, max(0, len(head) - 4096)) for space in (b"\n", b" ", b"\t"))
+    if edge >= 0:
+        cut, head = cut + len(head) - edge - 1, head[:edge + 1]
+    starts = [i for i in (tail.find(space, 0, 4096) for space in (b"\n", b" ", b"\t")) if i >= 0]
+    if starts:
+        cut, tail = cut + min(starts), tail[min(starts):]
+    return head + b"\n[... %d bytes cut here: over the capture cap ...]\n" % cut + tail, cut
+
+
 def run_command(cmd, cwd=None, env=None, timeout=None, shell=False, stdin_data=None,
                 cap_bytes=64 << 20, on_tick=None, tick_sec=10.0, kill_grace=5.0,
                 on_start=None):
@@ -2337,8 +2353,9 @@ def run_command(cmd, cwd=None, env=None, timeout=None, shell=False, stdin_data=N
     - The child gets its own process group and a closed stdin (headless agents hang
       on an open one) unless `stdin_data` is given.
     - stdout and stderr are read by threads as they come, so the child never blocks
-      on a full pipe; each keeps at most `cap_bytes` (the rest is counted in
-      dropped_bytes).
+      on a full pipe; each keeps at most `cap_bytes`: the first half and the last
+      half (the end is usually the summary), the middle replaced by a line saying how
+      much was cut (see cut_middle; dropped_bytes counts it).
     - On timeout the whole group gets SIGTERM, then SIGKILL after kill_grace.
     - When the child exits, its whole group is killed: a grandchild that holds the
       pipes open (or let go of them but stayed in the group) never outlives it.
@@ -2361,11 +2378,13 @@ def run_command(cmd, cwd=None, env=None, timeout=None, shell=False, stdin_data=N
 
     if on_start:
         on_start(proc)
-    chunks = {"stdout": [], "stderr": []}
+    import collections
+    kept = {"stdout": b"", "stderr": b""}
     dropped = [0]
 
     def drain(stream, name):
-        kept, fd = 0, stream.fileno()
+        head, tail, tail_len, total, fd = bytearray(), collections.deque(), 0, 0, stream.fileno()
+        half = cap_bytes // 2
         while True:
             try:
                 block = os.read(fd, 65536)
@@ -2373,13 +2392,20 @@ def run_command(cmd, cwd=None, env=None, timeout=None, shell=False, stdin_data=N
                 break
             if not block:
                 break
-            room = cap_bytes - kept
+            total += len(block)
+            room = cap_bytes - half - len(head)
             if room > 0:
-                chunks[name].append(block[:room])
-                kept += min(room, len(block))
-            if len(block) > room:
-                dropped[0] += len(block) - max(room, 0)
+                head += block[:room]
+                block = block[room:]
+            if block:  # the tail: whole blocks, the oldest let go once half is still held
+                tail.append(block)
+                tail_len += len(block)
+                while tail_len - len(tail[0]) >= half:
+                    tail_len -= len(tail.popleft())
         stream.close()
+        end = b"".join(tail)[-half:] if half else b""
+        kept[name], cut = cut_middle(bytes(head), end, total - len(head) - len(end))
+        dropped[0] += cut
 
     readers = [threading.Thread(target=drain, args=(proc.stdout, "stdout"), daemon=True),
                threading.Thread(target=drain, args=(proc.stderr, "stderr"), daemon=True)]
@@ -2429,8 +2455,8 @@ def run_command(cmd, cwd=None, env=None, timeout=None, shell=False, stdin_data=N
     return CommandResult(
         cmd,
         exit_code=None if timed_out else code,
-        stdout=b"".join(chunks["stdout"]).decode("utf-8", "replace"),
-        stderr=b"".join(chunks["stderr"]).decode("utf-8", "replace"),
+        stdout=kept["stdout"].decode("utf-8", "replace"),
+        stderr=kept["stderr"].decode("utf-8", "replace"),
         timed_out=timed_out,
         duration=time.monotonic() - started,
         signal=-code if (code is not None and code < 0) else None,
@@ -3042,7 +3068,8 @@ def dropped_note(result):
     """Log note for output beyond run_command's in-memory cap (never silently lost)."""
     if not result.dropped_bytes:
         return ""
-    return " (%d more bytes of output were not kept: over the capture cap)" % result.dropped_bytes
+    return " (%d bytes were cut from the middle of the output: over the capture cap)" % (
+        result.dropped_bytes)
 
 
 def result_history(handoff, task_id):

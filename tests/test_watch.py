@@ -555,6 +555,33 @@ def test_output_capped_with_marker_full_log_kept(git_repo, tmp_path):
     assert "still running" in out.stderr  # progress lines for long commands
 
 
+def test_output_beyond_the_capture_cap_keeps_head_and_real_tail(queue, tmp_path):
+    """Past the 8 MiB capture cap the first and the last 4 MiB are kept (the end is the
+    summary), the cut is said, and a token straddling either edge of the cut is dropped
+    whole rather than leaving a raw piece that redaction cannot recognise."""
+    half = 4 << 20
+    script = tmp_path / "loud.py"
+    script.write_text(
+        "import sys\nw = sys.stdout.write\n"
+        "w('HEAD-START ' + 'x' * (%d - 17) + ' ')\n"          # the head cut falls 5 bytes into
+        "w('sk-proj-' + 'SECRETONE' * 5 + ' ')\n"             # this token
+        "w('y ' * 500000)\n"
+        "w(' sk-proj-' + 'SECRETTWO' * 5 + ' ')\n"            # the tail starts 20 bytes into C
+        "w('z\\n' * %d + 'z' + 'FINAL-SUMMARY\\n')\n" % (half, (half - 49) // 2))
+    queue.put(queue.task("loud", commands_to_run=["%s %s" % (sys.executable, script)]))
+    assert queue.watch(timeout=120).returncode == 0
+    r = queue.result("loud")
+    assert r["commands"][0]["stdout"].endswith("z\nzFINAL-SUMMARY\n")
+    log = (queue.handoff / "logs" / "loud.log").read_text()
+    assert log.count("HEAD-START") == 1 and log.count("FINAL-SUMMARY") == 1
+    assert "bytes cut here: over the capture cap" in log and "cut from the middle" in log
+    for path in queue.handoff.rglob("*"):
+        if path.is_file():
+            data = path.read_bytes()
+            for piece in (b"SECRETONE", b"SECRETTWO", b"sk-proj-S"):
+                assert piece not in data, (path, piece)
+
+
 # ---- secrets ----------------------------------------------------------------------
 
 def test_secrets_never_reach_any_file_under_ai_handoff(queue):
