@@ -8114,10 +8114,9 @@ class Proxy:
             return self.send_child(line)
         self.tries.pop(mid, None)
         self.send_client(line)
-        obs = self.obs
-        if obs is not None and obs.client_count > 0 and self.sample():
-            obs.publish("mcp:response", {"id": mid, "method": method, "size": len(line), "error": True,
-                                         "from": "bridge", "reason": reason})
+        if self.obs is not None:                   # never sampled: these are the events worth keeping
+            self.obs.publish("mcp:response", {"id": mid, "method": method, "size": len(line), "error": True,
+                                              "from": "bridge", "reason": reason})
 
     def hold(self, line, reqs, method):
         """A client message the Doctor cannot take now: keep it for flush_held(), or refuse it
@@ -8666,9 +8665,22 @@ OBS_MAX_MESSAGE = 1 << 20  # a larger client message is closed with 1009
 OBS_MAX_CONNECTIONS = 64
 OBS_HISTORY = 200  # recent events replayed to each new /events client
 OBS_HEAD_TIMEOUT = 10.0  # seconds for a whole request head: a client dribbling bytes is dropped
+OBS_MAX_HEAD = 16384     # bytes of a request head, its final blank line not counted
+# headers whose second copy would be a guess at which one counts: a request repeating one is refused
+OBS_SINGLE_HEADERS = ("host", "origin", "authorization", "upgrade", "connection", "sec-websocket-key",
+                      "sec-websocket-version")
 # What one client may send a second before its reader thread sleeps out the second: reading,
 # unmasking and decoding frames is CPU work that would otherwise take the relay thread's turn.
 OBS_FRAMES_PER_SEC, OBS_BYTES_PER_SEC = 1000, 2 << 20
+
+
+def _is_loopback(host):
+    """`localhost` or a loopback address (brackets already stripped)."""
+    import ipaddress
+    try:
+        return host == "localhost" or ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def ws_frame(opcode, payload=b""):
@@ -8714,7 +8726,7 @@ class ObsConnection:
         self.path, self.buf, self.writer = None, bytearray(), None
         self.out, self.cond = collections.deque(), threading.Condition()
         self.closing = False  # a close frame (or the end) is queued: nothing may follow it
-        self.accepted = time.monotonic()
+        self.accepted = self.heard = time.monotonic()   # heard: when it last sent a frame
         self.in_head = True   # its request head is still coming: it may be dropped to make room
 
     def push(self, frame, close=False):
@@ -8830,7 +8842,7 @@ class ObsConnection:
         from urllib.parse import parse_qs, urlsplit
         deadline = self.accepted + self.server.head_timeout
         while b"\r\n\r\n" not in self.buf:
-            if len(self.buf) > 16384:
+            if len(self.buf) > OBS_MAX_HEAD:
                 return self.http(431, "request head too large")
             left = deadline - time.monotonic()    # one deadline for the whole head, not per recv
             if left <= 0:
@@ -8848,18 +8860,26 @@ class ObsConnection:
         self.sock.settimeout(10)  # for the answer to the head
         head, _, rest = bytes(self.buf).partition(b"\r\n\r\n")
         self.buf = bytearray(rest)  # a client may send its first frame right behind the head
+        if len(head) > OBS_MAX_HEAD:  # the last read may have brought the end of a head too large
+            return self.http(431, "request head too large")
         lines = head.decode("latin-1").split("\r\n")
         parts, headers = lines[0].split(" "), {}
         for line in lines[1:]:
             name, sep, value = line.partition(":")
-            headers[name.strip().lower()] = value.strip()
-            if not sep or not name.strip():
+            name = name.strip().lower()
+            if not sep or not name:
                 return self.http(400, "malformed header line")
+            if name in headers and name in OBS_SINGLE_HEADERS:  # which one would count is a guess
+                return self.http(400, "more than one %s header" % name)
+            headers[name] = value.strip()
         if len(parts) != 3 or not re.match(r"HTTP/1\.[1-9]$", parts[2]):
             return self.http(400, "malformed request line (HTTP/1.1 required)")
         if not headers.get("host"):
             return self.http(400, "no Host header")
-        url = urlsplit(parts[1])
+        try:
+            url = urlsplit(parts[1])
+        except ValueError as e:   # `http://[` and the like
+            return self.http(400, "malformed request target: %s" % e)
         refused = self.server.refuse(headers, parse_qs(url.query))
         if refused:
             return self.http(*refused)
@@ -8901,6 +8921,7 @@ class ObsConnection:
             if now >= window:
                 window, frames_in, bytes_in = now + 1.0, 0, 0
             b0, b1 = self.recv(2)
+            self.heard = now
             fin, opcode, n = b0 & 0x80, b0 & 0x0F, b1 & 0x7F
             if b0 & 0x70:
                 raise WsFail(1002, "reserved bits set without an extension")
@@ -8978,8 +8999,13 @@ class ObservabilityServer:
         self.control, self.max_queue = control, max(1, int(max_queue))
         self.log, self.max_message, self.head_timeout = log or warn, OBS_MAX_MESSAGE, head_timeout
         self.listener, self.origins = None, ()
+        self.names = None     # the Host names served (start); None: any (a wildcard bind)
         self.lock, self.conns, self.events = threading.Lock(), set(), set()
+        # recent events for new /events clients: relayed traffic apart, so that a flood of it
+        # never pushes out a crash or bridge.py's own replies; (number, event), merged in order
         self.history = collections.deque(maxlen=OBS_HISTORY)
+        self.kept = collections.deque(maxlen=OBS_HISTORY)
+        self.published = 0
 
     @property
     def client_count(self):
@@ -8987,14 +9013,11 @@ class ObservabilityServer:
 
     def start(self):
         """Bind and serve from a daemon thread; False (and a log line why) instead of raising."""
-        import ipaddress
         import socket
         import threading
+        from urllib.parse import urlsplit
         host = self.host.strip("[]")
-        try:
-            loopback = host == "localhost" or ipaddress.ip_address(host).is_loopback
-        except ValueError:
-            loopback = False
+        loopback = _is_loopback(host)
         if not loopback and not self.token:
             self.log("observability: refusing to listen on non-loopback host %s without a token "
                      "(set BRIDGE_OBS_TOKEN); running without the dashboard" % host)
@@ -9011,6 +9034,8 @@ class ObservabilityServer:
         name = "[%s]" % host if ":" in host else host
         self.origins = {"http://%s:%d" % (h, self.port) for h in
                         ([name, "127.0.0.1", "localhost", "[::1]"] if loopback else [name])}
+        if host not in ("0.0.0.0", "::"):   # a wildcard bind answers to names nobody listed
+            self.names = {host.lower(), "localhost"} | {urlsplit(o).hostname for o in self.allowed}
         self.listener = listener
         threading.Thread(target=self.accept_loop, args=(listener,), daemon=True).start()
         self.log("observability: dashboard on http://%s:%d/" % (name, self.port))
@@ -9029,29 +9054,37 @@ class ObservabilityServer:
                 continue
             conn = ObsConnection(self, sock, addr)
             with self.lock:
-                heads = [c for c in self.conns if c.in_head]
-                full = len(self.conns) >= OBS_MAX_CONNECTIONS
-                if full and heads:      # make room by dropping the oldest unfinished request head:
-                    full = False        # a real client sends its head at once, a slowloris never
-                    oldest = min(heads, key=lambda c: c.accepted)
+                if len(self.conns) >= OBS_MAX_CONNECTIONS:
+                    # Make room: drop the oldest unfinished request head (a real client sends its
+                    # head at once, a slowloris never), else the connection quiet the longest (a
+                    # dashboard that is gone, or one of many opened to lock others out).
+                    heads = [c for c in self.conns if c.in_head]
+                    oldest = min(heads, key=lambda c: c.accepted) if heads else \
+                        min(self.conns, key=lambda c: c.heard)
                     oldest.in_head = False
                     self.conns.discard(oldest)      # its slot is free now, not when its thread ends
+                    self.events.discard(oldest)
+                    if not heads:
+                        self.log("observability: dropping %s %s, quiet the longest, to make room" % (
+                            oldest.addr, oldest.path))
                     oldest.shutdown(socket.SHUT_RDWR)
                 self.conns.add(conn)
-            if full:
-                self.conns.discard(conn)
-                try:
-                    sock.settimeout(1)
-                    conn.http(503, "too many connections")
-                except OSError:
-                    pass
-                sock.close()
-            else:
-                threading.Thread(target=conn.run, daemon=True).start()
+            threading.Thread(target=conn.run, daemon=True).start()
 
     def refuse(self, headers, query):
-        """(status, body, ...) for a request to refuse (foreign Origin, no token), else None."""
+        """(status, body, ...) for a request to refuse (foreign Host or Origin, no token), else
+        None. The Host check is DNS-rebinding protection: a page under another name that
+        resolves to this address must not be served, nor reach the WebSockets."""
         import hmac
+        from urllib.parse import urlsplit
+        host = headers["host"]
+        try:
+            name = urlsplit("//" + host).hostname or ""
+        except ValueError:
+            name = ""
+        if self.names is not None and name not in self.names and not _is_loopback(name):
+            return 403, "Host %s is not a name of this dashboard (%s); a DNS rebinding page?" % (
+                host[:200], ", ".join(sorted(self.names)))
         origin, own = headers.get("origin"), self.allowed.union(self.origins)
         if self.token and headers.get("host"):
             own = own | {"http://" + headers["host"].lower()}  # any name, but only with the token
@@ -9068,8 +9101,8 @@ class ObservabilityServer:
     def attach(self, conn):
         if conn.path == "/events":
             with self.lock:
-                recent = list(self.history)
-                for event in recent[max(0, len(recent) - self.max_queue // 2):]:
+                recent = sorted(list(self.history) + list(self.kept), key=lambda item: item[0])
+                for _n, event in recent[max(0, len(recent) - self.max_queue // 2):]:
                     conn.push(ws_text_frame(event))
                 self.events.add(conn)
 
@@ -9081,8 +9114,10 @@ class ObservabilityServer:
     def publish(self, event_type, data=None):
         """Fan an event out to /events clients; never blocks; drops clients that fall behind."""
         event = {"ts": int(time.time() * 1000), "type": event_type, "data": data}
+        relayed = event_type.startswith("mcp:") and not (data.__class__ is dict and data.get("from") == "bridge")
         with self.lock:
-            self.history.append(event)
+            self.published += 1
+            (self.history if relayed else self.kept).append((self.published, event))
             if not self.events:
                 return
             frame = ws_text_frame(event)
@@ -9093,8 +9128,10 @@ class ObservabilityServer:
 
     def command(self, text):
         """Run one /control message through the control callback; always returns an ack."""
+        def not_json(name):                           # NaN and Infinity: Python's, not JSON's
+            raise ValueError("%s is not JSON" % name)
         try:
-            msg = json.loads(text)
+            msg = json.loads(text, parse_constant=not_json)
         except (ValueError, RecursionError) as e:     # RecursionError: absurdly deep nesting
             msg = "invalid JSON: %s" % e
         if not isinstance(msg, dict):

@@ -1148,3 +1148,16 @@ def test_control_characters_from_the_server_never_reach_the_terminal(session):
     assert b"[doctor] plain \\x1b[2J\\x1b]0;pwned\\x07 and \\x9b31m red\n" in err
     tail = s.wait_event("doctor:crashed")[0]["data"]["stderrTail"]
     assert "plain \\x1b[2J\\x1b]0;pwned\\x07 and \\x9b31m red" in tail
+
+
+def test_bridge_replies_are_published_past_the_events_cap(session):
+    """The cap on mcp:* events is for relayed traffic: bridge.py's own error replies (what a
+    dashboard most needs after a crash) are always published."""
+    s = session(harness=True, config={"proxy": {"events_per_sec_max": 1}})
+    for mid in range(1, 6):
+        s.request("ignore", mid=mid)
+    s.request("tools/call", {"name": "crash", "arguments": {"code": 3}}, mid=6)
+    assert {s.recv()["id"] for _ in range(6)} == set(range(1, 7))
+    s.close()
+    replies = [e["data"] for e in s.event_list("mcp:response") if e["data"].get("from") == "bridge"]
+    assert sorted(r["id"] for r in replies) == [1, 2, 3, 4, 5, 6]

@@ -50,8 +50,8 @@ def harness(make_harness):
 def http_request(port, path="/", method="GET", headers=None, timeout=5):
     """Send one request, return (status, headers dict, body bytes) of the answer."""
     sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
-    lines = ["%s %s HTTP/1.1" % (method, path), "Host: 127.0.0.1:%d" % port]
-    lines += ["%s: %s" % kv for kv in (headers or {}).items()]
+    headers = dict({"Host": "127.0.0.1:%d" % port}, **(headers or {}))
+    lines = ["%s %s HTTP/1.1" % (method, path)] + ["%s: %s" % kv for kv in headers.items()]
     sock.sendall(("\r\n".join(lines) + "\r\n\r\n").encode())
     data = b""
     while True:  # to EOF, to Content-Length, or only the head of an upgrade
@@ -224,7 +224,7 @@ def test_malformed_request_and_endless_head(harness):
 def test_frame_sent_right_behind_the_handshake_is_read(harness):
     key = base64.b64encode(os.urandom(16)).decode()
     sock = socket.create_connection(("127.0.0.1", harness.port), timeout=5)
-    req = "GET /events HTTP/1.1\r\nHost: x\r\n" + "".join(
+    req = "GET /events HTTP/1.1\r\nHost: 127.0.0.1\r\n" + "".join(
         "%s: %s\r\n" % kv for kv in upgrade_headers(key).items()) + "\r\n"
     mask = b"\x00\x00\x00\x00"
     sock.sendall(req.encode() + b"\x89\x82" + mask + b"hi")   # ping "hi" in the same packet
@@ -519,7 +519,7 @@ def raw_events_client(port, rcvbuf=4096):
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
     sock.connect(("127.0.0.1", port))
     key = base64.b64encode(os.urandom(16)).decode()
-    sock.sendall(("GET /events HTTP/1.1\r\nHost: x\r\n" + "".join(
+    sock.sendall(("GET /events HTTP/1.1\r\nHost: 127.0.0.1\r\n" + "".join(
         "%s: %s\r\n" % kv for kv in upgrade_headers(key).items()) + "\r\n").encode())
     return sock
 
@@ -698,15 +698,26 @@ def test_dashboard_in_headless_chromium(make_harness, tmp_path):
         browser.close()
 
 
-def test_connection_limit(harness):
+def test_connection_limit_drops_the_quietest_to_make_room(harness):
+    """64 idle connections cannot lock the dashboard out: a new one takes the slot of the
+    connection quiet the longest, and the cap holds."""
     held = [WsClient(harness.port, "/events") for _ in range(BRIDGE_MODULE.OBS_MAX_CONNECTIONS)]
+    held[0].send_frame(9, b"alive")                        # the oldest, but not the quietest
+    while held[0].recv_frame()[1] != 0xA:
+        pass
     status, _, body = http_request(harness.port, "/")
-    assert status == 503, body
-    held.pop().close()
-    deadline = time.time() + 5
-    while http_request(harness.port, "/")[0] != 200:
-        assert time.time() < deadline
-        time.sleep(0.05)
+    assert status == 200, body
+    held[1].sock.settimeout(5)
+    with pytest.raises((EOFError, ConnectionResetError)):
+        while True:
+            held[1].recv_frame()                           # history, then the end
+    assert len(harness.server.conns) <= BRIDGE_MODULE.OBS_MAX_CONNECTIONS
+    held[0].send_frame(9, b"still")
+    while held[0].recv_frame()[1] != 0xA:
+        pass
+    assert any("quiet the longest" in line for line in harness.logs)
+    for ws in held:
+        ws.close()
 
 
 # ---- review findings: hostile clients ----
@@ -802,3 +813,77 @@ def test_the_connection_cap_holds_while_unfinished_heads_are_dropped(make_harnes
     assert http_request(harness.port, "/")[0] == 200
     for hog in hogs:
         hog.close()
+
+
+# ---- a rebinding Host, ambiguous heads, values JSON lacks ----
+
+def test_a_host_that_is_not_ours_is_refused_everywhere(make_harness):
+    for harness in (make_harness(), make_harness(token="t" * 24, allowed_origins=["http://dash.example:1"])):
+        port, q = harness.port, "?token=" + "t" * 24 if harness.server.token else ""
+        for host in ("evil.example:%d" % port, "evil.example", "127.0.0.1.evil.example:%d" % port):
+            for path in ("/", "/events", "/control"):
+                status, _, body = http_request(port, path + q, headers=upgrade_headers(Host=host))
+                assert status == 403 and b"DNS rebinding" in body, (host, path, status, body)
+        for host in ("127.0.0.1:%d" % port, "localhost:%d" % port, "[::1]:%d" % port, "LOCALHOST", "127.0.0.2"):
+            assert http_request(port, "/" + q, headers={"Host": host})[0] == 200, host
+        if q:
+            assert http_request(port, "/" + q, headers={"Host": "dash.example:%d" % port})[0] == 200
+
+
+def raw_request(port, data):
+    sock = socket.create_connection(("127.0.0.1", port), timeout=5)
+    sock.sendall(data)
+    got = b""
+    while True:
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        got += chunk
+    sock.close()
+    return int(got.split()[1]), got
+
+
+def test_duplicate_origin_or_host_headers_are_refused(harness):
+    port = harness.port
+    base = "GET /events HTTP/1.1\r\nHost: 127.0.0.1:%d\r\n" % port + "".join(
+        "%s: %s\r\n" % kv for kv in upgrade_headers().items())
+    for extra in ("Origin: https://evil.example\r\nOrigin: http://127.0.0.1:%d\r\n" % port,
+                  "Host: evil.example\r\n"):
+        status, got = raw_request(port, (base + extra + "\r\n").encode())
+        assert status == 400 and b"more than one" in got, got
+
+
+def test_an_unparsable_request_target_is_a_400_not_an_internal_error(harness):
+    status, got = raw_request(harness.port, b"GET http://[ HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n")
+    assert status == 400 and b"malformed request target" in got
+    assert not any("internal error" in line for line in harness.logs), harness.logs
+
+
+def test_the_head_limit_is_16_kib_even_when_the_end_comes_in_the_last_read(harness):
+    head = "GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Pad: %s\r\n\r\n" % ("p" * 20000)
+    status, _ = raw_request(harness.port, head.encode())
+    assert status == 431
+    head = "GET / HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Pad: %s\r\n\r\n" % ("p" * 16000)
+    assert raw_request(harness.port, head.encode())[0] == 200
+
+
+def test_acks_never_echo_nan_or_infinity(harness):
+    ws = WsClient(harness.port, "/control")
+    for text in ('{"id": NaN, "action": "bridge:stats"}', '{"id": "x", "action": "bridge:stats", "n": -Infinity}'):
+        ws.send_frame(1, text)
+        fin, opcode, payload = ws.recv_frame()
+        ack = json.loads(payload, parse_constant=lambda name: pytest.fail("%s in %s" % (name, payload)))
+        assert ack["ok"] is False and "invalid JSON" in ack["error"] and "is not JSON" in ack["error"]
+
+
+def test_lifecycle_events_outlive_a_flood_of_relayed_ones_in_the_history(harness):
+    harness.server.publish("doctor:crashed", {"generation": 1, "stderrTail": ["boom"]})
+    harness.server.publish("mcp:response", {"id": 5, "from": "bridge", "reason": "crashed"})
+    for i in range(3 * BRIDGE_MODULE.OBS_HISTORY):
+        harness.server.publish("mcp:request", {"id": i, "method": "tools/call"})
+    ws = WsClient(harness.port, "/events")
+    seen = [ws.recv_json() for _ in range(BRIDGE_MODULE.OBS_HISTORY + 4)]
+    kinds = [(e["type"], e["data"].get("from")) for e in seen]
+    assert kinds.index(("doctor:crashed", None)) < kinds.index(("mcp:response", "bridge")) < \
+        kinds.index(("mcp:request", None))                 # in the order they happened
+    assert seen[-1]["data"]["id"] == 3 * BRIDGE_MODULE.OBS_HISTORY - 1

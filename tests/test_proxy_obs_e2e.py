@@ -10,7 +10,7 @@ import time
 import pytest
 
 from conftest import BRIDGE, FIXTURES, PYTHON, clean_env, process_running
-from test_proxy_obs import BRIDGE_MODULE, WsClient, http_request
+from test_proxy_obs import BRIDGE_MODULE, WsClient, http_request, upgrade_headers
 
 pytestmark = pytest.mark.skipif(
     not hasattr(BRIDGE_MODULE, "Proxy") or not (FIXTURES / "mcp_server.py").exists(),
@@ -330,3 +330,17 @@ def test_dashboard_drives_the_real_proxy_in_headless_chromium(tmp_path):
     finally:
         browser.close()
         assert run.close() == 0, "".join(run.err)
+
+
+def test_request_headers_are_logged_without_control_characters(tmp_path):
+    run = ProxyRun(tmp_path)
+    try:
+        port = run.port()
+        status = http_request(port, "/events", headers=upgrade_headers(
+            Origin="https://e\x1b]0;pwned\x07vil.example\x1b[2J"))[0]
+        assert status == 403
+    finally:
+        assert run.close() == 0
+    err = "".join(run.err)
+    assert "\x1b" not in err and "\x07" not in err
+    assert "origin https://e\\x1b]0;pwned\\x07vil.example\\x1b[2J is not allowed" in err, err
