@@ -2641,12 +2641,6 @@ class Git:
                 entries.append((xy, path))
         return entries
 
-    def status_text(self, exclude=()):
-        """The porcelain status as text, one `XY path` line each (empty when clean)."""
-        return "".join("%s %s\n" % (entry[0], entry[1] if len(entry) == 2 else
-                                    "%s -> %s" % (entry[2], entry[1]))
-                       for entry in self.status_porcelain(exclude))
-
     def worktree_diff(self, base, exclude=(), *diff_args):
         """`git diff --cached BASE` of the whole work tree through a throwaway index.
 
@@ -2673,14 +2667,6 @@ class Git:
                 os.unlink(temp_index)
             except OSError:
                 pass
-
-    def diff_from(self, base, exclude=()):
-        """A binary-safe patch from BASE to the current work tree (see worktree_diff)."""
-        return self.worktree_diff(base, exclude, "--binary")
-
-    def shortstat_from(self, base, exclude=()):
-        """'N files changed, ...' from BASE to the current work tree ('' when none)."""
-        return self.worktree_diff(base, exclude, "--shortstat").strip()
 
 
 def git_exclude(root, pattern, comment=None):
