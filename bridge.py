@@ -10986,6 +10986,24 @@ def cmd_unlock(args):
 # also the fast entry point the hooks use (see the README): `egress emit` must
 # start in the time Python takes to import json.
 
+def _seam_drain(root, opts):
+    host = opts.get("host", "").strip().lower()
+    out = inbox_drain(root, opts.get("slug", ""), host, opts.get("session-id"), _csv(opts.get("members")))
+    # a heartbeat or acting acks not written: the records still go out, but the
+    # exit says something is wrong with _bridge/ (out["error"] names the file)
+    return out, EXIT_FAILED if out["status"] == "failed" or out.get("error") else EXIT_OK
+
+
+def _seam_wake(root, opts):
+    host = opts.get("host", "codex").strip().lower() or "codex"
+    if host != "codex":
+        return {"status": "failed",
+                "error": "bridge ingress wake currently supports host codex only"}, EXIT_USAGE
+    out = wake_codex(root, _csv(opts.get("members")), opts.get("codex-bin"))
+    return out, {"locked": EXIT_LOCKED, "failed": EXIT_FAILED,
+                 "partial": EXIT_FAILED}.get(out["status"], EXIT_OK)
+
+
 # One row per seam verb: the help `bridge.py --help` shows (on a verb's first row), its
 # usage, an example, its flags in the Go CLI's grammar (`tristate`: bare or true/false,
 # `strict`: a value may not start with --), the answer it prints when it fails (the error
@@ -11006,7 +11024,7 @@ SEAM_COMMANDS = {
         flags=("host", "slug", "session-id", "members"),
         failed={"status": "failed", "slug": "", "cursor": 0, "high_water": 0, "count": 0,
                 "heartbeat": False, "records": None},
-        run=lambda root, opts: _seam_drain(root, opts)),
+        run=_seam_drain),
     "inbox ack": dict(
         usage="inbox ack --slug SLUG --line N --kind tell|conn|decision|permission-decision "
               "--status STATUS (--id ID | --ts TS) [--text T] [--granted [true|false]] "
@@ -11063,24 +11081,8 @@ SEAM_COMMANDS = {
         example="python3 scripts/bridge.py wake --host codex",
         flags=("host", "members", "codex-bin"),
         failed={"status": "failed"},
-        run=lambda root, opts: _seam_wake(root, opts)),
+        run=_seam_wake),
 }
-
-
-def _seam_drain(root, opts):
-    host = opts.get("host", "").strip().lower()
-    out = inbox_drain(root, opts.get("slug", ""), host, opts.get("session-id"), _csv(opts.get("members")))
-    # a heartbeat or acting acks not written: the records still go out, but the
-    # exit says something is wrong with _bridge/ (out["error"] names the file)
-    return out, EXIT_FAILED if out["status"] == "failed" or out.get("error") else EXIT_OK
-
-
-def _seam_wake(root, opts):
-    host = opts.get("host", "codex").strip().lower() or "codex"
-    if host != "codex":
-        return {"status": "failed", "error": "bridge ingress wake currently supports host codex only"}, EXIT_USAGE
-    out = wake_codex(root, _csv(opts.get("members")), opts.get("codex-bin"))
-    return out, {"locked": EXIT_LOCKED, "failed": EXIT_FAILED, "partial": EXIT_FAILED}.get(out["status"], EXIT_OK)
 
 
 def parse_go_flags(argv, names, strict=False, tristate=()):
