@@ -9168,15 +9168,20 @@ DASHBOARD_HTML = r"""<!doctype html>
 <html><head><meta charset="utf-8"><title>bridge.py proxy</title>
 <meta name="viewport" content="width=device-width,initial-scale=1">
 <style>
-body{font:14px system-ui,sans-serif;margin:1em 2em;color:#222;background:#f6f6f6}
+body{font:14px system-ui,sans-serif;margin:1em 2em;color:#222;background:#f6f6f6;overflow-wrap:anywhere}
 h1{font-size:1.3em}#conn{font-size:.7em;color:#777}
 .cards{display:flex;flex-wrap:wrap;gap:.6em}
 .card{background:#fff;border:1px solid #ddd;border-radius:6px;padding:.5em .9em;min-width:7em}
 .card b{display:block;font-size:1.4em}
 .ready,.running{color:#080}.crashed,.fatal,.killed,.hung{color:#b00}
 .paused,.restarting,.starting,.stopping{color:#a60}
+#ack{white-space:pre-wrap}
+#crash{background:#fdecea;border:1px solid #d99;border-radius:6px;padding:.5em .9em;margin:.6em 0}
+#crash pre{font:12px ui-monospace,monospace;margin:.4em 0 0;white-space:pre-wrap;max-height:14em;overflow:auto}
+#kinds label{margin-right:1em}
 #log{font:12px ui-monospace,monospace;background:#fff;border:1px solid #ddd;height:26em;
-overflow:auto;padding:.4em;white-space:pre-wrap;word-break:break-all}
+overflow:auto;padding:.4em;white-space:pre-wrap}
+#log div{padding:1px 0;border-bottom:1px solid #f0f0f0}
 button{margin:.6em .3em .6em 0;padding:.3em .8em}
 </style></head><body>
 <h1>bridge.py proxy <span id="conn">connecting</span></h1>
@@ -9185,13 +9190,14 @@ button{margin:.6em .3em .6em 0;padding:.3em .8em}
 <div class="card">generation<b id="generation">-</b></div>
 <div class="card">restarts<b id="restarts">-</b></div>
 <div class="card">uptime<b id="uptime">-</b></div>
-<div class="card">requests/s<b id="rateIn">-</b></div>
-<div class="card">responses/s<b id="rateOut">-</b></div>
-<div class="card">messages in / out<b id="messages">-</b></div>
+<div class="card" title="every message the client sent: requests, notifications and its answers to the server">client messages/s<b id="rateIn">-</b></div>
+<div class="card" title="every message written to the client: answers, notifications, the server's requests and bridge.py's error replies">messages to client/s<b id="rateOut">-</b></div>
+<div class="card">messages from / to client<b id="messages">-</b></div>
 <div class="card">dashboards<b id="clients">-</b></div>
 </div>
 <div id="buttons"></div><div id="ack"></div>
-<h2>events</h2><div id="log"></div>
+<div id="crash" hidden><b id="crashTitle"></b><pre id="crashTail"></pre></div>
+<h2>events</h2><div id="kinds"></div><div id="log"></div>
 <script>
 "use strict";
 const $ = id => document.getElementById(id);
@@ -9200,24 +9206,70 @@ const base = (location.protocol === "https:" ? "wss://" : "ws://") + location.ho
 const suffix = token ? "?token=" + encodeURIComponent(token) : "";
 const ACTIONS = ["doctor:restart", "doctor:kill", "bridge:pause", "bridge:resume",
                  "bridge:stats", "bridge:shutdown"];
-const live = {"/events": false, "/control": false};
+// The log keeps the newest LOG_KEEP lines of each kind, so heavy traffic never pushes the
+// server's lifecycle out of it; unticking a kind hides its lines.
+const KINDS = {doctor: "server lifecycle", request: "requests", response: "responses",
+               stats: "stats", bridge: "other bridge events", ack: "acks"};
+const LOG_KEEP = 300, kept = {}, live = {"/events": false, "/control": false};
 let control = null, prev = null, seq = 0;
 function set(id, value) { if (value !== undefined && value !== null) $(id).textContent = value; }
 function setState(s) { set("state", s); $("state").className = s; }
-function logLine(text, cls) {
+function kindOf(t) {
+  return t.startsWith("doctor:") ? "doctor" : t === "mcp:request" ? "request" :
+         t === "mcp:response" ? "response" : t === "bridge:stats" ? "stats" : "bridge";
+}
+function logLine(kind, text, cls) {
   const d = document.createElement("div"), log = $("log");
-  d.className = cls || ""; d.textContent = text;
+  d.className = cls || ""; d.dataset.kind = kind; d.textContent = text;
+  d.hidden = !$("kind-" + kind).checked;
   log.insertBefore(d, log.firstChild);
-  while (log.childNodes.length > 300) log.removeChild(log.lastChild);
+  const lines = kept[kind] = kept[kind] || [];
+  lines.push(d);
+  if (lines.length > LOG_KEEP) lines.shift().remove();
+}
+// Event data as `key value` pairs, a few kinds in words: what a person scans the log for.
+function show(v) { return v !== null && typeof v === "object" ? JSON.stringify(v) : String(v); }
+function pairs(d) {
+  return d === null || typeof d !== "object" ? (d === undefined ? "" : show(d)) :
+    Object.keys(d).filter(k => d[k] !== null && d[k] !== undefined)
+      .map(k => k + " " + show(d[k])).join(", ");
+}
+function exited(e) { return !e ? "" : e.signal ? "killed by " + e.signal : "exit code " + e.code; }
+const SAY = {
+  "doctor:crashed": d => "generation " + d.generation + " crashed: " + exited(d.exit) +
+                         " (" + d.reason + ")" + (d.stderrTail && d.stderrTail.length ?
+                         ", stderr: " + d.stderrTail[d.stderrTail.length - 1] : ""),
+  "doctor:stopped": d => "generation " + d.generation + " stopped: " + exited(d.exit),
+  "bridge:stats": d => "generation " + d.generation + " " + d.state + (d.paused ? " (paused)" : "") +
+                       ", messages from / to client " + d.messagesIn + " / " + d.messagesOut +
+                       ", pending " + d.pending + ", held " + d.held + ", restarts " +
+                       d.doctorRestarts + ", events skipped " + d.eventsSkipped,
+  "mcp:request": d => (d.from === "doctor" ? "server asks " : "client asks ") + d.method +
+                      (d.id === undefined || d.id === null ? "" : " #" + d.id) + " (" + d.size +
+                      " B)" + (d.params ? " " + d.params : ""),
+  "mcp:response": d => (d.error ? "error" : "answer") + " to #" + d.id + " " + (d.method || "") +
+                       (d.from === "bridge" ? " from bridge.py: " + d.reason :
+                        d.latencyMs === undefined || d.latencyMs === null ? "" :
+                        " after " + d.latencyMs + " ms") + " (" + d.size + " B)",
+};
+function pin(ev, d) {
+  const when = new Date(ev.ts).toLocaleTimeString();
+  if (ev.type === "doctor:crashed") {
+    set("crashTitle", "last crash, " + when + ": " + SAY["doctor:crashed"]({...d, stderrTail: []}));
+    set("crashTail", (d.stderrTail || []).join("\n") || "(no stderr output)");
+  } else {
+    set("crashTitle", "gave up, " + when + ": " + pairs(d));
+  }
+  $("crash").hidden = false;
 }
 function onEvent(ev) {
-  const t = String(ev.type), d = ev.data || {};
-  logLine(new Date(ev.ts).toLocaleTimeString() + " " + t + " " +
-          (ev.data === undefined || ev.data === null ? "" : JSON.stringify(ev.data)).slice(0, 400),
-          t.split(":")[1]);
+  const t = String(ev.type), d = ev.data === undefined ? null : ev.data;
+  logLine(kindOf(t), new Date(ev.ts).toLocaleTimeString() + " " + t + "  " +
+          (SAY[t] ? SAY[t](d || {}) : pairs(d)).slice(0, 600), t.split(":")[1]);
+  if (t === "doctor:crashed" || t === "doctor:fatal") pin(ev, d || {});
   if (t.startsWith("doctor:")) setState(t.slice(7));
-  if (typeof d === "object") set("generation", d.generation);
-  if (t === "bridge:stats") {
+  if (d && typeof d === "object") set("generation", d.generation);
+  if (t === "bridge:stats" && d) {
     if (d.state) setState(d.paused ? "paused" : d.state);
     set("restarts", d.doctorRestarts);
     if (d.uptime !== undefined) set("uptime", Math.round(d.uptime) + " s");
@@ -9233,10 +9285,9 @@ function onEvent(ev) {
 }
 function onAck(a) {
   const text = "ack " + a.id + " " + (a.action || "") + ": " +
-               (a.ok ? "ok " + JSON.stringify(a.result === undefined ? {} : a.result)
-                     : "error " + a.error);
+               (a.ok ? "ok " + pairs(a.result === undefined ? {} : a.result) : "error " + a.error);
   $("ack").textContent = text; $("ack").className = a.ok ? "ready" : "crashed";
-  logLine(new Date().toLocaleTimeString() + " " + text, a.ok ? "" : "crashed");
+  logLine("ack", new Date().toLocaleTimeString() + " " + text, a.ok ? "" : "crashed");
 }
 function send(action) {
   if ((action === "bridge:shutdown" || action === "doctor:kill") &&
@@ -9262,6 +9313,13 @@ for (const a of ACTIONS) {
   const b = document.createElement("button");
   b.textContent = a; b.dataset.action = a; b.onclick = () => send(a);
   $("buttons").appendChild(b);
+}
+for (const k of Object.keys(KINDS)) {
+  const label = document.createElement("label"), box = document.createElement("input");
+  box.type = "checkbox"; box.checked = true; box.id = "kind-" + k;
+  box.onchange = () => { for (const d of kept[k] || []) d.hidden = !box.checked; };
+  label.append(box, " " + KINDS[k]);
+  $("kinds").appendChild(label);
 }
 connect("/events", onEvent);
 connect("/control", onAck);

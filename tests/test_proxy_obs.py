@@ -638,10 +638,10 @@ class Browser:
         self.ws = WsClient(port, pages[0]["webSocketDebuggerUrl"].split(str(port), 1)[1])
         self.seq = 0
 
-    def evaluate(self, expression):
+    def call(self, method, **params):
+        """One DevTools command; its result."""
         self.seq += 1
-        self.ws.send_frame(1, json.dumps({"id": self.seq, "method": "Runtime.evaluate", "params": {
-            "expression": expression, "returnByValue": True}}))
+        self.ws.send_frame(1, json.dumps({"id": self.seq, "method": method, "params": params}))
         while True:
             data, fin = b"", False
             while not fin:
@@ -649,7 +649,51 @@ class Browser:
                 data += part
             msg = json.loads(data)
             if msg.get("id") == self.seq:
-                return msg["result"]["result"].get("value")
+                assert "error" not in msg, msg
+                return msg["result"]
+
+    def evaluate(self, expression):
+        return self.call("Runtime.evaluate", expression=expression,
+                         returnByValue=True)["result"].get("value")
+
+    def screenshot(self, path, width, height):
+        """A PNG of the page in a width x height viewport, saved to path; (width, height, rows
+        of RGB tuples) decoded with zlib alone (8-bit RGB or RGBA, as Chromium writes them)."""
+        import zlib
+        self.call("Emulation.setDeviceMetricsOverride", width=width, height=height,
+                  deviceScaleFactor=1, mobile=False)
+        png = base64.b64decode(self.call("Page.captureScreenshot", format="png")["data"])
+        Path(path).write_bytes(png)
+        pos, chunks, idat = 8, {}, b""
+        while pos < len(png):
+            size = int.from_bytes(png[pos:pos + 4], "big")
+            kind, body = png[pos + 4:pos + 8], png[pos + 8:pos + 8 + size]
+            idat += body if kind == b"IDAT" else b""
+            chunks.setdefault(kind, body)
+            pos += 12 + size
+        w, h = int.from_bytes(chunks[b"IHDR"][:4], "big"), int.from_bytes(chunks[b"IHDR"][4:8], "big")
+        depth, color = chunks[b"IHDR"][8], chunks[b"IHDR"][9]
+        assert depth == 8 and color in (2, 6), (depth, color)
+        bpp = 3 if color == 2 else 4
+        raw, stride, rows, prior = zlib.decompress(idat), w * bpp, [], bytearray(w * bpp)
+        for y in range(h):
+            kind, line = raw[y * (stride + 1)], bytearray(raw[y * (stride + 1) + 1:(y + 1) * (stride + 1)])
+            for i in range(stride):
+                a, b = line[i - bpp] if i >= bpp else 0, prior[i]
+                c = prior[i - bpp] if i >= bpp else 0
+                if kind == 1:
+                    line[i] = (line[i] + a) & 255
+                elif kind == 2:
+                    line[i] = (line[i] + b) & 255
+                elif kind == 3:
+                    line[i] = (line[i] + (a + b) // 2) & 255
+                elif kind == 4:
+                    p = a + b - c
+                    pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+                    line[i] = (line[i] + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 255
+            rows.append([tuple(line[x * bpp:x * bpp + 3]) for x in range(w)])
+            prior = line
+        return w, h, rows
 
     def wait_for(self, expression, what, timeout=20):
         deadline = time.time() + timeout

@@ -344,3 +344,71 @@ def test_request_headers_are_logged_without_control_characters(tmp_path):
     err = "".join(run.err)
     assert "\x1b" not in err and "\x07" not in err
     assert "origin https://e\\x1b]0;pwned\\x07vil.example\\x1b[2J is not allowed" in err, err
+
+
+def test_dashboard_keeps_the_last_crash_pinned_under_load_in_headless_chromium(tmp_path):
+    """40 calls a second, a crash in the middle, 5 s more of traffic: the crash and its stderr
+    stay pinned (and in the log), kinds can be filtered, nothing makes a 1280 px page scroll
+    sideways, and the screenshot shows the pinned crash."""
+    from test_proxy_obs import Browser, find_browser
+    exe = find_browser()
+    if not exe:
+        pytest.skip("no Chromium found (apt-get install chromium, or set BRIDGE_TEST_CHROMIUM)")
+    run = ProxyRun(tmp_path)
+    (tmp_path / "chromium").mkdir()
+    browser = Browser(exe, "http://127.0.0.1:%d/" % run.port(), tmp_path / "chromium")
+    answered = []
+    reader = threading.Thread(target=lambda: answered.extend(
+        run.response()["id"] for _ in range(262)), daemon=True)
+    try:
+        text = "document.getElementById(%r).textContent"
+        browser.call("Emulation.setDeviceMetricsOverride", width=1280, height=900,
+                     deviceScaleFactor=1, mobile=False)
+        browser.wait_for(text % "conn" + " === 'events live, control live'", "both sockets live")
+        browser.wait_for(text % "ack" + ".includes('bridge:stats: ok')", "the stats ack")
+        no_sideways = ("document.documentElement.scrollWidth <= "
+                       "document.documentElement.clientWidth")
+        assert browser.evaluate(no_sideways), browser.evaluate(text % "ack")
+        reader.start()
+        started = time.time()
+        for n in range(260):                                     # 40 a second for 6.5 s
+            if n == 60:
+                run.request("s", "tools/call", {"name": "stderr", "arguments": {
+                    "text": "<b>disk on fire</b> & <img src=x onerror=alert(1)>\n"}})
+                run.request("c", "tools/call", {"name": "crash", "arguments": {"code": 3}})
+            run.request(n, "tools/call", {"name": "echo", "arguments": {"text": "load %d" % n}})
+            time.sleep(max(0, started + (n + 1) / 40 - time.time()))
+        reader.join(60)
+        assert len(answered) == 262, answered                   # every call answered
+        browser.wait_for("!document.getElementById('crash').hidden", "the pinned crash")
+        title, tail = browser.evaluate(text % "crashTitle"), browser.evaluate(text % "crashTail")
+        assert "crashed: exit code 3" in title and "generation 1" in title, title
+        assert "<b>disk on fire</b> & <img src=x onerror=alert(1)>" in tail, tail   # as text
+        assert "fixture: crashing with 3" in tail, tail
+        assert browser.evaluate("document.querySelectorAll('#crash img, #log img').length") == 0
+        log = browser.evaluate(text % "log")
+        assert "doctor:crashed" in log and "doctor:ready" in log   # lifecycle outlives traffic
+        assert "client asks tools/call #259" in log and "answer to #259 tools/call" in log, log[:500]
+        browser.evaluate("document.getElementById('kind-request').click();"
+                         "document.getElementById('kind-response').click()")
+        visible = ("[...document.querySelectorAll('#log div')].filter(d => !d.hidden)"
+                   ".map(d => d.dataset.kind)")
+        kinds = set(browser.evaluate(visible))
+        assert "doctor" in kinds and not kinds & {"request", "response"}, kinds
+        assert browser.evaluate(no_sideways)
+        browser.evaluate("window.scrollTo(0, 0)")
+        box = browser.evaluate("JSON.stringify(document.getElementById('crash')"
+                               ".getBoundingClientRect())")
+        box = json.loads(box)
+        assert 0 <= box["top"] and box["bottom"] <= 900, box    # on the first screen
+        width, height, rows = browser.screenshot(tmp_path / "pinned-crash.png", 1280, 900)
+        assert (width, height) == (1280, 900)
+        inside = [rows[y][x] for y in range(int(box["top"]) + 2, int(box["bottom"]) - 2)
+                  for x in range(int(box["left"]) + 2, int(box["right"]) - 2)]
+        panel = sum(1 for p in inside if abs(p[0] - 0xfd) + abs(p[1] - 0xec) + abs(p[2] - 0xea) < 12)
+        ink = sum(1 for p in inside if sum(p) < 300)
+        assert panel > 0.6 * len(inside), (panel, len(inside))  # the panel is painted there
+        assert ink > 500, ink                                   # with its text on it
+    finally:
+        browser.close()
+        assert run.close() == 0, "".join(run.err)
