@@ -1505,9 +1505,6 @@ def _redaction_regexes():
     return _COMPILED
 
 
-_WORD_CHARS = frozenset("ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789_")
-
-
 def _literal_prefix(pattern):
     """The literal text every match of a token rule starts with: its characters up to the
     first metacharacter (tests/test_kernel.py checks this against the regex parser)."""
@@ -2783,9 +2780,6 @@ HANDOFF_SUBDIRS = ("tasks", "running", "results", "patches", "locks", "logs", "m
                    "pending", "failed")
 WORKER_LOCK = "__worker__.lock"
 TASK_ID_PATTERN = r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}"
-CANONICAL_REASONS = ("schema_invalid", "dirty_repo", "branch_checkout_failed",
-                     "requires_confirmation", "opencode_failed", "verify_failed",
-                     "stale_lock_recovered", "internal_error")
 TRUNCATED_MARKER = "[TRUNCATED - see logs/%s.log]"
 TASK_MAX_BYTES = 1 << 20
 TASK_MAX_DEPTH = 32  # nesting of objects and lists in a task (the result holds a copy of it)
