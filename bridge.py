@@ -97,6 +97,16 @@ class Stop(Exception):
         self.status, self.reason, self.detail = status, reason, detail
 
 
+def os_error_message(exc):
+    """`cannot write PATH: why` for an OSError that names a path (what is left unhandled is
+    a write: reads go through read_input), else its plain text. For the CLI's last line."""
+    if not getattr(exc, "filename", None):
+        return None
+    if getattr(exc, "filename2", None):  # a rename: the target's folder refused it
+        return "cannot write %s: %s (moving %s)" % (exc.filename2, exc.strerror or exc, exc.filename)
+    return "cannot write %s: %s" % (exc.filename, exc.strerror or exc)
+
+
 def debug_enabled():
     return os.environ.get("BRIDGE_DEBUG", "") not in ("", "0", "false")
 
@@ -2343,7 +2353,7 @@ def cut_middle(head, tail, cut):
 
 def run_command(cmd, cwd=None, env=None, timeout=None, shell=False, stdin_data=None,
                 cap_bytes=64 << 20, on_tick=None, tick_sec=10.0, kill_grace=5.0,
-                on_start=None):
+                on_start=None, stop=None):
     """Run a command to completion and return a CommandResult. Never raises for the child.
 
     - `cmd` is an argv list, or a string run by /bin/sh when shell=True.
@@ -2358,6 +2368,8 @@ def run_command(cmd, cwd=None, env=None, timeout=None, shell=False, stdin_data=N
       pipes open (or let go of them but stayed in the group) never outlives it.
     - on_tick(elapsed_seconds) is called every tick_sec while it runs (progress lines).
     - on_start(proc) is called once the child runs (to record or signal its group).
+    - stop() is asked every half second: when true, the group is killed at once (SIGTERM,
+      SIGKILL a second later) and the result says it was killed.
     """
     import subprocess
     import threading
@@ -2421,7 +2433,7 @@ def run_command(cmd, cwd=None, env=None, timeout=None, shell=False, stdin_data=N
                     pass
         threading.Thread(target=feed, daemon=True).start()
 
-    timed_out = False
+    timed_out = stopped = False
     deadline = None if timeout is None else started + timeout
     next_tick = started + tick_sec
     # Wait for the child to exit without reaping it. While its output pipes are open,
@@ -2431,6 +2443,9 @@ def run_command(cmd, cwd=None, env=None, timeout=None, shell=False, stdin_data=N
         now = time.monotonic()
         if deadline is not None and now >= deadline:
             timed_out = True
+            break
+        if stop is not None and stop():
+            stopped = True
             break
         if on_tick and now >= next_tick:
             next_tick = now + tick_sec
@@ -2445,7 +2460,7 @@ def run_command(cmd, cwd=None, env=None, timeout=None, shell=False, stdin_data=N
             wait_exited(proc.pid, max(0.0, wait))
     # The child is gone (or timed out): nothing of its group outlives it, not even a
     # grandchild that let go of the pipes but stayed in the group to write later.
-    kill_process_group(proc, kill_grace if timed_out else 0)
+    kill_process_group(proc, kill_grace if timed_out else 1.0 if stopped else 0)
     for reader in readers:
         reader.join(timeout=2.0)
     code = proc.returncode
@@ -2514,6 +2529,7 @@ class Git:
         self.env.update(self.SAFE_ENV)
         self._git_dir = None
         self._config_seen = None  # (files, their bytes) when the filter drivers were listed
+        self.stop = None  # run_command's stop(): the watcher's "killed if still running"
         self._filter_args = []
 
     def _base(self):
@@ -2526,7 +2542,7 @@ class Git:
         cmd = self._base() + self.filter_config() + list(args)
         merged_env = dict(self.env, **env) if env else self.env
         result = run_command(cmd, cwd=self.root, env=merged_env, stdin_data=stdin_data,
-                             timeout=timeout or self.timeout)
+                             timeout=timeout or self.timeout, stop=self.stop)
         if check and not result.ok:
             raise BridgeError("git %s failed (%s): %s" % (
                 " ".join(args[:3]), result.describe(), result.stderr.strip()[-500:]), EXIT_FAILED)
@@ -3119,6 +3135,7 @@ class Beads:
     def __init__(self, root, config):
         import shutil
         self.root = root
+        self.stop = None  # run_command's stop()
         self.timeout = config["bead"]["timeout_sec"]
         command = split_command(config["bead"]["command"], "bead.command")
         self.required = command is not None
@@ -3134,7 +3151,8 @@ class Beads:
                                 else "no .beads/ in the repository (run `bd init`)")
 
     def call(self, *args):
-        return run_command(self.argv + list(args), cwd=self.root, timeout=self.timeout)
+        return run_command(self.argv + list(args), cwd=self.root, timeout=self.timeout,
+                           stop=self.stop)
 
     def create(self, title):
         """(bead_id, raw_output, error)."""
@@ -3344,6 +3362,7 @@ class Watcher:
         self.beat_lock = None  # serialises heartbeats with lock releases (fd reuse)
         self.active = None  # the result of the task being executed (see internal_error)
         self.tamper_stop = False  # an agent changed what it must not: the queue stops
+        self.stop_at = None  # when SIGTERM/SIGINT came (see overdue)
 
     # -- small helpers --
 
@@ -3382,11 +3401,13 @@ class Watcher:
         for line in handoff_init(self.root):  # idempotent: makes sure git ignores .ai-handoff/
             self.say(line)
         self.beads = Beads(self.root, self.config)
+        self.beads.stop = self.git.stop = self.overdue
         import threading
         self.beat_lock = threading.Lock()
         previous = self.install_signals()
         beat = self.start_heartbeat(ttl)
         try:
+            self.preflight()
             self.sweep()
             self.loop()
         finally:
@@ -3411,11 +3432,40 @@ class Watcher:
             return EXIT_ATTENTION
         return EXIT_OK
 
+    def preflight(self):
+        """Every folder the watcher writes, tried by creating and removing a file in it
+        (permission bits do not stop root; a read-only mount or chattr +i does): exit 2
+        naming the folder, before any agent starts, instead of a finished task without a
+        result."""
+        for path in [self.handoff.dir(name) for name in HANDOFF_SUBDIRS] + [self.git_dir]:
+            probe = os.path.join(path, ".bridge-probe.%d.%s" % (os.getpid(), random_hex()))
+            try:
+                os.close(create_once(probe))
+                os.unlink(probe)
+            except OSError as exc:
+                raise BridgeError("cannot write %s: %s; nothing was started (fix it, then run "
+                                  "the watcher again)" % (path, exc.strerror or exc), EXIT_USAGE)
+
+    STOP_GRACE = 4.0  # after SIGTERM/SIGINT, seconds any child may take before it is killed
+
+    def overdue(self):
+        """True once a stop was asked for more than STOP_GRACE seconds ago: every command
+        still running then (agent, verification, git, bd) is killed, so the watcher is
+        gone within 10 s in every state."""
+        return self.stop_at is not None and monotonic() - self.stop_at > self.STOP_GRACE
+
+    def nap(self, seconds):
+        """Sleep, but wake for a stop at once (poll_sec may be an hour)."""
+        end = monotonic() + seconds
+        while not self.stopping and monotonic() < end:
+            time.sleep(min(0.2, max(0.0, end - monotonic())))
+
     def install_signals(self):
         import signal
 
         def handler(signum, _frame):
             self.stopping = signal.Signals(signum).name
+            self.stop_at = self.stop_at or monotonic()
             child = self.child
             if child is not None:
                 signal_group(child.pid, signal.SIGTERM)
@@ -3469,6 +3519,7 @@ class Watcher:
                 for name in list_task_files(tasks_dir):
                     if self.stopping:
                         break
+                    self.preflight()  # a task never runs to find it cannot write its result
                     try:
                         outcome = self.process(os.path.join(tasks_dir, name))
                     except Exception as exc:  # the last line of defence: see internal_error
@@ -3491,7 +3542,7 @@ class Watcher:
                 continue
             if self.once and not deferred:
                 return
-            time.sleep(0.25 if self.once else self.poll)
+            self.nap(0.25 if self.once else self.poll)
         self.say("stopping on %s" % self.stopping)
 
     # -- startup sweep (crash recovery) --
@@ -3852,7 +3903,7 @@ class Watcher:
         try:
             return run_command(cmd, cwd=self.root, env=env, timeout=task["timeout_sec"],
                                shell=shell, on_tick=self.progress(task["id"], step),
-                               tick_sec=self.progress_sec, on_start=started,
+                               tick_sec=self.progress_sec, on_start=started, stop=self.overdue,
                                cap_bytes=max(self.cap * 64, 8 << 20))
         finally:
             self.child = None
@@ -3899,7 +3950,8 @@ class Watcher:
         trace = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
         if debug_enabled():
             sys.stderr.write(trace)
-        summary = "%s: %s" % (type(exc).__name__, getattr(exc, "message", exc))
+        summary = (isinstance(exc, OSError) and os_error_message(exc)) or "%s: %s" % (
+            type(exc).__name__, getattr(exc, "message", exc))
         try:
             self.log(task_id, "--- internal error (a bug in bridge.py or a broken .ai-handoff/)\n"
                      + trace)
@@ -11664,6 +11716,9 @@ def main(argv=None):
     except Exception as exc:  # the last line of defence: one clear line, no traceback
         if debug_enabled():
             raise
+        if isinstance(exc, OSError) and os_error_message(exc):
+            warn("error: " + os_error_message(exc))
+            return EXIT_FAILED
         warn("internal error: %s: %s (set BRIDGE_DEBUG=1 for a traceback)" % (
             type(exc).__name__, exc))
         return EXIT_FAILED

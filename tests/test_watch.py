@@ -363,7 +363,7 @@ def test_internal_error_still_writes_a_result(queue):
     assert queue.watch().returncode == 1
     r = queue.result("ie")
     assert (r["status"], r["exit_path"], r["reason"]) == ("failed", "failed", "internal_error")
-    assert "IsADirectoryError" in r["detail"]
+    assert "cannot write" in r["detail"] and "logs/ie.log" in r["detail"]
     assert queue.names("running") == [] and queue.names("failed") == ["ie.json"]
 
 

@@ -329,3 +329,100 @@ def test_approve_and_retry_wait_while_a_task_runs_instead_of_failing_it(queue, t
         watcher.terminate()
         watcher.wait(20)
     assert queue.bridge("approve", "gate").returncode == 0
+
+
+# ---- write preflight and clean OS errors ----------------------------------------------------
+
+class Unwritable:
+    """Make a folder really unwritable, also for root (tests run as root in CI containers):
+    chattr +i as root, chmod 0555 otherwise. Undone on exit."""
+
+    def __init__(self, path):
+        self.path = str(path)
+
+    def __enter__(self):
+        if os.geteuid() == 0:
+            done = subprocess.run(["chattr", "+i", self.path], capture_output=True)
+            if done.returncode != 0:
+                pytest.skip("chattr +i is not available here: %s" % done.stderr)
+        else:
+            os.chmod(self.path, 0o555)
+        return self
+
+    def __exit__(self, *exc):
+        if os.geteuid() == 0:
+            subprocess.run(["chattr", "-i", self.path], capture_output=True)
+        else:
+            os.chmod(self.path, 0o755)
+
+
+@pytest.mark.parametrize("folder", ["results", "logs", "patches", "running", "meta"])
+def test_an_unwritable_folder_stops_the_watcher_before_any_agent_runs(queue, tmp_path, folder):
+    runs = tmp_path / "runs"
+    queue.put(queue.task("w1", agent={"count_file": str(runs)}))
+    with Unwritable(queue.handoff / folder):
+        out = queue.watch()
+    assert out.returncode == 2, out.stderr
+    assert "cannot write %s" % (queue.handoff / folder) in out.stderr, out.stderr
+    assert "internal error" not in out.stderr and "Traceback" not in out.stderr
+    assert not runs.exists() and queue.names("tasks") == ["w1.json"]  # nothing started
+    assert branch(queue.repo) == "main"
+    assert queue.watch().returncode == 0 and queue.result("w1")["status"] == "success"
+
+
+def test_init_and_submit_in_unwritable_folders_say_cannot_write(git_repo, tmp_path):
+    with Unwritable(git_repo):
+        out = run_bridge("init", "--root", git_repo)
+    assert out.returncode != 0 and "internal error" not in out.stderr, out.stderr
+    assert "cannot write %s" % (git_repo / ".ai-handoff") in out.stderr, out.stderr
+    queue = Queue(git_repo, tmp_path)
+    source = tmp_path / "s.json"
+    source.write_text(json.dumps(queue.task("s1")))
+    with Unwritable(queue.handoff / "tasks"):
+        out = queue.bridge("submit", source)
+    assert out.returncode != 0 and "internal error" not in out.stderr, out.stderr
+    assert "cannot write %s" % (queue.handoff / "tasks") in out.stderr, out.stderr
+
+
+# ---- SIGTERM/SIGINT stop the watcher within 10 s in every state ---------------------------
+
+STUBBORN = "trap '' TERM INT; echo $$ >> %s; sleep 60"  # ignores SIGTERM, as does its sleep
+
+
+def gone(pidfile):
+    from conftest import process_running
+    return all(not process_running(int(pid)) for pid in pidfile.read_text().split())
+
+
+@pytest.mark.parametrize("state", ["idle", "agent", "verify", "bd"])
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+def test_a_stop_signal_ends_the_watcher_within_10_seconds(git_repo, tmp_path, state, sig):
+    import signal
+    pids = tmp_path / "pids"
+    stubborn = ["sh", "-c", STUBBORN % pids]
+    config = {"poll_sec": 30}
+    if state == "agent":
+        config["executor"] = {"command": stubborn}
+    if state == "bd":
+        config["bead"] = {"command": stubborn + ["bd"]}
+    queue = Queue(git_repo, tmp_path, **config)
+    if state != "idle":
+        queue.put(queue.task("s1", commands_to_run=[STUBBORN % pids] if state == "verify" else ["true"]))
+    watcher = queue.popen_watch()
+    lock = queue.handoff / "locks" / "__worker__.lock"
+    if state == "idle":
+        assert wait_for(lambda: lock.exists() and '"pid": %d' % watcher.pid in lock.read_text())
+        import time
+        time.sleep(0.5)  # into the 30 s poll
+    else:
+        assert wait_for(lambda: pids.exists() and pids.read_text().strip())
+    watcher.send_signal(getattr(signal, sig))
+    try:
+        watcher.wait(10)
+    finally:
+        if watcher.poll() is None:
+            watcher.kill()
+    assert json.loads(lock.read_text()).get("released_at")
+    if state != "idle":
+        assert wait_for(lambda: gone(pids), 2)
+        assert queue.names("running") == []
