@@ -3209,8 +3209,8 @@ class Fingerprint:
     - git's own configuration: `config`, `config.worktree`, `hooks/` and `info/` in the
       git directory. Their bytes are kept, so a change is undone: the agent's version
       is moved to meta/{id}.tampered/ and the original written back.
-    - .ai-handoff/ outside this task's own files (its log and patches, which the
-      watcher writes meanwhile), tasks/ (planners add tasks at any time: a task file
+    - .ai-handoff/ outside this task's own files (its log, patches and prompt, which
+      the watcher writes meanwhile), tasks/ (planners add tasks at any time: a task file
       that appears is simply run after this one) and locks/ (heartbeats). Compared by
       lstat signature (type, mode, size, mtime, ctime, inode); a change is named, and
       anything added is moved to meta/{id}.tampered/.
@@ -3227,7 +3227,8 @@ class Fingerprint:
                           os.path.join(common, "hooks"), os.path.join(common, "info")]
         own = {handoff.path("logs", task_id + ".log"),
                handoff.path("patches", task_id + "_pre.patch"),
-               handoff.path("patches", task_id + "_post.patch")}
+               handoff.path("patches", task_id + "_post.patch"),
+               handoff.path("meta", task_id + ".prompt.md")}
         self.skip = own | {handoff.dir("tasks"), handoff.dir("locks")}
         self.aside = handoff.path("meta", task_id + ".tampered")
         self.before = self.signatures()
@@ -3620,6 +3621,9 @@ class Watcher:
                               % (why, self.handoff.rel(target)))
                 self.write_result(safe, result)
                 return
+            prompt_path = self.handoff.path("meta", task_id + ".prompt.md")
+            if os.path.lexists(prompt_path):  # the agent's copy, as written: keep it redacted
+                self.write_redacted(prompt_path, build_prompt(task))
             result = self.new_result(task)
             result["lock"] = {"recovered_from": meta, "why": why, "groups_killed": killed}
             result["git"].update({key: meta.get(key) for key in ("base_branch", "base_commit", "branch")})
@@ -4064,7 +4068,9 @@ class Watcher:
         # the editing agent
         prompt = build_prompt(task)
         prompt_path = self.handoff.path("meta", task_id + ".prompt.md")
-        self.write_redacted(prompt_path, prompt)
+        # The agent reads the task as written (like the task file in running/, stored as
+        # given); the copy kept once the agent is done is redacted.
+        atomic_write(prompt_path, prompt)
         result["artifacts"]["prompt"] = self.handoff.rel(prompt_path)
         log_path = self.handoff.path("logs", task_id + ".log")
         result["artifacts"]["logs"] = self.handoff.rel(log_path)
@@ -4086,8 +4092,11 @@ class Watcher:
         guard = Fingerprint(self.handoff, self.git_dir, task_id)
         attributes = attribute_filter_lines(self.audit(git_state["base_commit"])[0]) \
             if snap["dirty"] else set()
-        ran = self.run_child(argv, task, "agent", env=env)
-        self.tamper_check(guard, result, "the editing agent")  # before any further git call
+        try:
+            ran = self.run_child(argv, task, "agent", env=env)
+            self.tamper_check(guard, result, "the editing agent")  # before any further git call
+        finally:
+            self.write_redacted(prompt_path, prompt)
         self.log(task_id, "--- agent: %s\n--- stdout\n%s\n--- stderr\n%s\n--- agent %s%s\n" % (
             " ".join(self.executor), ran.stdout, ran.stderr, ran.describe(), dropped_note(ran)))
         result["executor"] = {

@@ -611,6 +611,24 @@ def test_secrets_never_reach_any_file_under_ai_handoff(queue):
     assert (queue.repo / "leak.txt").read_text() == "value=%s\n" % env_secret  # the repo is the agent's
 
 
+def test_prompt_and_prompt_file_give_the_agent_the_same_text(queue, tmp_path):
+    """The agent gets the task as written through both placeholders; only the copy
+    bridge.py keeps is redacted (also after a crash during the agent)."""
+    secret = "sk-proj-" + "Q1w2E3r4" * 5
+    seen_arg, seen_file = tmp_path / "arg", tmp_path / "file"
+    copy = ("import sys, shutil; open(sys.argv[1], 'w').write(sys.argv[3]); "
+            "shutil.copy(sys.argv[4], sys.argv[2])")
+    queue.config["executor"] = {"command": [PYTHON, "-c", copy, str(seen_arg), str(seen_file),
+                                            "{prompt}", "{prompt_file}"]}
+    queue.save_config()
+    queue.put(queue.task("pr", prompt="Rotate the key %s in config.py." % secret))
+    assert queue.watch().returncode == 0
+    assert seen_arg.read_text() == seen_file.read_text()
+    assert "Rotate the key %s in config.py." % secret in seen_file.read_text()
+    stored = (queue.handoff / queue.result("pr")["artifacts"]["prompt"]).read_text()
+    assert secret not in stored and "[REDACTED]" in stored
+
+
 # ---- git safety ---------------------------------------------------------------------
 
 def test_planted_git_hooks_never_fire(queue, tmp_path):
