@@ -10196,7 +10196,8 @@ class ChangeSets:
         if key is None:
             return "no approval key at %s to verify the approval with (approve and run share " \
                    "it: the same user, or changes.approval_key)" % self.approval_key_path()
-        if not hmac.compare_digest(approval["mac"], self.approval_mac(key, cs_id, approval)):
+        expected = self.approval_mac(key, cs_id, approval).encode("ascii")
+        if not hmac.compare_digest(approval["mac"].encode("utf-8"), expected):
             return "the approval MAC does not verify: it was not made by `bridge.py changes " \
                    "approve` for this change set and plan"
         return None

@@ -326,12 +326,16 @@ def forge_approval(env, cs_id, **approval):
     path.write_bytes(B.canonical_json(status))
 
 
-@pytest.mark.parametrize("mac", [None, "hmac-sha256:" + "0" * 64])
+@pytest.mark.parametrize("mac", [None, "hmac-sha256:" + "0" * 64, "hmac-sha256:\u00e9"])
 def test_the_planning_agent_cannot_approve_its_own_change_set(tmp_path, mac):
     env = Env(tmp_path, critical_features=["auth_core"])
     cs_id = env.new("Change login", [task("t1", AUTH_PATCH)])
     env.run()
     assert env.status(cs_id)["state"] == "pending_review"
+    key = env.tmp / "keys" / "approval.key"  # the key exists: the MAC itself is checked
+    key.parent.mkdir()
+    key.write_text(os.urandom(32).hex())
+    key.chmod(0o600)
     forge_approval(env, cs_id, **({"mac": mac} if mac else {}))
     res = env.run()
     assert res.returncode == 1, res.stdout
