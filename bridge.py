@@ -10539,10 +10539,24 @@ class ChangeExecutor:
             if self.stopping:
                 break
             self.lock.heartbeat()
-            final = self.process(cs_id)
+            try:
+                final = self.process(cs_id)
+            except (BridgeError, OSError):
+                raise  # configuration, lock or disk: stop before deciding anything
+            except Exception as exc:  # one change set that trips a bug must not stop the rest
+                final = self.internal_error(cs_id, exc)
             if final:
                 done.append((cs_id, final))
         return done
+
+    def internal_error(self, cs_id, exc):
+        import traceback
+        reason = "internal_error: %s: %s" % (type(exc).__name__, exc)
+        self.sets.record(cs_id, "internal_error", reason=reason,
+                         traceback=traceback.format_exc()[-4000:])
+        status = self.sets.write_status(cs_id, "failed", "rejected", reason)
+        self.sets.say("%s: failed: %s" % (cs_id, status["reason"]))
+        return "failed"
 
     def apply_supersessions(self):
         """A valid, unprocessed change set naming `supersedes` retires those ids first."""

@@ -1049,6 +1049,22 @@ def test_unreadable_status_is_reported_not_overwritten(env):
     assert (env.repo / "notes.txt").read_text() == "hello\n"
 
 
+def test_a_status_that_trips_a_bug_fails_alone(env):
+    # A planted status of an odd shape crashed the executor on every pass, so no other
+    # change set was ever processed.
+    bad = env.new("Odd status", [task("t1", GUIDE_PATCH)])
+    (env.dir(bad) / "05-status.json").write_bytes(B.canonical_json({
+        "schema_version": "changeset_status_v1", "change_set_id": bad, "state": "executing",
+        "decision": "auto", "reason": "planted", "execution": "not an object"}))
+    good = env.new("Add world", [task("t1", NOTES_PATCH)])
+    res = env.run()
+    assert res.returncode == 1 and "Traceback" not in res.stderr, res.stderr
+    assert env.status(bad)["state"] == "failed"
+    assert env.status(bad)["reason"].startswith("internal_error: AttributeError")
+    assert [r for r in env.log() if r["event"] == "internal_error" and r["traceback"]]
+    assert env.status(good)["state"] == "completed"
+
+
 def test_interrupted_validation_is_validated_again(env):
     cs_id = env.new("Add world", [task("t1", NOTES_PATCH)])
     (env.dir(cs_id) / "05-status.json").write_bytes(B.canonical_json({
