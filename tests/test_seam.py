@@ -759,8 +759,16 @@ def resumes_logged(log, count, timeout=30):
         time.sleep(0.05)
 
 
-def resume_pids(text):
-    return [int(line.split()[1]) for line in text.splitlines() if line.startswith("pid: ")]
+def resume_pids(text, session=None):
+    """Pids of the logged resumes in log order, or only those of `session`'s resumes (two
+    resumes started at once may log in either order)."""
+    pids, argv = [], ""
+    for line in text.splitlines():
+        if line.startswith("argv: "):
+            argv = line
+        elif line.startswith("pid: ") and (session is None or argv.split()[3:4] == [session]):
+            pids.append(int(line.split()[1]))
+    return pids
 
 
 @pytest.fixture
@@ -856,9 +864,10 @@ def test_wake_starts_resumes_detached_and_never_resumes_a_running_one_again(repo
     code, out, _ = seam("wake", "--codex-bin", str(SEAM / "codex"), cwd=repo, env=env)
     assert (code, out["status"], sorted(out["running"])) == (0, "running", ["session-a", "session-b"]), out
     assert [e["status"] for e in records(bdir / "wake-events.jsonl")][-2:] == ["skipped-running"] * 2
-    os.killpg(pids[0], 9)  # session-a's resume ends
+    [pid_a] = resume_pids(log.read_text(), "session-a")
+    os.killpg(pid_a, 9)  # session-a's resume ends
     for _ in range(200):
-        if not process_running(pids[0]):
+        if not process_running(pid_a):
             break
         time.sleep(0.05)
     code, out, _ = seam("wake", "--codex-bin", str(SEAM / "codex"), cwd=repo, env=env)
