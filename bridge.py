@@ -6547,7 +6547,7 @@ class YamlSubset:
         moment it stops matching, is checked line by line."""
         if (dash, col) in cls._RUNS:
             return cls._RUNS[dash, col]
-        skip = r"(?:\n[ ]*(?:#[^\n]*)?(?=\n|\Z))*"       # blank and comment lines
+        blank = r"[ ]*(?:#[^\n]*)?(?=\n|\Z)"              # a blank or comment line
 
         def upto(k, no_item=False):   # the next content line is indented at most k
             line = r"[ ]{0,%d}[^ \n#]" % k
@@ -6567,15 +6567,15 @@ class YamlSubset:
                     % (upto(k), upto(k), eol, eol, more, eol, more, eol))
 
         def items(k):
-            return r"(?:%s\n[ ]{%d}-[ ]+%s)+" % (skip, k, scalar(k))
+            return r"(?:\n[ ]{%d}-[ ]+%s)+" % (k, scalar(k))
 
         pair = (r"[A-Za-z_][A-Za-z0-9_]*:(?:[ ]+%s|[ ]*(?:%s%s|%s%s|%s))" % (
             scalar(col), items(col), upto(col, True), items(col + 2), upto(col),
             upto(col, True)))
-        run = r"%s(?:%s\n[ ]{%d}%s)*" % (pair, skip, col, pair)
+        run = r"%s(?:\n(?:[ ]{%d}%s|%s))*" % (pair, col, pair, blank)
         if dash is not None:
             item = r"-[ ]{%d}%s%s" % (col - dash - 1, run, upto(dash))
-            run = r"%s(?:%s\n[ ]{%d}%s)*" % (item, skip, dash, item)
+            run = r"%s(?:\n(?:[ ]{%d}%s|%s))*" % (item, dash, item, blank)
         cls._RUNS[dash, col] = re.compile(run)
         return cls._RUNS[dash, col]
 
