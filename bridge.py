@@ -1241,14 +1241,14 @@ for _names, _body, _edge in (
         ("pnu_", _AN + "{36}", "w"), ("rdme_", "[a-z0-9]{70}", "w"),
         ("tfp_", "[A-Za-z0-9_.=-]{59}", "w"), ("rubygems_", "[a-f0-9]{48}", ""),
         ("CLOJARS_", _AN + "{60}", ""), ("fio-u-", "[A-Za-z0-9_=-]{64}", "w"),
-        ("ico-", _AN + "{32}(?![A-Za-z0-9])", "t"), ("p8e-", _AN + "{32}(?![A-Za-z0-9])", "t"),
+        ("ico-", _AN + "{32}(?![A-Za-z0-9])", "t"), ("p8e-", _AN + "{32}(?![A-Za-z0-9])", "w"),
         ("dnkey-", "[a-z0-9=_-]{26}-[a-z0-9=_-]{52}", "w"),
-        ("API-", "[A-Z0-9]{26}(?![A-Za-z0-9])", "t"),            # Octopus Deploy
+        ("API-", "[A-Z0-9]{26}(?![A-Za-z0-9])", "w"),            # Octopus Deploy
         ("sm_pat_ sm_aat_ sm_sat_", _AN + "{16}", "w"),           # SettleMint
         ("sgp_", "(?:[a-fA-F0-9]{16}_|local_)?[a-fA-F0-9]{40}", "w"),   # Sourcegraph
         ("sqp_ squ_ sqa_", "[a-f0-9]{40}", "w"),                  # SonarQube
         ("s-s4t2ud- s-s4t2af-", "[a-f0-9]{64}", "w"),             # 42 intra
-        ("pat. sat.", _URLSAFE + "{22}\\." + _AN + "{24}\\." + _AN + "{20}", "t"),   # Harness
+        ("pat. sat.", _URLSAFE + "{22}\\." + _AN + "{24}\\." + _AN + "{20}", "w"),   # Harness
         ("sk.", "eyJ" + _URLSAFE + "{20,300}\\." + _URLSAFE + "{20,64}", "w"),       # Mapbox
         ("sc_ ext_ scauth_ authress_", "[a-z0-9]{5,30}\\.[a-z0-9]{4,6}\\.acc[_-][a-z0-9-]{10,32}"
          "\\.[A-Za-z0-9+/_=-]{30,120}", "w"),                       # Authress
@@ -1263,8 +1263,8 @@ _SEP_SCAN = r"%s(?:(?=%s{8}|\d-[A-Za-z0-9])(?<=(?:%s)%s)%s)"   # lookahead first
 # Formats whose separator is inside: separator -> (lookaround after it, characters of the
 # token before it, its length): MaxMind license keys (6, "_", 29, "_mmk"), Airtable
 # personal access tokens ("pat", 14, ".", 64 hex).
-_SEP_INSIDE = {"_": (r"(?=[A-Za-z0-9]{29}_mmk(?![A-Za-z0-9]))(?<=[A-Za-z0-9]{6}_)", 6, 40),
-               ".": (r"(?=[a-f0-9]{64}(?![A-Za-z0-9]))(?<=pat[A-Za-z0-9]{14}\.)", 17, 82)}
+_SEP_INSIDE = {"_": (r"(?=[A-Za-z0-9]{29}_mmk(?![A-Za-z0-9]))(?<=[A-Za-z0-9]{6}_)", 6, 40, "_mmk", 30),
+               ".": (r"(?=[a-f0-9]{64}(?![A-Za-z0-9]))(?<=pat[A-Za-z0-9]{14}\.)", 17, 82, "pat", -17)}
 
 # Token formats without a separator, one scan per first letter (a scan led by one literal
 # character is fast; one led by a set of them is not). AWS key ids need one of base32's
@@ -1290,7 +1290,7 @@ _LITERAL_RULES = (
     # Azure AD client secrets: 3 chars, a digit, "Q~", 31-34 chars
     (r"Q~(?<=[A-Za-z0-9_~.]{3}\dQ~)[A-Za-z0-9_~.-]{31,34}", 4),
     # JWTs (header and payload base64url JSON, optional signature); Grafana API keys
-    (r"eyJ(?<![A-Za-z0-9_-]eyJ)(?:[A-Za-z0-9_-]{8,4096}\.[A-Za-z0-9_-]{8,8192}\.[A-Za-z0-9_-]{0,4096}"
+    (r"eyJ(?<![A-Za-z0-9-]eyJ)(?:[A-Za-z0-9_-]{8,4096}\.[A-Za-z0-9_-]{8,8192}\.[A-Za-z0-9_-]{0,4096}"
      r"|rIjoi[A-Za-z0-9]{70,400}={0,3})", 0),
     # Databricks, ClickHouse Cloud, Artifactory reference tokens
     (r"dapi(?<![A-Za-z0-9]dapi)[a-f0-9]{32}(?:-\d)?(?![A-Za-z0-9])", 0),
@@ -1368,7 +1368,8 @@ _NOT_SECRET = frozenset(
     "bool bytes any object dict list hidden masked redacted empty unset default missing "
     "invalid expired denied failed ok n/a na tbd todo example placeholder secretstr "
     "number boolean char varchar text".split())
-_PLACEHOLDER = r"(?i:your[-_ ][\w -]{0,40}[-_ ]here|x{4,}|•+|\*+|\.\.\.+|v?\d+(?:\.\d+){1,3}(?:[-+.][\w.]{1,20})?)"
+_PLACEHOLDER = (r"(?i:your[-_ ][\w -]{0,40}[-_ ]here|x{4,}|x{3,}(?:[-_. ]x{3,}){1,8}|•+|\*+|\.\.\.+"
+                r"|v?\d+(?:\.\d+){1,3}(?:[-+.][\w.]{1,20})?)")
 _PROSE = r" [A-Za-z]"
 _LINE_REST = r"[^\r\n\"'\\]{0,4096}"
 _AUTH_SCHEMES = frozenset("bearer basic token bot apikey sso-key digest negotiate ntlm".split())
@@ -1527,10 +1528,11 @@ def _literal_prefix(pattern):
 def _is_placeholder(value):
     """True for values that stand for a secret rather than being one: `${VAR}`, `$VAR`,
     `%VAR%`, `{{ var }}`, `<...>`, `your-...-here`, runs of `*`, `x`, `•`, masks such as
-    `[REDACTED]` or `gho_****`, versions, the empty string."""
+    `[REDACTED]` or `gho_****`, documentation examples (AWS's `...EXAMPLE`), versions,
+    the empty string."""
     low = value.lower()
     return (not value or value[0] in "$%<{*[" or "redacted" in low or "{{" in value
-            or "****" in value or low in _NOT_SECRET or value.strip(value[0]) == ""
+            or "****" in value or "EXAMPLE" in value or low in _NOT_SECRET or value.strip(value[0]) == ""
             or value.startswith("...") or _COMPILED["placeholder"].fullmatch(value) is not None
             or value.isupper() and value.replace("_", "").isalpha())   # --token TOKEN
 
@@ -1762,8 +1764,9 @@ class Redactor:
                 if token[1] in "KSBC3" and token[:2] != "AC" and len(token) == 20 \
                         and not any(c.isdigit() for c in token[4:]):
                     continue                       # AWS-shaped word: no digit
-                if token[:2] in ("SK", "AC") and (token[2:].isdigit() or token[2:].isalpha()):
-                    continue
+                if token[:2] in ("SK", "AC") and (token[2:].isdigit() or token[2:].isalpha()) \
+                        or token.endswith("EXAMPLE"):
+                    continue                       # AKIAIOSFODNN7EXAMPLE: AWS's documentation
                 spans.append(m.span())
         # Prefilters for short texts (a hook's ids, one log line): a rule whose literal is not
         # there is not even compiled. A long text gets every rule: their own literal-led scans
@@ -1813,10 +1816,11 @@ class Redactor:
                 if at < pos:
                     continue
                 end = self._prefix_at(text, at, tails.get(text[at - 2:at + 1], ()), spans)
-                if end is None and sep in _SEP_INSIDE:
-                    _, before, size = _SEP_INSIDE[sep]
+                if end is None and sep in _SEP_INSIDE:   # the scan's other branch?
+                    _, before, size, literal, offset = _SEP_INSIDE[sep]
                     start = at - before
-                    if start >= 0 and (not start or not text[start - 1].isalnum()):
+                    if start >= 0 and text.startswith(literal, at + offset) and (
+                            not start or not text[start - 1].isalnum()):
                         end = start + size
                         spans.append((start, end))
                 pos = end or pos
@@ -1979,10 +1983,10 @@ class Redactor:
                     after = text[end:end + 1]
                     if value.isalpha() and rx["prose"].match(text, end):
                         continue           # `Password: Enter your password` is prose
-                    if after in ("(", "[") or rx["code_value"].fullmatch(value) and (
+                    if after in ("(", "[") or "||" in value or "&&" in value or rx["code_value"].fullmatch(value) and (
                             "." in value or _names_a_variable(value)
                             or len(value) < 8 and value.islower() and not any(c.isdigit() for c in value)):
-                        continue           # code: `password = getpass()`, `token=token`, `key: str`
+                        continue           # code: `password = getpass()`, `token=token`, `key: str`, `a||b`
                     if m.group("op").lower().strip() == "%3d":
                         cut = value.lower().find("%26")     # percent-encoded "&": the next field
                         if cut >= 0:
@@ -2028,14 +2032,15 @@ class Redactor:
         if not short or b" -" in low:
             for g in rx["cli_gate"].finditer(low):
                 flag = low[g.start() + 2:g.end()].rstrip(b" \t=").decode("ascii")
-                line = low[_line_start(low, g.start(), b"\n"):g.start()]
+                line = low[_line_start(low, g.start(), b"\n", 512):g.start()]
                 if flag.startswith("pass") and b"pass:" in low[g.start():g.end()]:
                     value = rx["cli_value"].match(text, g.end())      # openssl pass:VALUE
                     if value:
                         spans.append(value.span(value.lastindex))
                     continue
-                if "b" in flag and b"htpasswd" in line:
-                    self._htpasswd(text, g.end(), flag, spans)
+                word = low[g.start() + 2:g.start() + 12].split(None, 1)[0].decode("ascii")
+                if "b" in word and word.isalpha() and b"htpasswd" in line:
+                    self._htpasswd(text, g.start() + 2 + len(word), word, spans)
                     continue
                 if len(flag) > 1 and flag != "-user":
                     continue
@@ -2065,17 +2070,19 @@ class Redactor:
                     value = rx["cli_value"].match(text, g.end())
                     if value and not _is_placeholder(value.group(value.lastindex)):
                         spans.append(value.span(value.lastindex))
-        if not short or "--" in text:
-            for g in rx["stdin_gate"].finditer(text):
-                start = _line_start(text, g.start(), "\n")
-                end = text.find("\n", g.end(), g.end() + 4096)
-                for m in rx["stdin_value"].finditer(text, start, end if end >= 0 else g.end() + 4096):
-                    group = m.lastindex
-                    if not _is_placeholder(m.group(group)):
-                        spans.append(m.span(group))
+        done = 0
+        for g in rx["stdin_gate"].finditer(text) if not short or "--" in text else ():
+            if g.start() < done:
+                continue                                # its line was looked at
+            start = max(_line_start(text, g.start(), "\n"), done)
+            done = text.find("\n", g.end(), g.end() + 4096)
+            done = g.end() + 4096 if done < 0 else done
+            for m in rx["stdin_value"].finditer(text, start, done):
+                if not _is_placeholder(m.group(m.lastindex)):
+                    spans.append(m.span(m.lastindex))
         if not short or b"password" in low:
             for g in rx["netrc"].finditer(low):
-                line = low[_line_start(low, g.start(), b"\n"):g.start()]
+                line = low[_line_start(low, g.start(), b"\n", 512):g.start()]
                 if line.strip() and b"machine " not in line and b"login " not in line:
                     continue
                 value = rx["cli_value"].match(text, g.end())
@@ -2094,12 +2101,13 @@ class Redactor:
     @staticmethod
     def _htpasswd(text, pos, flag, spans):
         """htpasswd -b[...] FILE USER PASSWORD (-n: no FILE): the password goes."""
-        end = text.find("\n", pos, pos + 2048)
-        args = [m for m in re.finditer(r"\S+", text[pos:end if end >= 0 else pos + 2048])
-                if not m.group().startswith("-")]
-        wanted = 2 if "n" in flag else 3
+        wanted, words = 2 if "n" in flag else 3, text[pos:pos + 600].split("\n", 1)[0].split(None, 6)
+        args = [word for word in words[:6] if not word.startswith("-")]
         if len(args) >= wanted:
-            spans.append((pos + args[wanted - 1].start(), pos + args[wanted - 1].end()))
+            at = pos
+            for word in args[:wanted]:                 # where the password word is
+                at = text.find(word, at) + len(word)
+            spans.append((at - len(args[wanted - 1]), at))
 
     def _escaped(self, text, spans):
         """The rules again on stretches holding a percent- or \\u-escaped "=", ":", "@" or
@@ -2112,7 +2120,7 @@ class Redactor:
         for g in sorted(hits, key=lambda g: g.start()):
             if g.start() < done:
                 continue
-            start = text.rfind("\n", max(0, g.start() - 4096), g.start()) + 1
+            start = _line_start(text, g.start(), "\n")
             end = text.find("\n", g.end(), g.end() + 4096)
             end = min(len(text), g.end() + 4096) if end < 0 else end
             decoded, offsets = _unescape(text, start, end, rx["escape"])
@@ -2129,9 +2137,9 @@ def _group_by(items, key):
     return groups
 
 
-def _line_start(text, at, newline):
-    """Where the line holding `at` starts, looking back 4096 characters at most."""
-    low = max(0, at - 4096)
+def _line_start(text, at, newline, limit=4096):
+    """Where the line holding `at` starts, looking back `limit` characters at most."""
+    low = max(0, at - limit)
     return text.rfind(newline, low, at) + 1 or low
 
 

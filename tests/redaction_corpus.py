@@ -142,7 +142,8 @@ def token_kinds(g):
         ("slack-user", P["xoxp"] + "-".join(s(12, string.digits) for _ in range(3)) + "-" + s(32, HEX)),
         ("slack-app", P["xapp"] + "1-" + s(11, string.ascii_uppercase + string.digits) + "-" + s(13, string.digits) + "-" + s(64, HEX)),
         ("slack-config-refresh", P["xoxe"] + "1-" + s(146, string.ascii_uppercase + string.digits)),
-        ("aws-access-key-id", P["akia"] + s(16, UPPER32)), ("aws-sts-key-id", P["asia"] + s(16, UPPER32)),
+        ("aws-access-key-id", P["akia"] + s(15, UPPER32) + s(1, "234567")),
+        ("aws-sts-key-id", P["asia"] + s(15, UPPER32) + s(1, "234567")),
         ("gcp-api-key", P["aiza"] + "Sy" + s(33, URLSAFE)),
         ("stripe-live", P["sklive"] + "51" + s(97)), ("stripe-test", P["sktest"] + s(24)),
         ("stripe-restricted", P["rklive"] + s(24)), ("stripe-webhook", P["whsec"] + s(32)),
@@ -220,9 +221,13 @@ def positives(seed=12):
             if kind == "discord-bot":    # no prefix of its own: found next to the word discord
                 add("token:" + kind, "discord: logging in with %s" % tok, tok)
                 continue
+            # after a word character only where the prefix alone says token (not Mailgun's
+            # `key-`, Infracost's `ico-`: `cache_key-<hex>` is ordinary)
             ctx = g.pick(["remote: using {t} for auth", "export TOKEN_VALUE={t}", '{{"value": "{t}"}}',
                           "echo {t} | tool login --stdin", "notes_{t} end", "[{t}]", "  - {t}",
                           "curl https://api.example.com/v1?x={t}&y=1", "Using '{t}'.", "{t}"])
+            if kind in ("mailgun-private", "infracost") and ctx.startswith("notes_"):
+                ctx = "note {t} end"
             add("token:" + kind, ctx.format(t=tok), tok)
 
     # -- values after secret-named keys: values that contain pass/key/token/secret words --
@@ -452,6 +457,26 @@ def negatives(seed=21):
         add("cli:ordinary", "npm config set registry https://registry.npmjs.org/\ngit config --global user.name Bob\n"
             "docker login -u ci --password-stdin < pw.txt\nmysql -h db -P 3306 -u root -p %s\n"
             "docker run -u 1000:1000 -p 8080:80 %s:%s\ncurl -u ci https://x" % (w, w, ver()))
+        add("ci:actions-env", "##[group]Run actions/setup-node@v4\n  with:\n    node-version: 20\n  env:\n"
+            "    NODE_AUTH_TOKEN: XXXXX-XXXXX-XXXXX-XXXXX\n##[endgroup]")
+        add("pip:masked-index", "Looking in indexes: https://pypi.org/simple, https://****@pkgs.example.com/simple")
+        add("kubectl:warning", "Warning: resource secrets/%s-credentials is missing the "
+            "kubectl.kubernetes.io/last-applied-configuration annotation" % w)
+        add("pytest:keyerror", "E   KeyError: 'api_key'\nE   AttributeError: 'Settings' object has no attribute 'secret_token'")
+        add("cargo:test", "test tests::token_refresh_works ... ok\ntest auth::password_hash_roundtrip ... ok\n"
+            "test result: ok. %d passed; 0 failed" % g.num(1, 99))
+        add("docker:build-arg", "#5 [build 2/6] ARG NPM_TOKEN\n#6 [build 3/6] RUN --mount=type=secret,id=npmrc npm ci")
+        add("vault:policies", "Key                  Value\n---                  -----\ntoken_policies       [\"default\"]\n"
+            "token_ttl            768h\ntoken_renewable      true")
+        add("cfg:ordinary-keys", "auth_token_ttl: 3600\npassword_min_length: 12\nprimary_key: id\nsort_key: created_at\n"
+            "secret_ref: db-%s\nkey_name: deploy-%s" % (w, w))
+        add("cfg:llm", '{"tokenizer": "cl100k_base", "max_tokens": 1024, "apiKeyEnv": "OPENAI_API_KEY", '
+            '"token_limit": %d}' % g.num(1000, 9000))
+        add("ids:minified-js", "a.token=b.token||c;e.secret=f.secret;var p=t.password||\"\";return{apiKey:n.apiKey}")
+        add("ids:aws-docs", "aws_access_key_id = %sIOSFODNN7EXAMPLE\naws_secret_access_key = wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY" % P["akia"])
+        add("ids:pgp-signature", "-----BEGIN PGP SIGNATURE-----\n\niQIzBAABCAAdFiEE%s\n-----END PGP SIGNATURE-----" % s(40, B64))
+        add("ids:configmap-b64", "data:\n  settings.json: %s" % base64.b64encode(json.dumps({"theme": w, "retries": 3}).encode()).decode())
+        add("ids:prose-2", "Using secret key from the environment; rotate your API key and token regularly. Password policy: 12+ chars.")
         add("ids:cert", "-----BEGIN CERTIFICATE-----\nMIIB%s\n-----END CERTIFICATE-----" % s(60, B64))
     return out
 

@@ -599,6 +599,20 @@ def adversarial_inputs():
         "quoted-placeholder-spaces": rep('password:"$ '),
         "telegram-flood": rep("x1234567890:AA" + "b" * 33 + " "),
         "discord-flood": "discord " + rep("M" + "a" * 23 + ".bbbbbb." + "c" * 27 + " "),
+        "config-set-run": rep("config set a_token "),
+        "stdin-run": rep("echo x | --password-stdin "),
+        "xml-named-run": rep('key="password" '),
+        "percent-escapes": rep("%3D"),
+        "unicode-escapes": rep("\\u0022"),
+        "userinfo-at-run": "https://" + rep("a:b@"),
+        "maxmind-shape-run": rep("_" + "A" * 29),
+        "lone-line-run": rep("$ op read x\nA1b2C3d4E5f6G7\n"),
+        "cli-flag-run": rep("curl -u -p "),
+        "htpasswd-run": rep("htpasswd -b "),
+        "base64-pem-run": rep("LS0tLS1CRUdJT"),
+        "base64-token-long": "Z2hwX" + "A" * MB,
+        "dash-run": "-" * MB,
+        "prefix-run": rep("sk-proj-"),
     }
 
 
