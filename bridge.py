@@ -10290,6 +10290,15 @@ class ChangeSets:
                                      % (i, path, why)))
         return found, problems
 
+    def rule_files(self):
+        """bridge.config.json, the config file in use and bridge.py itself, as case-folded
+        paths relative to the root (those inside the repository)."""
+        root = os.path.realpath(self.root)
+        rel = [os.path.relpath(os.path.realpath(os.path.join(root, p)), root) for p in (
+            CONFIG_FILE_NAME, self.config.get("_source") or "", os.path.abspath(__file__))]
+        return {p.replace(os.sep, "/").casefold() for p in rel
+                if p not in (".", os.pardir) and not p.startswith(os.pardir + os.sep)}
+
     def forbidden_path(self, path):
         """Why a patch may not touch `path` (relative to the root, as git names it), or None:
         outside the repository, inside .git or changes/ (the executor's records and other
@@ -10302,6 +10311,9 @@ class ChangeSets:
         folded = [p.casefold() for p in parts]
         if ".git" in folded:
             return "inside .git/"
+        if "/".join(folded) in self.rule_files():
+            return "bridge.py's own code or configuration, which set the rules every change " \
+                   "set is judged by"
         own = os.path.relpath(self.dir, self.root).replace(os.sep, "/")
         if folded[:len(own.split("/"))] == own.casefold().split("/"):
             return "inside %s/ (change sets and the executor's records)" % own

@@ -943,6 +943,35 @@ def test_forbidden_paths_are_refused_in_every_patch_form(tmp_path, form):
     assert res.returncode == 2 and "forbidden_path" in res.stderr, res.stderr
 
 
+def test_patches_may_not_change_the_rules(env):
+    # A Tier-2 approval of a patch to the executor's config (say, another changes.mcp.command
+    # that calls everything Tier 1, or an empty critical_features) would decide every later
+    # change set; bridge.py itself likewise.
+    cfg = "--- /dev/null\n+++ b/bridge.config.json\n@@ -0,0 +1 @@\n+{}\n"
+    res = env.new("Rules", [task("t1", cfg)], ok=False)
+    assert res.returncode == 2 and "forbidden_path" in res.stderr
+    assert "own code or configuration" in res.stderr
+    (env.repo / "conf").mkdir()
+    inside = env.repo / "conf" / "Bridge.json"
+    inside.write_text(env.cfg_path.read_text())
+    patch = "--- /dev/null\n+++ b/conf/bridge.json\n@@ -0,0 +1 @@\n+{}\n"  # the one in use
+    (env.tmp / "p.json").write_text(json.dumps(plan([task("t1", patch)])))
+    res = run_bridge("changes", "new", "--subject", "Rules", "--plan", env.tmp / "p.json",
+                     "--root", env.repo, "--config", inside)
+    assert res.returncode == 2 and "own code or configuration" in res.stderr, res.stderr
+    # bridge.py as users install it: scripts/bridge.py in the repository
+    (env.repo / "scripts").mkdir()
+    installed = env.repo / "scripts" / "bridge.py"
+    installed.write_bytes(BRIDGE.read_bytes())
+    patch = "--- /dev/null\n+++ b/scripts/bridge.py\n@@ -0,0 +1 @@\n+x\n"
+    (env.tmp / "p.json").write_text(json.dumps(plan([task("t1", patch)])))
+    res = subprocess.run([PYTHON, str(installed), "changes", "new", "--subject", "Rules",
+                          "--plan", str(env.tmp / "p.json"), "--root", str(env.repo),
+                          "--config", str(env.cfg_path)], env=clean_env(), capture_output=True,
+                         text=True, timeout=60)
+    assert res.returncode == 2 and "own code or configuration" in res.stderr, res.stderr
+
+
 @pytest.mark.parametrize("params,words", [
     ({"strip": -1}, "strip must be an integer from 0 to 32"),
     ({"strip": 33}, "strip must be an integer from 0 to 32"),
