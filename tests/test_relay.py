@@ -962,3 +962,14 @@ def test_up_refuses_a_status_the_queue_does_not_use(tmp_path):
     assert "pending, in_progress, done, failed, reassigned" in result.stderr
     assert "'bogus'" in result.stderr and "Traceback" not in result.stderr
     assert up(root, "miho", "main", "cmd_047", "failed", "s").stdout.startswith("miho隊報告")
+
+
+def test_an_inbox_yaml_readers_cannot_read_is_not_appended_to(tmp_path):
+    root, queue = make_root(tmp_path)
+    inbox = root / "queue/inbox/vice_captain.yaml"
+    inbox.parent.mkdir(parents=True)
+    inbox.write_text("messages:\n- content: 'never closed\n  read: false\n")
+    result = down(root, "miho", "main", "m", "p")
+    assert result.returncode == 0 and result.stdout == "cmd_001\n"      # queued all the same
+    assert "WARN: inbox nudge failed" in result.stderr and "line 2:" in result.stderr
+    assert inbox.read_text() == "messages:\n- content: 'never closed\n  read: false\n"
