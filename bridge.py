@@ -360,10 +360,11 @@ def atomic_write_json(path, obj, indent=2):
     atomic_write(path, json.dumps(obj, ensure_ascii=False, indent=indent) + "\n")
 
 
-def make_dirs(path, root):
+def make_dirs(path, root, create=True):
     """Create the folder `path` inside `root` and the folders on the way, following no
     symlink below `root`: a symlink or a file where a folder should be is a BridgeError
-    naming it, so nothing is ever written through it to a place outside. Returns `path`."""
+    naming it, so nothing is ever written through it to a place outside. Returns `path`.
+    create=False only checks the folders that exist."""
     import stat
     root, path = os.path.abspath(os.fspath(root)), os.path.abspath(os.fspath(path))
     rel = os.path.relpath(path, root)
@@ -377,6 +378,8 @@ def make_dirs(path, root):
         try:
             info = os.lstat(current)
         except FileNotFoundError:
+            if not create:
+                break
             try:
                 os.mkdir(current)
                 continue
@@ -10022,9 +10025,11 @@ class ChangeSets:
 
     # -- plumbing --
     def path(self, cs_id, name=None):
+        """changes/<id>/[name]; for a file, a symlinked change-set folder is a BridgeError
+        naming it (nothing is read or written through it)."""
         safe_name(cs_id, "change set id")
         base = os.path.join(self.dir, cs_id)
-        return os.path.join(base, name) if name else base
+        return os.path.join(make_dirs(base, self.dir, create=False), name) if name else base
 
     def ids(self):
         try:

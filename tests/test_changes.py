@@ -1275,3 +1275,19 @@ def test_symlinked_status_to_outside_is_never_read(env):
     assert "symlink" in res.stderr and "05-status.json" in res.stderr
     assert outside.read_bytes() == before
     assert (env.repo / "notes.txt").read_text() == "hello\n"
+
+
+def test_symlinked_change_set_folder_is_never_written_through(env):
+    """changes/<id> replaced by a link to a folder outside the repository: the executor
+    stops naming it; nothing is written there and nothing is applied."""
+    cs_id = env.new("Add world", [task("t1", NOTES_PATCH)])
+    outside = env.tmp / "outside-set"
+    os.rename(env.dir(cs_id), outside)
+    env.dir(cs_id).symlink_to(outside)
+    before = sorted(p.name for p in outside.iterdir())
+    res = env.run(timeout=20)  # reported and skipped, like any change set it cannot read
+    assert "%s is a symlink" % env.dir(cs_id) in res.stderr
+    res = env.cli("validate", cs_id, timeout=20)
+    assert res.returncode != 0 and "%s is a symlink" % env.dir(cs_id) in res.stderr + res.stdout
+    assert sorted(p.name for p in outside.iterdir()) == before
+    assert (env.repo / "notes.txt").read_text() == "hello\n"
