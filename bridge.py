@@ -6812,8 +6812,8 @@ class YamlSubset:
             return None                  # goes on (after an escaped line break)
         if line[end] == "\\":
             self.fail(row, "an unknown escape %r in a double-quoted value" % line[end:end + 2])
-        if "\\U" in line[i:end] and max(int(x, 16) for x in re.findall(
-                r"\\U(\w{8})", line[i:end])) > 0x10FFFF:
+        if "\\U" in line[i:end] and max([0] + [int(x, 16) for x in re.findall(
+                r"\\(?:U([0-9A-Fa-f]{8})|.)", line[i:end]) if x]) > 0x10FFFF:
             self.fail(row, "a \\U escape past U+10FFFF in a double-quoted value")
         return end + 1
 

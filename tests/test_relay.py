@@ -863,6 +863,29 @@ def test_every_file_pyyaml_rejects_relay_refuses():
                 text, err.value.message)
 
 
+EDGES = [   # (text, readable): relay and PyYAML agree; None: PyYAML reads it, relay refuses
+    ('a: "\\\\Uzzzzzzzz"  # c\n', True), ('a: "\\U0001F600"\n', True), ('a: "\\U00110000"\n', False),
+    ('a: "\\q"\n', False), ('a: "x\\\n  y"\n', True), ("a: 2026-02-28\n", True),
+    ("a: 2026-02-30\n", False), ("a: 2026-02-16 25:00:00\n", False), ("a: 0x_\n", False),
+    ("a: =\n", False), ("a: x\tb\n", False), ("a: |2-\n   x\n", True), ("a: |0\n  x\n", False),
+    ("a: {b: c, d}\n", True), ("a: [b, [c]]\n", None), ("a: [b\n", False), ("a: x # c\n  y\n", False),
+    ("a:\n- x\n y\n", True), ("a: 'x'y\n", False), ("a: b: c\n", False), ("? a\n: b\n", None),
+]
+
+
+@NEED_PYYAML
+@pytest.mark.parametrize("text,readable", EDGES)
+def test_relay_and_pyyaml_agree_on_edge_cases(text, readable):
+    bridge = load_bridge()
+    assert (pyyaml_error(text) is None) == (readable is not False), pyyaml_error(text)
+    try:
+        bridge.YamlSubset("q.yaml", text).check()
+    except bridge.BridgeError as exc:
+        assert not readable and exc.message.startswith("q.yaml line "), exc.message
+    else:
+        assert readable, text
+
+
 def mutations(rng, count):
     """Deterministic random edits of every fixture: characters YAML cares about
     inserted, text deleted, lines re-indented."""
@@ -870,7 +893,7 @@ def mutations(rng, count):
     texts += [p.read_text(encoding="utf-8") for p in sorted((RELAY_FIX / "inbox").glob("*.yaml"))]
     pieces = list(" -:#'\"\n[]{},|>&*!%@`?\t=<\\0") + [
         "  ", "\n  ", "\n- ", ": ", " #", "''", "\n\n", "\n# c\n", "\n    ", "2026-02-30",
-        "0x_", "\\x4", "---\n", "\ncommands:\n", "\n  - x\n", "\n- id: cmd_5\n", "日"]
+        "0x_", "\\x4", "\\U0011", "\\\\U", "---\n", "\ncommands:\n", "\n  - x\n", "\n- id: cmd_5\n", "日"]
     for _ in range(count):
         text = rng.choice(texts)
         for _ in range(rng.randint(1, 3)):
