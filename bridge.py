@@ -7446,7 +7446,8 @@ class ProxyDigits(str):
 PROXY_IDS = (int, str, ProxyFloat, ProxyDigits)   # JSON-RPC ids we track (others are relayed untracked)
 PROXY_LEVELS = {"debug": 0, "info": 1, "warn": 2, "error": 3}
 # client requests whose successful answer sets up session state a restarted Doctor is given again
-PROXY_STATEFUL = ("initialize", "logging/setLevel", "resources/subscribe", "resources/unsubscribe")
+PROXY_STATEFUL = ("initialize", "logging/setLevel", "resources/subscribe", "resources/unsubscribe",
+                  "server/discover")
 PROXY_ACTIONS = ("doctor:restart", "doctor:kill", "bridge:pause", "bridge:resume", "bridge:shutdown", "bridge:stats")
 PROXY_REASONS = {
     "crashed": "MCP server exited before answering; the request was not retried",
@@ -7801,6 +7802,7 @@ class Proxy:
         self.stopped = False                            # doctor:kill: down until doctor:restart
         # -- the client's session, replayed to a restarted Doctor --
         self.init_params = None                         # the client's initialize params
+        self.discover = None                            # the client's last server/discover params
         self.init_caps = None                           # the capabilities the Doctor answered
         self.proto = None                               # the protocol version the Doctor chose
         self.level = None                               # the last logging/setLevel params
@@ -8020,6 +8022,11 @@ class Proxy:
         self.publish_stats()
         if self.init_params is not None:           # the client had initialized: replay it
             child.replay_id = self.own("initialize", self.init_params)
+        elif self.gen > 1:
+            # No handshake to replay (a 2026-07-28 or raw client): probe with the one request every
+            # 2026-07-28 server must answer, as the client last sent it. An older server says
+            # "method not found", which proves it reads and answers all the same.
+            child.replay_id = self.own("server/discover", self.discover)
         else:
             self.flush_held()
 
@@ -8337,6 +8344,8 @@ class Proxy:
             self.proto = result.get("protocolVersion")
         elif method == "logging/setLevel":
             self.level = params
+        elif method == "server/discover":
+            self.discover = params
         elif params.__class__ is dict and params.get("uri").__class__ is str:
             if method == "resources/subscribe":
                 self.subs[params["uri"]] = params
@@ -8346,6 +8355,10 @@ class Proxy:
     def answered(self, method, msg):
         """The Doctor answered a request of bridge.py's own: swallowed, never forwarded."""
         child = self.child
+        if method == "server/discover":            # the readiness probe: any answer will do
+            child.replay_id = None
+            self.mark_ready("answered server/discover")
+            return self.flush_held()
         if method == "ping":                       # even an error answer proves it is alive
             # Concurrent only once a request sent before the ping is answered after it: then the
             # ping was answered while that request was in progress (not merely ignored).

@@ -752,7 +752,7 @@ def test_no_state_replay_without_initialize(session):
     s.reply()
     s.call("state")
     assert json.loads(s.reply()["result"]["content"][0]["text"])["level"] is None
-    assert [json.loads(line)["method"] for line in s.received(s.pids()[1])] == ["tools/call"]
+    assert [json.loads(line)["method"] for line in s.received(s.pids()[1])] == ["server/discover", "tools/call"]
     s.close()
 
 
@@ -1161,3 +1161,30 @@ def test_bridge_replies_are_published_past_the_events_cap(session):
     s.close()
     replies = [e["data"] for e in s.event_list("mcp:response") if e["data"].get("from") == "bridge"]
     assert sorted(r["id"] for r in replies) == [1, 2, 3, 4, 5, 6]
+
+
+# ---- sessions without initialize: probed after a restart ---------------------------------------
+
+DISCOVER = {"_meta": {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
+                      "io.modelcontextprotocol/clientCapabilities": {"roots": {}}}}
+
+
+@pytest.mark.parametrize("server_args,first", [((), "server/discover"), (("--legacy",), "tools/list")],
+                         ids=["2026-07-28", "raw-client-older-server"])
+def test_a_session_without_initialize_is_ready_after_a_restart_without_a_request(session, server_args, first):
+    s = session(server_args, harness=True)
+    s.request(first, DISCOVER if first == "server/discover" else None, mid=1)
+    s.reply()
+    s.call("crash", code=3)
+    assert s.reply()["error"]["data"]["reason"] == "crashed"
+    ready = s.wait_event("doctor:ready", count=2, timeout=5)[1]["data"]   # no client message since
+    assert ready["generation"] == 2 and ready["signal"] == "answered server/discover"
+    assert ready["startMs"] < 3000
+    assert s.ctl("bridge:stats")[0]["data"]["result"]["state"] == "ready"
+    probe = [json.loads(line) for line in s.received(s.wait_pids(2)[1])]
+    assert probe[0]["method"] == "server/discover" and not any(m.get("method") == "initialize" for m in probe)
+    assert probe[0].get("params") == (DISCOVER if first == "server/discover" else None)
+    s.nothing()                                                   # the probe's answer is swallowed
+    s.request("tools/list", mid=5)
+    assert s.reply()["id"] == 5
+    s.close()
