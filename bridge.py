@@ -7413,6 +7413,7 @@ def relay_up(root, config, captain_id, session, cmd_id, status, summary, force=F
 
 PROXY_ERROR_CODE = -32000             # the MCP SDKs' "connection closed": clients already know it
 PROXY_HIGH_WATER = 4 << 20            # stop reading a source while its destination holds this much
+PROXY_RATE_WINDOW = 5.0               # seconds the message rates in bridge:stats are taken over
 class ProxyFloat(float):
     """A number written with a fraction or exponent, as parsed from a relayed line: as a JSON-RPC
     id it is never the same id as an integer (`1.0` is not `1`)."""
@@ -7835,6 +7836,7 @@ class Proxy:
         self.events_left = 0                            # mcp:* events still allowed this second
         self.events_reset = 0.0                         # when that allowance starts again
         self.started = monotonic()                      # for uptime
+        self.samples = collections.deque([(self.started, 0, 0)])  # (when, messagesIn, messagesOut) each second
         self.st = dict(messagesIn=0, messagesOut=0, bytesIn=0, bytesOut=0, doctorRestarts=0,
                        dropped=0, eventsSkipped=0)      # counters published in bridge:stats
 
@@ -7869,11 +7871,26 @@ class Proxy:
     def stats(self):
         child, now = self.child, monotonic()
         alive = child is not None and child.exit is None
-        return dict(self.st, uptime=round(now - self.started, 3), generation=self.gen,
+        # Rates over a fixed window, from the counters a second-by-second sample saw at its start:
+        # the same figure whenever stats are asked for (a control command, a new generation).
+        t0, in0, out0 = self.samples[0]
+        span = max(now - t0, 1e-3)
+        rates = dict(messagesInPerSec=round((self.st["messagesIn"] - in0) / span, 1),
+                     messagesOutPerSec=round((self.st["messagesOut"] - out0) / span, 1),
+                     rateWindowSec=round(span, 3))
+        return dict(self.st, uptime=round(now - self.started, 3), generation=self.gen, **rates,
                     doctorUptime=round(now - child.started, 3) if alive else 0,
                     dashboardClients=self.obs.client_count if self.obs is not None else 0,
                     state=self.state(), paused=self.paused, pending=len(self.pending),
                     held=len(self.held), crashesInWindow=len(self.crashes))
+
+    def sample_counts(self, now):
+        """Once a second: the counters now, keeping the newest sample at least PROXY_RATE_WINDOW
+        old as the start of the window."""
+        samples = self.samples
+        samples.append((now, self.st["messagesIn"], self.st["messagesOut"]))
+        while len(samples) > 1 and samples[1][0] <= now - PROXY_RATE_WINDOW:
+            samples.popleft()
 
     def publish_stats(self):
         """bridge:stats every stats_interval_sec, and at once when the state changes (a command,
@@ -8517,7 +8534,7 @@ class Proxy:
         os.set_blocking(1, False)
         poller, registered = select.poll(), {}
         IN, OUT = select.POLLIN | select.POLLPRI, select.POLLOUT
-        next_stats = monotonic() + self.stats_every
+        next_stats, next_sample = monotonic() + self.stats_every, monotonic() + 1.0
         try:
             self.start_observability()
             self.spawn()
@@ -8563,8 +8580,12 @@ class Proxy:
                             registered[fd] = mask
                 for fd, _ev in poller.poll(self.timers(now) * 1000):
                     self.on_ready(fd)
-                if monotonic() >= next_stats:
-                    next_stats = monotonic() + self.stats_every
+                now = monotonic()
+                if now >= next_sample:
+                    next_sample = now + 1.0            # the window moves in steps of a second
+                    self.sample_counts(now)
+                if now >= next_stats:
+                    next_stats = now + self.stats_every
                     self.publish_stats()
         finally:
             self.closed = True
@@ -9282,7 +9303,7 @@ const ACTIONS = ["doctor:restart", "doctor:kill", "bridge:pause", "bridge:resume
 const KINDS = {doctor: "server lifecycle", request: "requests", response: "responses",
                stats: "stats", bridge: "other bridge events", ack: "acks"};
 const LOG_KEEP = 300, kept = {}, live = {"/events": false, "/control": false};
-let control = null, prev = null, seq = 0;
+let control = null, seq = 0;
 function set(id, value) { if (value !== undefined && value !== null) $(id).textContent = value; }
 function setState(s) { set("state", s); $("state").className = s; }
 function kindOf(t) {
@@ -9346,12 +9367,8 @@ function onEvent(ev) {
     if (d.uptime !== undefined) set("uptime", Math.round(d.uptime) + " s");
     set("messages", d.messagesIn + " / " + d.messagesOut);
     set("clients", d.dashboardClients);
-    if (prev && ev.ts > prev.ts) {
-      const s = (ev.ts - prev.ts) / 1000;
-      set("rateIn", ((d.messagesIn - prev.d.messagesIn) / s).toFixed(1));
-      set("rateOut", ((d.messagesOut - prev.d.messagesOut) / s).toFixed(1));
-    }
-    prev = {ts: ev.ts, d: d};
+    set("rateIn", d.messagesInPerSec);    // over the last rateWindowSec, whenever stats come
+    set("rateOut", d.messagesOutPerSec);
   }
 }
 function onAck(a) {

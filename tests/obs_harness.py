@@ -70,7 +70,10 @@ class Harness:
             self.server.publish("bridge:stats", self.stats())
 
     def stats(self):
-        return {"uptime": time.time() - self.started, "doctorRestarts": self.restarts,
+        uptime = time.time() - self.started
+        rate = round(self.messages / max(min(uptime, 5.0), 1e-3), 1)   # the core's fixed window, roughly
+        return {"uptime": uptime, "doctorRestarts": self.restarts,
+                "messagesInPerSec": rate, "messagesOutPerSec": rate, "rateWindowSec": min(uptime, 5.0),
                 "doctorUptime": 1.0, "messagesIn": self.messages, "messagesOut": self.messages,
                 "bytesIn": 100 * self.messages, "bytesOut": 90 * self.messages,
                 "dashboardClients": self.server.client_count, "generation": self.generation,

@@ -1188,3 +1188,19 @@ def test_a_session_without_initialize_is_ready_after_a_restart_without_a_request
     s.request("tools/list", mid=5)
     assert s.reply()["id"] == 5
     s.close()
+
+
+def test_stats_rates_are_over_a_fixed_window_not_since_the_last_stats(session):
+    """Stats published on every state change must not turn a few messages into a huge rate: the
+    rates are taken over a fixed window, whenever they are asked for."""
+    s = session(harness=True)
+    for mid in range(1, 41):
+        s.request("ping", mid=mid)
+    assert {s.reply()["id"] for _ in range(40)} == set(range(1, 41))
+    first = s.ctl("bridge:stats", cid="a")[0]["data"]["result"]
+    second = s.ctl("bridge:stats", cid="b")[0]["data"]["result"]       # right after: same window
+    for stats in (first, second):
+        assert stats["messagesIn"] == 40 and 0 < stats["rateWindowSec"] <= 5.5
+        assert stats["messagesInPerSec"] == pytest.approx(40 / stats["rateWindowSec"], rel=0.1)
+    assert second["messagesInPerSec"] == pytest.approx(first["messagesInPerSec"], rel=0.5)
+    s.close()

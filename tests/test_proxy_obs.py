@@ -726,7 +726,7 @@ def test_dashboard_in_headless_chromium(make_harness, tmp_path):
         browser.wait_for(text % "state" + " === 'ready'", "the doctor state")
         browser.wait_for(text % "generation" + " === '1'", "the generation")
         browser.wait_for(text % "log" + ".includes('doctor:ready')", "the event log")
-        browser.wait_for(text % "rateIn" + " !== '-'", "message rates")   # two stats events
+        browser.wait_for(text % "rateIn" + " !== '-'", "message rates")   # from the first stats event
         browser.wait_for(text % "messages" + ".includes(' / ')", "message counts")
         assert ("bridge:stats", {}) in harness.actions          # asked for stats on connect
         browser.evaluate("document.querySelector('button[data-action=\"doctor:restart\"]').click()")
