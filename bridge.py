@@ -8999,7 +8999,7 @@ class ObsConnection:
             if now >= window:
                 window, frames_in, bytes_in = now + 1.0, 0, 0
             b0, b1 = self.recv(2)
-            self.heard = now
+            self.heard = time.monotonic()
             fin, opcode, n = b0 & 0x80, b0 & 0x0F, b1 & 0x7F
             if b0 & 0x70:
                 raise WsFail(1002, "reserved bits set without an extension")
