@@ -1258,6 +1258,7 @@ for _names, _body, _edge in (
 ):
     for _name in _names.split():
         _PREFIXED[_name] = (_body, _edge)
+del _names, _body, _edge, _name
 # Prefixes whose token starts before them: Terraform Cloud is 14 characters, ".atlasv1.".
 _BACK = {".atlasv1.": "[A-Za-z0-9]{14}"}
 # A separator after the last two characters of a known prefix, followed by 8 token
@@ -1413,13 +1414,14 @@ _NETRC_GATE = rb"password[ \t]{1,8}(?=[^\s:=])"
 _STDIN_GATE = r"--(?:password-stdin|with-token)"
 _STDIN_VALUE = (r"(?:\b(?:echo|printf)(?:[ \t]+-[a-z]{1,3})*[ \t]+(?:'([^'\n]{1,512})'|\"([^\"\n]{1,512})\""
                 r"|([^\s|'\"]{1,512}))[ \t]*\||<<<[ \t]*(?:'([^'\n]{1,512})'|\"([^\"\n]{1,512})\"|([^\s'\"]{1,512})))")
-# `npm config set //registry/:_authToken VALUE`, `git config --global x.token VALUE`: a
-# space is the operator after `config set` / `config --...`.
-_CONFIG_SET = rb"config(?:[ \t]+(?:set|--[a-z-]{1,20}))*[ \t]+([^\s=]{1,200})[ \t]+(?=\S)"
+# `npm config set //registry/:_authToken VALUE`, `git config [--global] x.token VALUE`: a
+# space is the operator after `config set`, `config --...` or a dotted or colon name.
+_CONFIG_SET = rb"config((?:[ \t]+(?:set|--[a-z-]{1,20}))*)[ \t]+([^\s=]{1,200})[ \t]+(?=\S)"
 
 # A lone value printed right after a command that prints a secret: the line holding one
 # random-looking word, then the line before it checked for such a command.
 _LONE_LINE = r"\n(?=([A-Za-z0-9+/=_.~-]{12,4096}))\1[ \t]{0,8}\r?(?:\n|$)"   # (?=(..))\1: no backtracking
+_SECRET_COMMAND_WORDS = ("base64", "secret", "vault", "configure", "op ", "print-", "cat ")
 _SECRET_COMMAND = (r"(?i:base64 +(?:-d|--decode|-D)\b|kubectl\b.{0,200}\bsecrets?\b"
                    r"|vault +(?:kv +get|read)\b|aws +configure +get +\S*(?:secret|key|token)"
                    r"|\bop +read\b|print-(?:access|identity)-token|secrets +versions +access"
@@ -1787,8 +1789,8 @@ class Redactor:
                                                  and not text.startswith("bot", start - 3)):
                         continue
                 spans.append((start, end))
-        for index, head in enumerate(("LS0tLS1", "Z", "Q")):
-            if short and head not in text:
+        for index, heads in enumerate((("LS0tLS1",), ("Z2", "ZXlK"), ("QUtJQ", "QVNJQ"))):
+            if short and not any(head in text for head in heads):
                 continue
             for m in rx["b64", index].finditer(text):
                 if (m.start() and (text[m.start() - 1].isalnum() or text[m.start() - 1] in "+/")) \
@@ -1811,8 +1813,9 @@ class Redactor:
         rx = self._rx
         tails = rx["prefix_tails"]
         for sep in "_-.~":
-            if short and sep not in text:
-                continue
+            if short and not any(text[at - 2:at + 1] in tails for at in _positions(text, sep)) \
+                    and not (sep in _SEP_INSIDE and _SEP_INSIDE[sep][3] in text):
+                continue                          # (no scan to compile for a hook's ids)
             pos = 0
             for m in rx["sep", sep].finditer(text):
                 at = m.start()
@@ -2068,8 +2071,8 @@ class Redactor:
                     spans.append((begin, end))
         if not short or b"config" in low:
             for g in rx["config_set"].finditer(low):
-                name = g.group(1).decode("ascii").rstrip(".-_")
-                if self._secret_key(name):
+                name = g.group(2).decode("ascii").rstrip(".-_")
+                if (g.group(1) or "." in name or ":" in name) and self._secret_key(name):
                     value = rx["cli_value"].match(text, g.end())
                     if value and not _is_placeholder(value.group(value.lastindex)):
                         spans.append(value.span(value.lastindex))
@@ -2091,14 +2094,17 @@ class Redactor:
                 value = rx["cli_value"].match(text, g.end())
                 if value and not _is_placeholder(value.group(value.lastindex)):
                     spans.append(value.span(value.lastindex))
-        for m in rx["lone_line"].finditer(text) if not short or "\n" in text else ():
+        lone = not short or "\n" in text and any(word in text.lower() for word in _SECRET_COMMAND_WORDS)
+        for m in rx["lone_line"].finditer(text) if lone else ():
             value = m.group(1)
             if not _looks_random(value) or _is_placeholder(value):
                 continue
             line_end = m.start()
             if line_end and text[line_end - 1] == "\r":
                 line_end -= 1
-            if rx["secret_command"].search(text, _line_start(text, line_end, "\n"), line_end):
+            before = text[_line_start(text, line_end, "\n"):line_end]
+            if any(word in before.lower() for word in _SECRET_COMMAND_WORDS) \
+                    and rx["secret_command"].search(before):
                 spans.append(m.span(1))
 
     @staticmethod
@@ -2130,6 +2136,14 @@ class Redactor:
             for a, b in self.spans(decoded, decoded=True):
                 spans.append((offsets[a], offsets[b]))
             done = end
+
+
+def _positions(text, char):
+    """The positions of `char` in `text` (a short one), in order."""
+    at = text.find(char)
+    while at >= 0:
+        yield at
+        at = text.find(char, at + 1)
 
 
 def _group_by(items, key):

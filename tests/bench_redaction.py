@@ -13,7 +13,6 @@ average, since on a shared busy machine wall time mostly measures the other proc
 """
 import importlib.util
 import os
-import random
 import re
 import statistics
 import subprocess
@@ -24,6 +23,7 @@ import time
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import redaction_corpus  # noqa: E402
+from redaction_corpus import ordinary_log  # noqa: E402
 BRIDGE = os.path.join(os.path.dirname(HERE), "bridge.py")
 spec = importlib.util.spec_from_file_location("bridge_bench", BRIDGE)
 bridge = importlib.util.module_from_spec(spec)
@@ -32,45 +32,6 @@ spec.loader.exec_module(bridge)
 SEED_PATTERNS = [r"Bearer\s+[A-Za-z0-9\-_\.]+", r"sk-[A-Za-z0-9]{10,}", r"AIza[0-9A-Za-z\-_]{20,}",
                  r"anthropic[_-]?(api)?[_-]?key[:=]\s*\S+", r"x-api-key[:=]\s*\S+",
                  r"Authorization[:=]\s*\S+"]
-
-
-def ordinary_log(size):
-    """A realistic mixed log: app logs, HTTP access lines, test output, a git diff, JSON
-    events, stack traces. Secret-adjacent words appear (token counts, cache keys, the word
-    Authorization) but no secrets. ~2 MB of varied lines, repeated up to `size` bytes."""
-    rng = random.Random(3)
-    hexs = lambda n: "".join(rng.choice("0123456789abcdef") for _ in range(n))
-    words = ("request handled user session cache miss retry queue worker build step test "
-             "passed failed module import compile link deploy risk-assessment task-manager "
-             "disk-usage config loaded reading writing token count key lookup").split()
-    templates = [
-        lambda: "2024-05-%02dT%02d:%02d:%02d.%03dZ INFO  [%s] %s %s in %dms" % (
-            rng.randint(1, 28), rng.randint(0, 23), rng.randint(0, 59), rng.randint(0, 59),
-            rng.randint(0, 999), rng.choice(["api", "worker", "db", "auth"]),
-            " ".join(rng.choice(words) for _ in range(6)), hexs(8), rng.randint(1, 900)),
-        lambda: '10.0.%d.%d - - [01/May/2024:12:%02d:%02d +0000] "GET /api/v1/items/%d?page=%d HTTP/1.1" %d %d "-" "Mozilla/5.0"' % (
-            rng.randint(0, 255), rng.randint(0, 255), rng.randint(0, 59), rng.randint(0, 59),
-            rng.randint(1, 99999), rng.randint(1, 9), rng.choice([200, 201, 304, 404, 500]), rng.randint(100, 99999)),
-        lambda: "tests/test_%s.py::test_%s_%d PASSED [%3d%%]" % (
-            rng.choice(words), rng.choice(words), rng.randint(1, 99), rng.randint(0, 100)),
-        lambda: "commit %s%s\nAuthor: Dev <dev@example.com>\n\n    fix %s in %s" % (
-            hexs(20), hexs(20), rng.choice(words), rng.choice(words)),
-        lambda: "diff --git a/src/%s.py b/src/%s.py\n@@ -%d,6 +%d,7 @@\n-    value = compute(%s)\n+    value = compute(%s, cache_key=key)" % (
-            rng.choice(words), rng.choice(words), rng.randint(1, 500), rng.randint(1, 500),
-            rng.choice(words), rng.choice(words)),
-        lambda: '{"event":"llm_call","request_id":"%s-%s-%s","max_tokens":4096,"prompt_tokens":%d,"token_type":"bearer","status":"ok"}' % (
-            hexs(8), hexs(4), hexs(12), rng.randint(1, 9000)),
-        lambda: 'Traceback (most recent call last):\n  File "/usr/lib/python3.11/%s.py", line %d, in %s\nKeyError: \'%s\'' % (
-            rng.choice(words), rng.randint(1, 900), rng.choice(words), rng.choice(words)),
-        lambda: "WARN Authorization header missing for /health; see https://docs.example.com/auth#%s" % rng.choice(words),
-    ]
-    lines, total = [], 0
-    while total < 2_000_000:
-        line = rng.choice(templates)()
-        lines.append(line)
-        total += len(line) + 1
-    block = "\n".join(lines) + "\n"
-    return (block * (size // len(block) + 1))[:size]
 
 
 CPU = {}

@@ -281,6 +281,11 @@ def test_corpus_recall_and_false_positives():
 
 # ---- false positives ----------------------------------------------------------------
 
+def test_the_benchmark_log_is_unchanged():
+    text = redaction_corpus.ordinary_log(2_000_000)    # what `make bench` times, 50 MB of it
+    assert redactor().redact(text) == text
+
+
 CORPUS = r'''2024-05-01T12:00:03.123Z INFO  server listening on http://127.0.0.1:8080/ (pid 4242)
 2024-05-01T12:00:04Z WARN  disk-usage at 91% on /var/lib/docker; risk-assessment job queued
 2024-05-01T12:00:05Z DEBUG task-manager picked task-definitions/web:42 for kiosk-deployment
