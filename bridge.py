@@ -107,6 +107,17 @@ def os_error_message(exc):
     return "cannot write %s: %s" % (exc.filename, exc.strerror or exc)
 
 
+def unexpected_error(exc):
+    """The CLI's last line of defence: one clear line, no traceback; the exit code."""
+    message = isinstance(exc, OSError) and os_error_message(exc)
+    if message:
+        warn("error: " + message)
+    else:
+        warn("internal error: %s: %s (set BRIDGE_DEBUG=1 for a traceback)" % (
+            type(exc).__name__, exc))
+    return EXIT_FAILED
+
+
 def debug_enabled():
     return os.environ.get("BRIDGE_DEBUG", "") not in ("", "0", "false")
 
@@ -2589,21 +2600,23 @@ class Git:
 
     @staticmethod
     def _contents(files):
-        contents = []
+        """What tells a change of these files: stat's size, times and inode (a write always
+        moves ctime), or the errno of a missing one. One stat each: run() asks every call."""
+        signature = []
         for path in files:
             try:
-                with open_input(path) as handle:
-                    contents.append(handle.read(1 << 20))
-            except OSError as exc:  # missing, a directory (.git), not a regular file
-                contents.append(exc.errno)
-        return contents
+                st = os.stat(path)
+                signature.append((st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino))
+            except OSError as exc:
+                signature.append(exc.errno)
+        return signature
 
     def filter_config(self):
         """-c pairs that switch off every filter driver (clean, smudge, process) git's
         config defines. git has no wildcard for filter.<driver>.*, so the drivers are
         listed with one `git config` call, again only when a config file git reads (or
-        includes) has changed since: .git/config can be edited by anyone who can write
-        the work tree."""
+        includes) has changed since (by stat): .git/config can be edited by anyone who can
+        write the work tree."""
         files = self._config_seen[0] if self._config_seen else self._config_files()
         contents = self._contents(files)
         if self._config_seen and self._config_seen[1] == contents:
@@ -3259,29 +3272,44 @@ class Fingerprint:
 
     def signatures(self):
         import stat
-        found, stack = {}, self.git_paths + [self.handoff.base]
-        while stack:
-            path = stack.pop()
-            if path in self.skip or path == self.aside:
-                continue
+        found, folders = {}, []
+        for path in self.git_paths + [self.handoff.base]:
             try:
                 st = os.lstat(path)
-            except FileNotFoundError:
-                continue
             except OSError as exc:
-                found[path] = ("error", exc.errno)
-                continue
-            kind = ("dir" if stat.S_ISDIR(st.st_mode) else "file" if stat.S_ISREG(st.st_mode)
-                    else "symlink" if stat.S_ISLNK(st.st_mode) else "special")
-            if kind == "dir":
-                found[path] = ("dir", st.st_mode)
-                try:
-                    stack.extend(os.path.join(path, name) for name in os.listdir(path))
-                except OSError as exc:
+                if not isinstance(exc, FileNotFoundError):
                     found[path] = ("error", exc.errno)
                 continue
-            found[path] = (kind, st.st_mode, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
+            if stat.S_ISDIR(st.st_mode):
+                folders.append(path)
+            found[path] = self._signature(st)
+        while folders:  # one scandir per folder, one lstat per entry
+            folder = folders.pop()
+            try:
+                entries = list(os.scandir(folder))
+            except OSError as exc:
+                found[folder] = ("error", exc.errno)
+                continue
+            for entry in entries:
+                if entry.path in self.skip or entry.path == self.aside:
+                    continue
+                try:
+                    st = entry.stat(follow_symlinks=False)
+                except OSError:
+                    continue  # gone meanwhile: missing from this record
+                found[entry.path] = self._signature(st)
+                if stat.S_ISDIR(st.st_mode):
+                    folders.append(entry.path)
         return found
+
+    @staticmethod
+    def _signature(st):
+        import stat
+        if stat.S_ISDIR(st.st_mode):
+            return ("dir", st.st_mode)
+        kind = ("file" if stat.S_ISREG(st.st_mode) else
+                "symlink" if stat.S_ISLNK(st.st_mode) else "special")
+        return (kind, st.st_mode, st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino)
 
     def changes(self):
         """[(path, 'changed'|'added'|'removed')] since the record, sorted."""
@@ -3425,7 +3453,7 @@ class Watcher:
         previous = self.install_signals()
         beat = self.start_heartbeat(ttl)
         try:
-            self.preflight()
+            self.preflight(probe=True)
             self.sweep()
             self.loop()
         finally:
@@ -3450,16 +3478,22 @@ class Watcher:
             return EXIT_ATTENTION
         return EXIT_OK
 
-    def preflight(self):
-        """Every folder the watcher writes, tried by creating and removing a file in it
-        (permission bits do not stop root; a read-only mount or chattr +i does): exit 2
-        naming the folder, before any agent starts, instead of a finished task without a
-        result."""
+    def preflight(self, probe=False):
+        """Every folder the watcher writes must be writable: exit 2 naming the folder,
+        before any agent starts, instead of a finished task without a result. At start
+        a file is created and removed in each (the truth, also on network mounts); before
+        each task access() is asked (cheap; it sees read-only mounts and chattr +i, which
+        stop root too)."""
+        import errno
         for path in [self.handoff.dir(name) for name in HANDOFF_SUBDIRS] + [self.git_dir]:
-            probe = os.path.join(path, ".bridge-probe.%d.%s" % (os.getpid(), random_hex()))
             try:
-                os.close(create_once(probe))
-                os.unlink(probe)
+                if not probe:
+                    if not os.access(path, os.W_OK | os.X_OK):
+                        raise OSError(errno.EACCES, "not writable")
+                    continue
+                name = os.path.join(path, ".bridge-probe.%d.%s" % (os.getpid(), random_hex()))
+                os.close(create_once(name))
+                os.unlink(name)
             except OSError as exc:
                 raise BridgeError("cannot write %s: %s; nothing was started (fix it, then run "
                                   "the watcher again)" % (path, exc.strerror or exc), EXIT_USAGE)
@@ -11365,8 +11399,7 @@ def seam_main(argv=None):
     except Exception as exc:  # the last line of defence: one clear line, no traceback
         if debug_enabled():
             raise
-        warn("internal error: %s: %s (set BRIDGE_DEBUG=1 for a traceback)" % (type(exc).__name__, exc))
-        return EXIT_FAILED
+        return unexpected_error(exc)
 
 
 def _run_seam_verb(key, rest):
@@ -11801,12 +11834,7 @@ def main(argv=None):
     except Exception as exc:  # the last line of defence: one clear line, no traceback
         if debug_enabled():
             raise
-        if isinstance(exc, OSError) and os_error_message(exc):
-            warn("error: " + os_error_message(exc))
-            return EXIT_FAILED
-        warn("internal error: %s: %s (set BRIDGE_DEBUG=1 for a traceback)" % (
-            type(exc).__name__, exc))
-        return EXIT_FAILED
+        return unexpected_error(exc)
 
 
 if __name__ == "__main__":

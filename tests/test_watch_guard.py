@@ -133,8 +133,9 @@ def test_submit_refuses_a_deeply_nested_task_naming_the_field(queue, tmp_path):
     assert queue.names("tasks") == []
 
 
-def test_a_nested_task_in_tasks_is_schema_invalid_and_the_queue_goes_on(queue):
-    queue.put(queue.task("deep2", extra=nested(200)))
+@pytest.mark.parametrize("levels", [40, 254])  # beyond the task's limit; within any JSON's
+def test_a_nested_task_in_tasks_is_schema_invalid_and_the_queue_goes_on(queue, levels):
+    queue.put(queue.task("deep2", extra=nested(levels)))
     queue.put(queue.task("ok2"))
     out = queue.watch()
     r = queue.result("deep2")
@@ -426,3 +427,20 @@ def test_a_stop_signal_ends_the_watcher_within_10_seconds(git_repo, tmp_path, st
     if state != "idle":
         assert wait_for(lambda: gone(pids), 2)
         assert queue.names("running") == []
+
+
+def test_a_folder_that_turns_unwritable_stops_the_watcher_before_the_next_task(queue, tmp_path):
+    runs = tmp_path / "runs"
+    watcher = queue.popen_watch()
+    lock = queue.handoff / "locks" / "__worker__.lock"
+    try:
+        assert wait_for(lambda: lock.exists() and '"pid": %d' % watcher.pid in lock.read_text())
+        with Unwritable(queue.handoff / "results"):
+            queue.put(queue.task("w2", agent={"count_file": str(runs)}))
+            assert watcher.wait(20) == 2
+    finally:
+        if watcher.poll() is None:
+            watcher.kill()
+    err = watcher.stderr.read()
+    assert "cannot write %s" % (queue.handoff / "results") in err, err
+    assert not runs.exists() and queue.names("tasks") == ["w2.json"]
