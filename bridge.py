@@ -6954,7 +6954,7 @@ def relay_layout(path, text, keys):
     scan = "\n" + text
     for match in re.finditer(r"\n((?:[^ \n#\-]|-[^ \n])[^\n]*)", scan):
         line, offset = match.group(1), match.start()
-        if line.startswith("---"):
+        if line.rstrip(" ") == "---" or line.startswith("--- "):
             continue               # YamlSubset allows one, before the document
         km = key_re.match(line)
         tops.append(offset)

@@ -893,7 +893,7 @@ def mutations(rng, count):
     texts += [p.read_text(encoding="utf-8") for p in sorted((RELAY_FIX / "inbox").glob("*.yaml"))]
     pieces = list(" -:#'\"\n[]{},|>&*!%@`?\t=<\\0") + [
         "  ", "\n  ", "\n- ", ": ", " #", "''", "\n\n", "\n# c\n", "\n    ", "2026-02-30",
-        "0x_", "\\x4", "\\U0011", "\\\\U", "---\n", "\ncommands:\n", "\n  - x\n", "\n- id: cmd_5\n", "日"]
+        "0x_", "\\x4", "\\U0011", "\\\\U", "---\n", "\n---x: 1\n", "\ncommands:\n", "\n  - x\n", "\n- id: cmd_5\n", "日"]
     for _ in range(count):
         text = rng.choice(texts)
         for _ in range(rng.randint(1, 3)):
@@ -959,6 +959,7 @@ def test_the_fast_path_accepts_nothing_the_line_by_line_check_refuses():
     "  h: plain\n    continued\n\n    after a blank\n",
     "# header\n---\nqueue:\n  - id: cmd_001  # trailing comment\n    nested:\n      a: 1\n"
     "      b:\n      - x\n  - other: 1\n",
+    "commands:\n- id: cmd_001\n---x: a key, not a document marker\n",
 ])
 def test_down_accepts_the_yaml_real_queues_use(tmp_path, text):
     root, queue = make_root(tmp_path, text=text, config={"relay": {"nudge": False}})
