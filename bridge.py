@@ -4544,6 +4544,10 @@ class SeamFailure(Exception):
         self.answer = answer
 
 
+class SeamUsage(SeamFailure):
+    """A required flag is missing or a flag's value is malformed: exit 2 (usage)."""
+
+
 # ---- Go-compatible encoding and time ------------------------------------------
 
 def go_json(obj):
@@ -4719,15 +4723,15 @@ def id_flag(opts, flag, argv=False, pair=False):
     for part in parts:
         rule = "[A-Za-z0-9._-]+%s" % (" (or two such ids joined by /)" if pair else "")
         if part in (".", "..", ""):
-            raise SeamFailure("--%s must match %s, and no part may be %r" % (flag, rule, part))
+            raise SeamUsage("--%s must match %s, and no part may be %r" % (flag, rule, part))
         if not is_safe_name(part):
             first_slash = value.find("/") if pair else -1
             at, bad = next((i, ch) for i, ch in enumerate(value) if i != first_slash and not (
                 ch.isascii() and (ch.isalnum() or ch in "._-")))
-            raise SeamFailure("--%s must match %s: %r at position %d is not allowed" % (
+            raise SeamUsage("--%s must match %s: %r at position %d is not allowed" % (
                 flag, rule, bad, at + 1))
     if argv and value.startswith("-"):
-        raise SeamFailure("--%s may not start with - (a session id can reach an argv)" % flag)
+        raise SeamUsage("--%s may not start with - (a session id can reach an argv)" % flag)
     return value
 
 
@@ -5607,16 +5611,16 @@ def inbox_drain(root, slug, host="", session_id=None, members=None):
         out["host"] = host
     out.update(cursor=0, high_water=0, count=0, heartbeat=False, records=[])
     if not is_safe_name(slug):
-        out.update(status="failed", records=None, error="invalid or missing --slug")
-        return out
+        out.update(status="failed", records=None)
+        raise SeamUsage("invalid or missing --slug", out)
     try:
         host = id_flag({"host": host}, "host")
         if session_id is None:
             session_id = _session_from_env(host)
         id_flag({"session-id": session_id}, "session-id", argv=True)
-    except SeamFailure as exc:
-        out.update(status="failed", error=exc.message)
-        return out
+    except SeamUsage as exc:
+        out["status"] = "failed"
+        raise SeamUsage(exc.message, out)
     bdir = bridge_dir(root, create=True)
     beat = {"session_id": session_id}
     if host:
@@ -5681,34 +5685,34 @@ def inbox_ack(root, opts):
     """
     slug = opts.get("slug", "")
     if not is_safe_name(slug):
-        raise SeamFailure("invalid or missing --slug")
+        raise SeamUsage("invalid or missing --slug")
     host = id_flag(opts, "host").lower()
     line_text = opts.get("line", "")
     if not (line_text.isascii() and line_text.isdigit() and int(line_text) > 0):
-        raise SeamFailure("--line must be a positive integer, got %r" % line_text)
+        raise SeamUsage("--line must be a positive integer, got %r" % line_text)
     line = int(line_text)
     kind = opts.get("kind", "")
     if kind not in ACK_KINDS:
-        raise SeamFailure("unknown --kind (want tell|conn|decision|permission-decision)")
+        raise SeamUsage("unknown --kind (want tell|conn|decision|permission-decision)")
     status = opts.get("status", "").strip()
     if not status:
-        raise SeamFailure("--status is required")
+        raise SeamUsage("--status is required")
     if status not in ACK_STATUSES[ACK_KINDS[kind]]:
-        raise SeamFailure("--status %s is not one Bridge accepts for a %s (want %s)" % (
+        raise SeamUsage("--status %s is not one Bridge accepts for a %s (want %s)" % (
             status if is_safe_name(status) else "(not a status word)", ACK_KINDS[kind],
             "|".join(ACK_STATUSES[ACK_KINDS[kind]])))
     rid, rts = opts.get("id", ""), opts.get("ts", "")
     if not rid and not rts:
-        raise SeamFailure("ack has no correlator: pass --id (from the drained record) or --ts")
+        raise SeamUsage("ack has no correlator: pass --id (from the drained record) or --ts")
     # An intent id is an opaque correlator: Bridge only compares it with the
     # inbox line's id, never used as a path or an argv word, so any id Bridge wrote can be
     # acked. Only a control character is refused: no id is written with one.
     bad = next((ch for ch in rid if ord(ch) < 0x20 or 0x7f <= ord(ch) <= 0x9f), None)
     if bad is not None:
-        raise SeamFailure("--id holds a control character (U+%04X); pass the id exactly as "
+        raise SeamUsage("--id holds a control character (U+%04X); pass the id exactly as "
                           "drain printed it" % ord(bad))
     if rts and parse_rfc3339(rts) is None:
-        raise SeamFailure("--ts %r is not an RFC 3339 time" % rts)
+        raise SeamUsage("--ts %r is not an RFC 3339 time" % rts)
     session_id = (opts["session-id"] if "session-id" in opts else _session_from_env(host)).strip()
     id_flag({"session-id": session_id}, "session-id", argv=True)
     request_id = id_flag(opts, "request-id")
@@ -5756,9 +5760,9 @@ def inbox_ack(root, opts):
 def inbox_commit(root, slug, cursor_text):
     """Advance `slug`'s cursor to N, never backwards and never past the inbox's end."""
     if not is_safe_name(slug):
-        raise SeamFailure("invalid or missing --slug")
+        raise SeamUsage("invalid or missing --slug")
     if not (cursor_text.isascii() and cursor_text.isdigit()):
-        raise SeamFailure("negative --cursor" if cursor_text.startswith("-") or not cursor_text
+        raise SeamUsage("negative --cursor" if cursor_text.startswith("-") or not cursor_text
                           else "--cursor must be a line count, got %r" % cursor_text)
     wanted = int(cursor_text)
     bdir = bridge_dir(root, create=True)
@@ -11433,7 +11437,7 @@ def _run_seam_verb(key, rest):
                 and is_safe_name(opts.get("slug")):
             answer["cursor"] = read_cursor(os.path.join(root, SEAM_DIR), opts["slug"])
         _seam_print(answer)
-        return EXIT_OK if quiet else EXIT_FAILED
+        return EXIT_OK if quiet else EXIT_USAGE if isinstance(exc, SeamUsage) else EXIT_FAILED
 
 
 def _quiet_stderr():

@@ -393,7 +393,7 @@ def test_drain_no_inbox_still_heartbeats(repo):
 @pytest.mark.parametrize("slug", ["../escape", "", "..", "a/b", "."])
 def test_drain_invalid_slug_rejected(repo, slug):
     code, out, _ = seam("inbox", "drain", "--slug", slug, cwd=repo)
-    assert code == 1 and out["status"] == "failed" and out["records"] is None
+    assert code == 2 and out["status"] == "failed" and out["records"] is None
     assert out["error"] == "invalid or missing --slug"
     assert not (repo / "_bridge").exists() and not (repo.parent / "escape").exists()
 
@@ -536,15 +536,32 @@ def test_go_flag_grammar_first_wins_and_equals(repo):
     assert records(repo / "_bridge/fo-replies.jsonl")[0]["granted"] is False
 
 
+@pytest.mark.parametrize("argv", [
+    ("inbox", "drain"), ("inbox", "commit", "--cursor", "1"), ("inbox", "ack", "--line", "1"),
+    ("inbox", "commit", "--slug", "alpha", "--cursor", "abc"), ("inbox", "commit", "--slug", "alpha"),
+    ("inbox", "ack", "--slug", "alpha", "--line", "x", "--kind", "tell", "--status", "answered"),
+])
+def test_a_missing_flag_or_malformed_value_is_a_usage_error(repo, argv):
+    """Exit 2 (usage), as for an unknown flag, with the JSON answer naming the flag;
+    exit 1 stays for a verb that failed."""
+    bdir = write_inbox(repo, *INBOX3)
+    code, out, _ = seam(*argv, cwd=repo)
+    assert code == 2 and "--" in out["error"], out
+    assert not (bdir / ".inbox-cursor.alpha").exists() and not (bdir / "fo-replies.jsonl").exists()
+    code, out, _ = seam("inbox", "ack", "--slug", "alpha", "--line", "9", "--id", "i9", "--kind",
+                        "tell", "--status", "answered", cwd=repo)
+    assert code == 1 and "does not exist" in out["error"]
+
+
 def test_commit_advances_monotonically(repo):
     bdir = write_inbox(repo, *(INBOX3 + INBOX3))
     assert seam("inbox", "commit", "--slug", "alpha", "--cursor", "5", cwd=repo)[1] == {"cursor": 5}
     assert seam("inbox", "commit", "--slug", "alpha", "--cursor", "2", cwd=repo)[1] == {"cursor": 5}
     assert (bdir / ".inbox-cursor.alpha").read_text() == "5\n"
     code, out, _ = seam("inbox", "commit", "--slug", "alpha", "--cursor", "x", cwd=repo)
-    assert code == 1 and out == {"cursor": 5, "error": "--cursor must be a line count, got 'x'"}
+    assert code == 2 and out == {"cursor": 5, "error": "--cursor must be a line count, got 'x'"}
     code, out, _ = seam("inbox", "commit", "--slug", "alpha", cwd=repo)
-    assert code == 1 and out == {"cursor": 5, "error": "negative --cursor"}  # Go's words
+    assert code == 2 and out == {"cursor": 5, "error": "negative --cursor"}  # Go's words
     code, out, _ = seam("inbox", "commit", "--slug", "alpha", "--cursor", cwd=repo)
     assert code == 2 and out["error"] == "missing value for --cursor"
 
@@ -1789,7 +1806,7 @@ def test_any_intent_id_bridge_wrote_can_be_acked(repo):
     for bad in ("i1\nforged", "i1\x01", "i1\x85"):
         code, out, _ = seam("inbox", "ack", "--slug", "alpha", "--line", "1", "--id", bad, "--kind",
                             "tell", "--status", "answered", cwd=repo)
-        assert code == 1 and out["error"].startswith("--id holds a control character (U+"), out
+        assert code == 2 and out["error"].startswith("--id holds a control character (U+"), out
 
 
 @pytest.mark.parametrize("argv,flag", [
@@ -1817,7 +1834,7 @@ def test_id_flags_are_checked_like_feed_naming_the_flag(repo, argv, flag):
     code, out, err = seam(*argv, cwd=repo)
     assert flag in out["error"] and err == "", out
     assert ("must match" in out["error"] or "may not start with -" in out["error"]), out
-    assert code == (0 if argv[0] in ("initiate", "alert") else 1)
+    assert code == (0 if argv[0] in ("initiate", "alert") else 2)  # usage
     assert out.get("queued", out.get("appended", out.get("status") != "failed")) is False
     assert files_under(repo / "_bridge") == before  # nothing written
 
@@ -1831,10 +1848,10 @@ def test_ship_id_takes_gos_workflow_entity_form_and_ack_status_is_checked(repo):
                                     ("tell", 1, "i1", "done")):
         code, out, _ = seam("inbox", "ack", "--slug", "alpha", "--line", str(line), "--id", rid,
                             "--kind", kind, "--status", status, cwd=repo)
-        assert code == 1 and "--status %s is not one Bridge accepts" % status in out["error"], out
+        assert code == 2 and "--status %s is not one Bridge accepts" % status in out["error"], out
     code, out, _ = seam("inbox", "ack", "--slug", "alpha", "--line", "1", "--id", "i1", "--kind", "tell",
                         "--status", "password=hunter2", cwd=repo)
-    assert code == 1 and "hunter2" not in out["error"]
+    assert code == 2 and "hunter2" not in out["error"]
     assert not (repo / "_bridge/fo-replies.jsonl").exists()
 
 
