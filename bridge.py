@@ -378,6 +378,8 @@ def make_dirs(path, root, create=True):
     create=False only checks the folders that exist."""
     import stat
     root, path = os.path.abspath(os.fspath(root)), os.path.abspath(os.fspath(path))
+    if create:
+        os.makedirs(root, exist_ok=True)  # `root` itself is trusted
     rel = os.path.relpath(path, root)
     if rel == os.pardir or rel.startswith(os.pardir + os.sep):
         raise BridgeError("%s is outside %s" % (path, root))
@@ -7202,6 +7204,7 @@ class RelayLog:
     """
 
     def __init__(self, root, captain_id, direction, config=None):
+        self.root = root
         self.path = os.path.join(root, "logs", "bridge", "%s_%s.log" % (
             captain_id, time.strftime("%Y%m%d")))
         self.direction = direction
@@ -7217,9 +7220,11 @@ class RelayLog:
         except (OSError, ValueError):
             pass
         try:
+            make_dirs(os.path.dirname(self.path), self.root)
             append_text(self.path, line)
-        except OSError as exc:
-            warn("cannot write relay log %s: %s" % (self.path, exc.strerror or exc))
+        except (OSError, BridgeError) as exc:
+            warn("cannot write relay log %s: %s" % (self.path, getattr(exc, "message", None)
+                                                    or exc.strerror or exc))
 
 
 def relay_lock(lock_path, config, log, what="queue"):
@@ -10144,7 +10149,12 @@ class ChangeSets:
     def record(self, cs_id, event, **fields):
         rec = {"ts": now_iso(), "change_set_id": cs_id, "event": event}
         rec.update(fields)
-        append_jsonl(self.log_path, self.redactor.redact_obj(rec))
+        append_jsonl(self.own_file(self.log_path), self.redactor.redact_obj(rec))
+
+    def own_file(self, path):
+        """`path` (under changes/.log or .locks), its folder made or checked like a change
+        set's: never a symlink to a place outside."""
+        return os.path.join(make_dirs(os.path.dirname(path), self.dir), os.path.basename(path))
 
     def ensure_excluded(self):
         """Keep changes/ out of `git status` (and so out of the worktree fingerprint): the
@@ -10159,7 +10169,7 @@ class ChangeSets:
 
         @contextlib.contextmanager
         def held():
-            path = os.path.join(self.dir, ".locks", "status.lock")
+            path = self.own_file(os.path.join(self.dir, ".locks", "status.lock"))
             fd = acquire_flock(path, timeout=10.0)
             if fd is None:
                 raise BridgeError("%s stayed locked for 10 s" % path, EXIT_LOCKED)
@@ -10613,7 +10623,7 @@ class ChangeExecutor:
 
     def acquire(self):
         cfg = self.sets.cfg
-        self.lock = FileLock(self.sets.lock_path, ttl_sec=cfg["lock_ttl_sec"],
+        self.lock = FileLock(self.sets.own_file(self.sets.lock_path), ttl_sec=cfg["lock_ttl_sec"],
                              meta={"command": "changes run", "root": self.sets.root})
         if not self.lock.acquire():
             raise BridgeError("another executor holds %s: %s" % (

@@ -1291,3 +1291,19 @@ def test_symlinked_change_set_folder_is_never_written_through(env):
     assert res.returncode != 0 and "%s is a symlink" % env.dir(cs_id) in res.stderr + res.stdout
     assert sorted(p.name for p in outside.iterdir()) == before
     assert (env.repo / "notes.txt").read_text() == "hello\n"
+
+
+@pytest.mark.parametrize("name", [".log", ".locks"])
+def test_symlinked_executor_state_folder_is_never_written_through(env, name):
+    cs_id = env.new("Add world", [task("t1", NOTES_PATCH)])
+    outside = env.tmp / "outside"
+    outside.mkdir()
+    folder = env.repo / "changes" / name
+    if folder.exists():
+        import shutil
+        shutil.rmtree(folder)
+    folder.symlink_to(outside)
+    res = env.run(timeout=20)
+    assert res.returncode == 2 and "%s is a symlink" % folder in res.stderr, res.stderr
+    assert list(outside.iterdir()) == []
+    assert (env.repo / "notes.txt").read_text() == "hello\n" and cs_id

@@ -997,3 +997,14 @@ def test_an_inbox_yaml_readers_cannot_read_is_not_appended_to(tmp_path):
     assert result.returncode == 0 and result.stdout == "cmd_001\n"      # queued all the same
     assert "WARN: inbox nudge failed" in result.stderr and "line 2:" in result.stderr
     assert inbox.read_text() == "messages:\n- content: 'never closed\n  read: false\n"
+
+
+def test_symlinked_log_folder_is_never_written_through(tmp_path):
+    root, _queue = make_root(tmp_path, fixture="legacy_queue.yaml", config={"relay": {"nudge": False}})
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (root / "logs").symlink_to(outside)
+    result = down(root, "miho", "main", "m", "p")
+    assert result.returncode == 0 and "cannot write relay log" in result.stderr
+    assert "%s is a symlink" % (root / "logs") in result.stderr
+    assert list(outside.iterdir()) == []
