@@ -3574,6 +3574,7 @@ class Watcher:
                     if self.stopping:
                         break
                     self.preflight()  # a task never runs to find it cannot write its result
+                    self.active = None
                     try:
                         outcome = self.process(os.path.join(tasks_dir, name))
                     except Exception as exc:  # the last line of defence: see internal_error
@@ -3998,7 +3999,6 @@ class Watcher:
             self.file_away(running, result)
             self.say("%s: %s (%s)%s" % (task_id, result["status"], result["reason"],
                                         (": " + result["detail"]) if result["detail"] else ""))
-        self.active = None
         return result["exit_path"]
 
     def log_exception(self, task_id, exc):

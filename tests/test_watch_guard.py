@@ -444,3 +444,17 @@ def test_a_folder_that_turns_unwritable_stops_the_watcher_before_the_next_task(q
     err = watcher.stderr.read()
     assert "cannot write %s" % (queue.handoff / "results") in err, err
     assert not runs.exists() and queue.names("tasks") == ["w2.json"]
+
+
+@pytest.mark.parametrize("levels", [500, 200000])
+def test_a_deep_task_left_in_running_never_crashes_a_start(queue, levels):
+    """What a watcher that crashed on such a task left behind (running/, no lock)."""
+    text = json.dumps(queue.task("deep3", extra=nested(levels))) if levels < 1000 \
+        else "[" * levels + "]" * levels
+    (queue.handoff / "running" / "deep3.json").write_text(text)
+    queue.put(queue.task("after3"))
+    out = queue.watch()
+    assert "Traceback" not in out.stderr and "internal error" not in out.stderr, out.stderr
+    assert queue.result("deep3")["status"] == "failed"
+    assert queue.names("running") == [] and "deep3.json" in queue.names("failed")
+    assert queue.result("after3")["status"] == "success"
