@@ -1183,20 +1183,18 @@ def split_command(value, what):
 #      maps and credentials, and their base64, URL-, JSON- and \u-escaped forms; plus
 #      `redaction_patterns` from the config (whole match).
 #
-# Python's `re` backtracks and has no timeout, so every
-# pattern starts with a literal (CPython then scans at ~1 GB/s with a fast prefix search),
-# bounds every repeat and never nests one. Matching resumes after each match, so each
-# adversarial shape (BEGIN floods, `eyJ` runs, `api_key=` x 100 000) stays linear. Most
-# token formats are a prefix ending in `_`, `-`, `.` or `~` and a random body: one scan
-# per separator finds a separator followed by random-looking characters, and a dict
-# lookup of the text before it names the format, so a hundred formats cost three scans.
-# Context rules are found by keyword on an ASCII-lowercased bytes copy, then matched at
-# that position only.
+# Python's `re` backtracks and has no timeout, so every pattern starts with a literal
+# (CPython then scans at GB/s with a fast prefix search), bounds every repeat and never
+# nests one. Matching resumes after each match, so each adversarial shape (BEGIN floods,
+# `eyJ` runs, `api_key=` x 100 000) stays linear. Most token formats are a prefix ending
+# in `_`, `-`, `.` or `~` and a random body: one scan per separator finds it after the
+# last two characters of some known prefix, and a dict lookup of the text before it
+# names the format, so a hundred formats cost four scans. Context rules are found by
+# keyword on an ASCII-lowercased bytes copy, then matched at that position only.
 
 REDACTED = "[REDACTED]"
 
-# Prefixed token formats: prefix -> (body regex, left boundary, chars before the prefix).
-# Left boundary: "" = anything may come before (the shape alone says token, so
+# Prefixed token formats: prefix -> (body regex, left boundary). Left boundary: "" = anything may come before (the shape alone says token, so
 # `notes_xoxb-...` is one), "w" = no letter or digit before, "t" = no letter, digit, `_`
 # or `-` before (short prefixes that occur inside words: `task-`, `disk_test_`).
 _AN = "[A-Za-z0-9]"
@@ -1637,20 +1635,22 @@ def _matches_at(low, gates, text):
         pos = max(m.end() if m else 0, g.end())
 
 
-def _unescape(text, start, end, escapes):
-    """(decoded, offsets) for text[start:end]: %XX and \\uXXXX decoded; offsets[i] is where
-    decoded character i starts in `text` (one extra entry: `end`)."""
-    out, offsets, at = [], [], start
+def _unescape_one(m):
+    """The character a %XX or \\uXXXX escape stands for."""
+    code = m.group()
+    return chr(int(code[1:] if code[0] == "%" else code[2:], 16))
+
+
+def _unescape_offsets(text, start, end, escapes):
+    """For text[start:end] decoded (_unescape_one): where each decoded character starts in
+    `text`, plus one entry for `end`."""
+    offsets, at = [], start
     for m in escapes.finditer(text, start, end):
-        out.append(text[at:m.start()])
         offsets.extend(range(at, m.start()))
-        code = m.group()
-        out.append(chr(int(code[1:] if code[0] == "%" else code[2:], 16)))
         offsets.append(m.start())
         at = m.end()
-    out.append(text[at:end])
     offsets.extend(range(at, end + 1))
-    return "".join(out), offsets
+    return offsets
 
 
 class Redactor:
@@ -2137,18 +2137,20 @@ class Redactor:
         rx = self._rx
         if "%" not in text and "\\u" not in text:
             return
-        done = 0
-        hits = [g for gate in rx["escape_gates"] for g in gate.finditer(text)]
-        for g in sorted(hits, key=lambda g: g.start()):
-            if g.start() < done:
-                continue
-            start = _line_start(text, g.start(), "\n")
-            end = text.find("\n", g.end(), g.end() + 4096)
-            end = min(len(text), g.end() + 4096) if end < 0 else end
-            decoded, offsets = _unescape(text, start, end, rx["escape"])
-            for a, b in self.spans(decoded, decoded=True):
-                spans.append((offsets[a], offsets[b]))
-            done = end
+        for gate in rx["escape_gates"]:
+            done = 0
+            while True:                           # one pass per line (8 KiB at most)
+                g = gate.search(text, done)
+                if g is None:
+                    break
+                start = max(_line_start(text, g.start(), "\n"), done - 256)   # overlap: a value cut
+                end = text.find("\n", g.end(), g.end() + 4096)
+                end = min(len(text), g.end() + 4096) if end < 0 else end
+                found = self.spans(rx["escape"].sub(_unescape_one, text[start:end]), decoded=True)
+                if found:                         # map back only what was found
+                    offsets = _unescape_offsets(text, start, end, rx["escape"])
+                    spans.extend((offsets[a], offsets[b]) for a, b in found)
+                done = end
 
 
 def _positions(text, char):
