@@ -145,6 +145,15 @@ def printable(text):
     return _CONTROL_CHARS.sub(lambda m: "\\x%02x" % ord(m.group()), text)
 
 
+def user_config_file(name):
+    """`name` in bridge.py's folder of the user's configuration, outside every repository:
+    $XDG_CONFIG_HOME/bridge, else ~/.config/bridge (keys and tokens that agents must not read)."""
+    base = os.environ.get("XDG_CONFIG_HOME", "")
+    if not os.path.isabs(base):
+        base = os.path.join(os.path.expanduser("~"), ".config")
+    return os.path.join(base, "bridge", name)
+
+
 def warn(message):
     """One line on stderr, prefixed so it is clear who is talking."""
     try:
@@ -7892,6 +7901,7 @@ class Proxy:
         self.exit_code = 0                              # what run() returns
         # -- observability --
         self.obs = None                                 # the ObservabilityServer, once started
+        self.token_file = None                          # where the drawn dashboard token was written
         self.events_left = 0                            # mcp:* events still allowed this second
         self.events_reset = 0.0                         # when that allowance starts again
         self.started = monotonic()                      # for uptime
@@ -8655,6 +8665,11 @@ class Proxy:
                     done.set()
             if self.obs is not None:
                 self.obs.stop()
+            if self.token_file:
+                try:
+                    os.unlink(self.token_file)
+                except OSError:
+                    pass
             self.finish()
             os.set_blocking(1, blocking)
             for sig, handler in old.items():
@@ -8764,11 +8779,34 @@ class Proxy:
         cfg = self.cfg["observability"]
         if not cfg["enabled"]:
             return self.log("info", "observability: disabled (observability.enabled, BRIDGE_OBS_ENABLED)")
-        obs = ObservabilityServer(cfg["host"], cfg["port"], token=cfg["token"],
+        # Safe by default (as Jupyter): with no token configured, one is drawn for this run, so
+        # another user of the machine cannot drive /control. An empty token turns that off.
+        token = cfg["token"]
+        if token is None:
+            import secrets
+            token = secrets.token_urlsafe(24)
+        obs = ObservabilityServer(cfg["host"], cfg["port"], token=token or None,
                                   allowed_origins=tuple(cfg["allowed_origins"]), control=self.control,
                                   log=lambda text: self.log("info", text))
         if obs.start():
             self.obs = obs
+            if cfg["token"] is None:
+                self.share_token(obs, token)
+
+    def share_token(self, obs, token):
+        """Tell the user the drawn token: the dashboard URL with it on stderr (never redacted:
+        it is the way in) and in a file only they can read, removed when the proxy stops."""
+        host = obs.host.strip("[]")
+        url = "http://%s:%d/?token=%s" % ("[%s]" % host if ":" in host else host, obs.port, token)
+        path = user_config_file("proxy-%d.url" % obs.port)
+        try:
+            os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
+            atomic_write(path, url + "\n", mode=0o600)
+            self.token_file, where = path, "; also in %s" % path
+        except OSError as exc:
+            where = "; not written to %s: %s" % (path, exc)
+        self.write_stderr(printable("bridge proxy: info: dashboard with this run's token: %s%s" % (
+            url, where)).encode("utf-8") + b"\n")
 
 
 def proxy_command(cfg, argv=None):
@@ -10223,13 +10261,7 @@ class ChangeSets:
     # approval there counts only with a MAC made by `approve` with a key the agent cannot
     # read: outside the repository, mode 0600.
     def approval_key_path(self):
-        path = self.cfg["approval_key"]
-        if not path:
-            base = os.environ.get("XDG_CONFIG_HOME", "")
-            if not os.path.isabs(base):
-                base = os.path.join(os.path.expanduser("~"), ".config")
-            path = os.path.join(base, "bridge", "approval.key")
-        path = os.path.expanduser(path)
+        path = os.path.expanduser(self.cfg["approval_key"] or user_config_file("approval.key"))
         if not os.path.isabs(path):  # relative to what? the repository is the wrong answer
             raise BridgeError("changes.approval_key must be an absolute path (or start with ~), "
                               "not %r" % path, EXIT_USAGE)

@@ -133,7 +133,7 @@ def with_dashboards(n=40000):
     if not hasattr(module, "ObservabilityServer"):
         return None
     port = free_port()
-    env = {"BRIDGE_OBS_ENABLED": "true", "BRIDGE_OBS_PORT": str(port)}
+    env = {"BRIDGE_OBS_ENABLED": "true", "BRIDGE_OBS_PORT": str(port), "BRIDGE_OBS_TOKEN": ""}  # no token: raw sockets
     rates = []
     for _ in range(RUNS):
         holder = {}

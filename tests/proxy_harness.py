@@ -24,6 +24,7 @@ spec.loader.exec_module(bridge)
 class RecordingServer:
     def __init__(self, host, port, token=None, allowed_origins=(), control=None, log=None, max_queue=1000):
         self.control, self.lock, self.running = control, threading.Lock(), False
+        self.host, self.port, self.token = host, port, token
         self.events = open(EVENTS, "a")
 
     def start(self):

@@ -36,7 +36,7 @@ class Session:
         if command is None:
             command = SERVER + ["--log", str(self.log)] + list(server_args)
         cmd += ["--"] + command
-        base = {"BRIDGE_OBS_ENABLED": "false"}
+        base = {"BRIDGE_OBS_ENABLED": "false", "XDG_CONFIG_HOME": str(tmp_path / "config")}
         if "lifecycle" not in (config or {}):
             base["BRIDGE_RESTART_COOLDOWN"] = "20"
         if harness:
@@ -1015,7 +1015,7 @@ def test_events_stream_receives_doctor_crashed(session):
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         port = probe.getsockname()[1]
-    s = session(env={"BRIDGE_OBS_ENABLED": "true", "BRIDGE_OBS_PORT": str(port)})
+    s = session(env={"BRIDGE_OBS_ENABLED": "true", "BRIDGE_OBS_PORT": str(port), "BRIDGE_OBS_TOKEN": ""})
     s.request("ping", mid=1)
     s.recv()
     events = _ws_events(port)

@@ -2,6 +2,7 @@
 over the real /events and /control WebSockets (the server class itself is covered in
 test_proxy_obs.py)."""
 import json
+import os
 import re
 import subprocess
 import threading
@@ -18,7 +19,9 @@ pytestmark = pytest.mark.skipif(
 
 
 class ProxyRun:
-    """`bridge.py proxy -- fixture` with pipes; stderr collected by a thread."""
+    """`bridge.py proxy -- fixture` with pipes; stderr collected by a thread. The dashboard
+    token is off (BRIDGE_OBS_TOKEN=""), unless a test passes BRIDGE_OBS_TOKEN=None for the
+    default (a token drawn per run)."""
 
     def __init__(self, tmp_path, config=None, server_args=(), argv_extra=(), **env):
         options = []
@@ -30,8 +33,9 @@ class ProxyRun:
              str(FIXTURES / "mcp_server.py"), "--log", str(tmp_path / "server.jsonl")]
             + list(server_args) + list(argv_extra),
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=tmp_path,
-            env=clean_env(**dict({"BRIDGE_OBS_PORT": "0", "BRIDGE_RESTART_COOLDOWN": "100"},
-                                 **env)))
+            env=clean_env(**{k: v for k, v in dict({
+                "BRIDGE_OBS_PORT": "0", "BRIDGE_RESTART_COOLDOWN": "100", "BRIDGE_OBS_TOKEN": "",
+                "XDG_CONFIG_HOME": str(tmp_path / "config")}, **env).items() if v is not None}))
         self.err = []
         threading.Thread(target=lambda: self.err.extend(
             line.decode("utf-8", "replace") for line in self.proc.stderr), daemon=True).start()
@@ -412,3 +416,34 @@ def test_dashboard_keeps_the_last_crash_pinned_under_load_in_headless_chromium(t
     finally:
         browser.close()
         assert run.close() == 0, "".join(run.err)
+
+
+def test_a_token_is_drawn_per_run_unless_one_is_set_or_turned_off(tmp_path):
+    run = ProxyRun(tmp_path, BRIDGE_OBS_TOKEN=None)
+    try:
+        port = run.port()
+        deadline = time.time() + 10
+        while not any("this run's token" in line for line in run.err):
+            assert time.time() < deadline, "".join(run.err)
+            time.sleep(0.05)
+        line = next(line for line in run.err if "this run's token" in line)
+        url, token, path = re.search(r"(http://127\.0\.0\.1:%d/\?token=([\w-]+)); also in (\S+)" % port,
+                                     line).groups()
+        assert len(token) >= 32 and path == str(tmp_path / "config" / "bridge" / ("proxy-%d.url" % port))
+        assert (tmp_path / "config" / "bridge" / ("proxy-%d.url" % port)).read_text() == url + "\n"
+        assert os.stat(path).st_mode & 0o777 == 0o600
+        assert os.stat(os.path.dirname(path)).st_mode & 0o777 == 0o700
+        for target in ("/", "/control", "/events"):     # another local user cannot get in
+            assert http_request(port, target, headers=upgrade_headers())[0] == 401
+        assert http_request(port, "/?token=" + token)[0] == 200
+        control = WsClient(port, "/control", query="?token=" + token)
+        assert control.command("bridge:stats", id=1)["ok"]
+    finally:
+        assert run.close() == 0, "".join(run.err)
+    assert not os.path.exists(path)                     # the run is over: so is its token
+    run = ProxyRun(tmp_path / "config")                 # turned off (BRIDGE_OBS_TOKEN="")
+    try:
+        assert WsClient(run.port(), "/control").command("bridge:stats", id=1)["ok"]
+        assert not any("this run's token" in line for line in run.err)
+    finally:
+        assert run.close() == 0
