@@ -6793,7 +6793,8 @@ class YamlSubset:
             if line[after:after + 1] == ":" and line[after + 1:after + 2] in ("", " "):
                 return after + 1
             return None
-        if not self._PLAIN_FIRST.match(line, col):
+        if not self._PLAIN_FIRST.match(line, col) or (
+                col == 0 and re.match(r"(?:---|\.\.\.)(?: |\Z)", line)):   # a document marker
             return None
         m = self._KEY_END.search(line, col)
         if m is None or m.group() == " #":

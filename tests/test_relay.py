@@ -870,6 +870,7 @@ EDGES = [   # (text, readable): relay and PyYAML agree; None: PyYAML reads it, r
     ("a: =\n", False), ("a: x\tb\n", False), ("a: |2-\n   x\n", True), ("a: |0\n  x\n", False),
     ("a: {b: c, d}\n", True), ("a: [b, [c]]\n", None), ("a: [b\n", False), ("a: x # c\n  y\n", False),
     ("a:\n- x\n y\n", True), ("a: 'x'y\n", False), ("a: b: c\n", False), ("? a\n: b\n", None),
+    ("a: 1\n--- b: 2\n", False), ("a: 1\n... b: 2\n", False), ("---x: 1\n", True),
 ]
 
 
@@ -893,7 +894,7 @@ def mutations(rng, count):
     texts += [p.read_text(encoding="utf-8") for p in sorted((RELAY_FIX / "inbox").glob("*.yaml"))]
     pieces = list(" -:#'\"\n[]{},|>&*!%@`?\t=<\\0") + [
         "  ", "\n  ", "\n- ", ": ", " #", "''", "\n\n", "\n# c\n", "\n    ", "2026-02-30",
-        "0x_", "\\x4", "\\U0011", "\\\\U", "---\n", "\n---x: 1\n", "\ncommands:\n", "\n  - x\n", "\n- id: cmd_5\n", "日"]
+        "0x_", "\\x4", "\\U0011", "\\\\U", "---\n", "\n---x: 1\n", "\n--- k: v\n", "\ncommands:\n", "\n  - x\n", "\n- id: cmd_5\n", "日"]
     for _ in range(count):
         text = rng.choice(texts)
         for _ in range(rng.randint(1, 3)):
