@@ -3265,7 +3265,7 @@ class Fingerprint:
     def __init__(self, handoff, git_dir, task_id):
         self.handoff, self.task_id = handoff, task_id
         common = _read_small(os.path.join(git_dir, "commondir"))
-        self.common = common = os.path.normpath(os.path.join(git_dir, common)) if common else git_dir
+        common = os.path.normpath(os.path.join(git_dir, common)) if common else git_dir
         self.git_paths = [os.path.join(common, "config"), os.path.join(git_dir, "config.worktree"),
                           os.path.join(common, "hooks"), os.path.join(common, "info")]
         own = {handoff.path("logs", task_id + ".log"),
@@ -3355,12 +3355,8 @@ class Fingerprint:
         return notes
 
     def move_aside(self, path):
-        if path.startswith(self.handoff.base + os.sep):
-            rel = os.path.join("ai-handoff", os.path.relpath(path, self.handoff.base))
-        else:
-            rel = os.path.relpath(path, self.common)
-            rel = os.path.join("git", os.path.basename(path) if rel.startswith(os.pardir) else rel)
-        target = os.path.join(self.aside, rel)
+        rel = self.display(path)  # .git/... or .ai-handoff/... (else outside the work tree)
+        target = os.path.join(self.aside, os.path.basename(path) if os.path.isabs(rel) else rel)
         os.makedirs(os.path.dirname(target), exist_ok=True)
         if os.path.lexists(target):
             target += "." + random_hex(2)
@@ -3368,8 +3364,6 @@ class Fingerprint:
         return target
 
     def display(self, path):
-        if path.startswith(self.handoff.base + os.sep):
-            return os.path.join(HANDOFF_DIR, os.path.relpath(path, self.handoff.base))
         root = os.path.dirname(self.handoff.base)
         return os.path.relpath(path, root) if path.startswith(root + os.sep) else path
 

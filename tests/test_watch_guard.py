@@ -244,7 +244,7 @@ def test_agent_editing_git_config_fails_as_tampered_restored_and_the_queue_stops
     assert (r["status"], r["reason"]) == ("failed", "agent_tampered"), out.stderr
     assert ".git/config" in r["detail"] and any(".git/config changed" in n for n in r["tampered"])
     assert config.read_bytes() == original  # restored
-    aside = queue.handoff / "meta" / "t1.tampered" / "git" / "config"
+    aside = queue.handoff / "meta" / "t1.tampered" / ".git" / "config"
     assert aside.read_text().endswith("fsmonitor = evil\n")  # the agent's version kept
     assert "agent_tampered" in (queue.handoff / "logs" / "t1.log").read_text()
     assert out.returncode == 1 and queue.names("tasks") == ["t2.json"]  # stopped either way
@@ -258,7 +258,7 @@ def test_planted_hook_and_info_attributes_are_moved_aside_and_named(queue):
     assert ".git/hooks/post-checkout" in r["detail"] and ".git/info/attributes" in r["detail"]
     assert not (queue.repo / ".git" / "hooks" / "post-checkout").exists()
     assert not (queue.repo / ".git" / "info" / "attributes").exists()
-    assert (queue.handoff / "meta" / "t1.tampered" / "git" / "hooks" / "post-checkout").exists()
+    assert (queue.handoff / "meta" / "t1.tampered" / ".git" / "hooks" / "post-checkout").exists()
 
 
 def test_gitattributes_pointing_files_at_a_filter_is_tampering_other_lines_are_not(queue):
