@@ -1618,7 +1618,8 @@ def config_secrets(config):
                 name = str(key).lower()
                 if not isinstance(value, str):
                     walk(value, name == "env")
-                elif _COMPILED["secret_name"].search(name) or in_env and (
+                elif any(word in name for word in _SECRET_WORDS) and _COMPILED["secret_name"].search(
+                        name) or in_env and (
                         _COMPILED["env_name"].search(name) and not _COMPILED["env_not_name"].search(name)
                         or "/" not in value and _looks_random(value.strip() or "/")):
                     found.append(value)
