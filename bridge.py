@@ -4129,7 +4129,8 @@ class Watcher:
         prompt_path = self.handoff.path("meta", task_id + ".prompt.md")
         # The agent reads the task as written (like the task file in running/, stored as
         # given); the copy kept once the agent is done is redacted.
-        atomic_write(prompt_path, prompt)
+        kept = self.redact(prompt)
+        atomic_write(prompt_path, prompt, durable=kept == prompt)
         result["artifacts"]["prompt"] = self.handoff.rel(prompt_path)
         log_path = self.handoff.path("logs", task_id + ".log")
         result["artifacts"]["logs"] = self.handoff.rel(log_path)
@@ -4155,7 +4156,8 @@ class Watcher:
             ran = self.run_child(argv, task, "agent", env=env)
             self.tamper_check(guard, result, "the editing agent")  # before any further git call
         finally:
-            self.write_redacted(prompt_path, prompt)
+            if kept != prompt:
+                atomic_write(prompt_path, kept)
         self.log(task_id, "--- agent: %s\n--- stdout\n%s\n--- stderr\n%s\n--- agent %s%s\n" % (
             " ".join(self.executor), ran.stdout, ran.stderr, ran.describe(), dropped_note(ran)))
         result["executor"] = {
@@ -11173,7 +11175,12 @@ def add_watch_parsers(subparsers):
     parser = add_command(subparsers, "watch", cmd_watch,
                          "run the watcher: take queued tasks through the Bridge Protocol",
                          "python3 scripts/bridge.py watch --once     # process the queue, then exit\n"
-                         "python3 scripts/bridge.py watch --poll 2   # keep watching")
+                         "python3 scripts/bridge.py watch --poll 2   # keep watching",
+                         "run the watcher: take queued tasks through the Bridge Protocol\n\n"
+                         "exit codes: 0 all done, 1 the queue stopped on a failure, 2 usage or "
+                         "configuration,\n3 another watcher holds the lock, 4 a task of this run "
+                         "needs a person (blocked,\nrefused, failed, waiting for approval), 128+N "
+                         "signal N interrupted a task (re-queued)")
     parser.add_argument("--once", action="store_true", help="process what is queued, then exit")
     parser.add_argument("--poll", type=poll_seconds, metavar="SECONDS",
                         help="polling interval when idle (default: poll_sec, 1 s)")
