@@ -11591,7 +11591,7 @@ def add_relay_parsers(subparsers):
     up.add_argument("captain_id")
     up.add_argument("cluster_session")
     up.add_argument("cmd_id")
-    up.add_argument("status")
+    up.add_argument("status", help="one of " + ", ".join(RELAY_STATUSES))
     up.add_argument("summary")
     up.add_argument("--force", action="store_true",
                     help="relay even when a no-relay condition holds")
