@@ -3665,12 +3665,16 @@ class Watcher:
 
     def recover(self, task_id, path, task, meta, why):
         """Recovery of a stale run: every process group of the run killed, the work
-        parked and the base checked out again, result, bead blocked, re-queue or failed/."""
-        lock = FileLock(self.handoff.path("locks", task_id + ".lock"))
+        parked and the base checked out again, result, bead blocked, re-queue or failed/.
+        The new lock carries what the run recorded, so a crash during the recovery is
+        recovered the same way."""
+        meta = meta or {}
+        lock = FileLock(self.handoff.path("locks", task_id + ".lock"), meta={
+            key: meta[key] for key in ("task_id", "timeout_sec", "attempt", "base_branch",
+                                       "base_commit", "branch") if key in meta})
         if not lock.acquire():
             return
         try:
-            meta = meta or {}
             killed = kill_recorded_groups(meta)
             if task is None:
                 safe = task_id if re.fullmatch(TASK_ID_PATTERN, task_id) else "invalid-" + random_hex()

@@ -115,3 +115,23 @@ def test_sigkill_between_result_and_move_keeps_the_task_file(git_repo, tmp_path,
     assert queue.result(TASK) == before
     assert queue.names("running") == [] and queue.names(state) == ["k.json"]
     assert queue.names("locks") == ["__worker__.lock"]
+
+
+def test_sigkill_during_the_recovery_is_recovered_again(git_repo, tmp_path):
+    """The recovery itself dies right after parking the work as a WIP commit: the next
+    start still knows the base and the task branch, and returns to the base."""
+    queue = Queue(git_repo, tmp_path, protected_branches=["main"])
+    queue.put(queue.task(TASK, agent={"write": {"k.txt": "k\n"}, "kill_watcher": "end"},
+                         retry_policy={"max_attempts": 2}))
+    assert queue.watch().returncode == -signal.SIGKILL  # the agent killed it after its edit
+    env = dict(queue.env)
+    env["PATH"] = git_wrapper(tmp_path / "bin", "commit -q --no-verify", tmp_path / "crashed") \
+        + os.pathsep + env["PATH"]
+    assert queue.watch(env=env).returncode == -signal.SIGKILL  # died after the WIP commit
+    assert branch(queue.repo) == "feat/ai/k"
+    out = queue.watch()
+    assert out.returncode == 0, out.stderr
+    assert queue.result(TASK)["status"] == "success" and queue.result(TASK)["attempt"] == 2
+    assert branch(queue.repo) == "main"
+    assert git(queue.repo, "status", "--porcelain", "--untracked-files=all") == ""
+    assert queue.names("running") == [] and queue.names("tasks") == []
