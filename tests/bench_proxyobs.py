@@ -27,7 +27,7 @@ EVENT = {"from": "client", "method": "tools/call", "id": 12345, "size": 1024,
 def reader(port, counts, index, stop):
     sock = socket.create_connection(("127.0.0.1", port))
     key = base64.b64encode(os.urandom(16)).decode()
-    sock.sendall(("GET /events HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\nConnection: Upgrade"
+    sock.sendall(("GET /events HTTP/1.1\r\nHost: 127.0.0.1\r\nUpgrade: websocket\r\nConnection: Upgrade"
                   "\r\nSec-WebSocket-Key: %s\r\nSec-WebSocket-Version: 13\r\n\r\n" % key).encode())
     sock.settimeout(0.5)
     while not stop.is_set():
