@@ -1379,7 +1379,7 @@ _KV_RULE = (r"(?P<q>\\{0,2}[\"']?)"
 _KV_AMP = r"&(?![A-Za-z_][A-Za-z0-9_.\[\]-]{0,60}=)[^\s\"'`,;<>(){}\[\]\\]{1,2048}"
 _SECRET_NAME = (r"(?:passw(?:or)?d|passphrase|(?:^|[-_.])pwd|secret|token|credentials?"
                 r"|authorization|(?:^|[-_.o])auth|cookie|signature|(?:^|[-_.])sig"
-                r"|[-_.]session|(?:client|private)[-_.]?key[-_.]?data|secret[-_.]?key[-_.]?base"
+                r"|[-_]session|(?:client|private)[-_.]?key[-_.]?data|secret[-_.]?key[-_.]?base"
                 r"|(?:%s)[-_.]?key)$"
                 % "|".join(p.decode() for p in _STRONG_KEY_PREFIXES))
 # Keys that end like a secret's name without holding one (pagination and progress tokens).
@@ -1400,7 +1400,8 @@ _AUTH_SCHEMES = frozenset("bearer basic token bot apikey sso-key digest negotiat
 # An identifier or dotted name: `api_key = args.api_key` assigns a variable, not a secret.
 _CODE_VALUE = r"[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)+|[A-Za-z_][A-Za-z0-9_]*"
 _SECRET_WORDS = ("pass", "passwd", "password", "passwords", "passphrase", "pwd", "secret", "secrets",
-                 "token", "tokens", "key", "keys", "auth", "credential", "credentials", "creds")
+                 "token", "tokens", "key", "keys", "auth", "credential", "credentials", "creds",
+                 "signature", "session", "cookie")
 
 # XML: <password>...</password> (Maven settings.xml, any element with a secret's name),
 # <add key="ClearTextPassword" value="..."/> (NuGet, .NET appSettings),
@@ -1564,8 +1565,11 @@ def _is_placeholder(value):
 
 def _names_a_variable(value):
     """True if `value` reads as a variable (`token=access_token`, `apiKey: userApiKey`,
-    `password=password`): an identifier without digits that ends in a secret's word."""
-    return not any(c.isdigit() for c in value) and value.lower().endswith(_SECRET_WORDS)
+    `password=password`, `key = aws_access_key_id`): an identifier without digits that ends
+    in a secret's word, or a snake_case one that holds one."""
+    low = value.lower()
+    return not any(c.isdigit() for c in value) and (low.endswith(_SECRET_WORDS) or (
+        "_" in value and value == low and any(word in low for word in _SECRET_WORDS)))
 
 
 def _looks_random(value):
@@ -2000,19 +2004,27 @@ class Redactor:
                         stripped = rest.lstrip(" ")
                         begin += len(value) - len(stripped)
                         value = stripped
-                if (not value or value[0] in ":=" or _is_placeholder(value)
-                        or value.isdigit() and len(value) < 6 or value.lower() in _AUTH_SCHEMES):
+                if (not value or value[0] in ":=" or _is_placeholder(value) or group != "bare"
+                        and value[0] in " \t" or value.lstrip("-").isdigit() and len(value) < 6
+                        or value.lower() in _AUTH_SCHEMES):
                     if group != "bare":        # look inside: "${X} password=hunter2"
                         pos = min(pos, begin + (value.find(" ") + 1 or len(value)) + 1)
                     continue
                 if m.group("scheme") and value.isalpha() and value.islower():
                     continue               # "Auth: token from the header" is prose
+                if m.group("op") == ":" and value.isalpha() and not value.islower():
+                    continue               # "eks-auth:AssumeRole": a name, not a secret
+                if group != "bare" and rx["code_value"].fullmatch(value) and (
+                        value.count(".") > 1 or _names_a_variable(value)):
+                    continue               # "next_token", "serverAuth", "pkg.mod.func" quoted
                 end = m.end(group)
                 if group == "bare" and not m.group("scheme"):
                     after = text[end:end + 1]
                     if value.isalpha() and rx["prose"].match(text, end):
                         continue           # `Password: Enter your password` is prose
                     if after in ("(", "[") or "||" in value or "&&" in value or rx["code_value"].fullmatch(value) and (
+                            value[0].isupper() and value.isalpha() and (
+                                text[end:end + 1] in (",", "=", ")", "]") or text[end:end + 2] in (" |", " =")) or
                             "." in value or _names_a_variable(value)
                             or len(value) < 8 and value.islower() and not any(c.isdigit() for c in value)):
                         continue           # code: `password = getpass()`, `token=token`, `key: str`, `a||b`
@@ -2026,6 +2038,8 @@ class Redactor:
                             end = amp.end()
                 if weak and not (len(value) >= 16 and any(c.isdigit() for c in value)):
                     continue
+                if name.endswith(("sig", "signature")) and not _looks_random(value):
+                    continue               # sig='ii->i': a ufunc's, a function's signature
                 if name.endswith("cookie"):    # every cookie in the header, not just the first
                     end = rx["line_rest"].match(text, begin).end()
                 spans.append((begin, end))
@@ -2040,8 +2054,8 @@ class Redactor:
                 decoded = binascii.a2b_base64(m.group("v") + "=" * (-len(m.group("v")) % 4))
             except (binascii.Error, ValueError):
                 continue
-            if b":" in decoded:
-                spans.append(m.span("v"))
+            if b":" in decoded and decoded.isascii() and decoded.decode("ascii").isprintable():
+                spans.append(m.span("v"))      # "user:password" ("Basic Options" is prose)
         if not short or "</" in text:
             for m in rx["xml_element"].finditer(text):
                 name = m.group(1).lower().rpartition(":")[2]
@@ -2115,8 +2129,13 @@ class Redactor:
                 if line.strip() and b"machine " not in line and b"login " not in line:
                     continue
                 value = rx["cli_value"].match(text, g.end())
-                if value and not _is_placeholder(value.group(value.lastindex)):
-                    spans.append(value.span(value.lastindex))
+                if not value or _is_placeholder(value.group(value.lastindex)):
+                    continue
+                rest = low[value.end():value.end() + 12].lstrip(b" \t")
+                if not line.strip() and rest[:1] not in (b"", b"\n", b"\r") and not rest.startswith(
+                        (b"machine", b"login", b"account", b"macdef", b"default")):
+                    continue                       # "password used to unlock ..." is prose
+                spans.append(value.span(value.lastindex))
         lone = not short or "\n" in text and any(word in text.lower() for word in _SECRET_COMMAND_WORDS)
         for m in rx["lone_line"].finditer(text) if lone else ():
             value = m.group(1)
