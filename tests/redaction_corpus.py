@@ -478,6 +478,13 @@ def negatives(seed=21):
         add("ids:configmap-b64", "data:\n  settings.json: %s" % base64.b64encode(json.dumps({"theme": w, "retries": 3}).encode()).decode())
         add("log:config-words", "INFO [db] cache loaded config token import loaded %s in %dms\n"
             "the config key lookup failed; config password policy: strict" % (sha(8), g.num(1, 900)))
+        add("code:libraries", "self.signature = signature\nhttp_session=http_session,\n"
+            "ACCESS_KEY = 'aws_access_key_id'\nprivate_key: CertificateIssuerPrivateKeyTypes,\n"
+            "self._session: Session | None = None\n\"identitystore-auth:ListSessions\",\n"
+            "signature = \"hypothesis.database._EDMeta.__call__\"\nsig='ii->i', token = -1\n"
+            "ExtendedKeyUsageOID.SERVER_AUTH: \"serverAuth\",\n\"input_token\": \"next_token\",\n"
+            "<a href=\"manual.html#basicopts\">2.7.2. Basic Options</a>\n"
+            "password used to unlock a certificate; expecting the \"password:\" prompt")
         add("ids:prose-2", "Using secret key from the environment; rotate your API key and token regularly. Password policy: 12+ chars.")
         add("ids:cert", "-----BEGIN CERTIFICATE-----\nMIIB%s\n-----END CERTIFICATE-----" % s(60, B64))
     return out
