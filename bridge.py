@@ -9879,7 +9879,7 @@ class McpClient:
         tail = [t for t in self._stderr_tail if t][-3:]
         if tail:
             msg += "; stderr: " + " | ".join(tail)
-        return get_redactor().redact(msg)
+        return printable(get_redactor().redact(msg))
 
     def notify(self, method, params=None):
         self._send({"jsonrpc": "2.0", "method": method, "params": params or {}})
@@ -9918,9 +9918,9 @@ class McpClient:
             if err is not None:
                 if not isinstance(err, dict):
                     err = {"message": str(err)}
-                raise McpError("%s failed: %s%s" % (
+                raise McpError(printable("%s failed: %s%s" % (
                     _mcp_label(method, params), err.get("message", "error"),
-                    " (%s)" % err["code"] if "code" in err else ""),
+                    " (%s)" % err["code"] if "code" in err else "")),
                     err.get("code"), err.get("data"))
             return msg.get("result")
 
@@ -9932,7 +9932,7 @@ class McpClient:
         if not isinstance(result, dict):
             return result
         if result.get("isError"):
-            raise McpError("%s failed: %s" % (name, _mcp_text(result)), "tool_error")
+            raise McpError(printable("%s failed: %s" % (name, _mcp_text(result))), "tool_error")
         if "structuredContent" in result:
             return result["structuredContent"]
         blocks = result.get("content")
@@ -10205,7 +10205,7 @@ class ChangeSets:
                          log=self.say)
 
     def say(self, msg):
-        sys.stderr.write("bridge changes: %s\n" % self.redactor.redact(msg))
+        sys.stderr.write("bridge changes: %s\n" % printable(self.redactor.redact(msg)))
 
     def record(self, cs_id, event, **fields):
         rec = {"ts": now_iso(), "change_set_id": cs_id, "event": event}
@@ -10516,7 +10516,12 @@ class ChangeSets:
         fp = info.get("fingerprint") if isinstance(info, dict) else None
         if not isinstance(fp, dict):
             raise BridgeError("snapshot.info returned no fingerprint object", EXIT_FAILED)
-        return canonical_sha256(fp)
+        try:
+            return canonical_sha256(fp)
+        except CanonicalJSONError as exc:  # the id is a hash of canonical JSON: no floats
+            raise BridgeError("snapshot.info returned a fingerprint that canonical JSON cannot "
+                              "hold, so no worktree base state can be derived from it (%s); "
+                              "pass --snapshot ID to anchor to a snapshot" % exc, EXIT_FAILED)
 
     def stale_base(self, client, base):
         """Why `base` is no longer the repository's state (the worktree fingerprint moved, or
@@ -11081,7 +11086,9 @@ def approver_name(root):
 
 
 def changeset_approve(sets, cs_id):
-    """Tier-2 human approval: pending_review -> approved; the next run executes it."""
+    """Tier-2 human approval: pending_review -> approved; the next run executes it. Returns
+    (status, changed, paths): `paths`, the files the plan's patches write as git reads them
+    now, is what the approval covers (the task list and status are the agent's to rewrite)."""
     if not os.path.isdir(sets.path(cs_id)):
         raise BridgeError("no change set %s in %s" % (cs_id, sets.dir))
     with sets.status_lock():
@@ -11090,7 +11097,7 @@ def changeset_approve(sets, cs_id):
             raise BridgeError("%s has not been validated yet: run `bridge.py changes run` first"
                               % cs_id, EXIT_FAILED)
         if status["state"] == "pending_review" and status.get("decision") == "approved":
-            return status, False
+            return status, False, []
         if status["state"] != "pending_review" or status.get("decision") != "review_required":
             extra = ""
             if str(status.get("reason", "")).startswith("tier3"):
@@ -11105,13 +11112,14 @@ def changeset_approve(sets, cs_id):
         if validated != meta["plan_sha256"]:
             raise BridgeError("%s: the plan changed since it was validated; not approved"
                               % cs_id, EXIT_FAILED)
+    paths = sorted(set(p for found in sets.patch_paths(plan)[0].values() for p in found))
     user = approver_name(sets.root)
     approval = {"approved_at": now_iso(), "by": user, "plan_sha256": meta["plan_sha256"]}
     approval["mac"] = sets.approval_mac(sets.approval_key(create=True), cs_id, approval)
     status = sets.write_status(cs_id, "pending_review", "approved",
                                "approved by %s (Tier 2); the next `changes run` executes it"
                                % user, meta=meta, prev=status, approval=approval)
-    return status, True
+    return status, True, paths
 
 
 # =============================================================================
@@ -11752,7 +11760,7 @@ def cmd_changes_validate(args):
         raise BridgeError("no change set %s in %s" % (cs_id, sets.dir))
     meta, plan, problems = sets.load(cs_id)
     for code, msg in problems:
-        print("%s: %s: %s" % (cs_id, code, msg))
+        print(printable("%s: %s: %s" % (cs_id, code, msg)))
     if problems:
         return EXIT_FAILED
     if not sets.mcp_configured():
@@ -11764,15 +11772,15 @@ def cmd_changes_validate(args):
         client.start()
         outcome, code, reason, details = sets.check_online(client, meta, plan)
     except (McpError, McpServerGone) as exc:
-        print("%s: mcp_error: %s" % (cs_id, exc))
+        print(printable("%s: mcp_error: %s" % (cs_id, exc)))
         return EXIT_FAILED
     finally:
         client.close()
     if outcome == "reject":
         for problem in details.get("problems") or ["%s: %s" % (code, reason)]:
-            print("%s: %s" % (cs_id, problem))
+            print(printable("%s: %s" % (cs_id, problem)))
         return EXIT_FAILED
-    print("%s: valid; the executor would decide %s: %s" % (cs_id, code, reason))
+    print(printable("%s: valid; the executor would decide %s: %s" % (cs_id, code, reason)))
     return EXIT_OK
 
 
@@ -11821,14 +11829,15 @@ def cmd_changes_status(args):
                       "reason": reason}
         if args.json:
             print(json.dumps(status, ensure_ascii=False, sort_keys=True, indent=2))
-        else:
+        else:  # the status file is the agent's to write too: its text is printed inert
             for key in ("change_set_id", "state", "decision", "reason"):
-                print("%-14s %s" % (key + ":", status.get(key)))
-            ex = status.get("execution") or {}
+                print(printable("%-14s %s" % (key + ":", status.get(key))))
+            ex = status.get("execution") if isinstance(status.get("execution"), dict) else {}
             if ex.get("completed_task_ids") or ex.get("last_error"):
-                print("%-14s %s" % ("completed:", ", ".join(ex.get("completed_task_ids") or [])
-                                    or "-"))
-                print("%-14s %s" % ("last_error:", ex.get("last_error") or "-"))
+                done = ex.get("completed_task_ids")
+                print(printable("%-14s %s" % ("completed:", ", ".join(map(str, done)) if
+                                              isinstance(done, list) and done else "-")))
+                print(printable("%-14s %s" % ("last_error:", ex.get("last_error") or "-")))
         return EXIT_OK
     rows = []
     for cs_id in sets.ids():
@@ -11844,8 +11853,8 @@ def cmd_changes_status(args):
     if not rows:
         print("no change sets in %s" % sets.dir)
     for row in rows:
-        print("%-16s %-16s %s  %s" % (row["state"], row["decision"] or "-",
-                                      row["change_set_id"], row["reason"] or ""))
+        print(printable("%-16s %-16s %s  %s" % (row["state"], row["decision"] or "-",
+                                                row["change_set_id"], row["reason"] or "")))
     if holder[0] == "held":
         print("executor running: %s" % describe_holder(holder[1]))
     return EXIT_OK
@@ -11853,9 +11862,12 @@ def cmd_changes_status(args):
 
 def cmd_changes_approve(args):
     sets = _changes_open(args)
-    status, changed = changeset_approve(sets, safe_name(args.id, "change set id"))
+    status, changed, paths = changeset_approve(sets, safe_name(args.id, "change set id"))
     cs_id = status["change_set_id"]
     print("%s %s" % (cs_id, "approved" if changed else "already approved"))
+    if changed:  # what was signed, read from the plan itself: check it is what you reviewed
+        print("plan sha256 %s; its patches write: %s" % (
+            status["approval"]["plan_sha256"], ", ".join(paths) or "(no patch)"))
     # Approving a change set the executor can only refuse is a wasted review: say so now.
     try:
         with sets.client() as client:

@@ -1307,3 +1307,59 @@ def test_symlinked_executor_state_folder_is_never_written_through(env, name):
     assert res.returncode == 2 and "%s is a symlink" % folder in res.stderr, res.stderr
     assert list(outside.iterdir()) == []
     assert (env.repo / "notes.txt").read_text() == "hello\n" and cs_id
+
+
+def test_text_from_the_server_and_the_agent_reaches_the_terminal_inert(tmp_path):
+    # A server error quoting a file, a 05-status.json reason and a folder name written by the
+    # planning agent held terminal escapes (set the title, erase the line and print
+    # `completed`) and were printed raw by run, validate and status.
+    env = Env(tmp_path)
+    cs_id = env.new("Add world", [task("t1", NOTES_PATCH)])
+    env.configure(["--escapes"])
+    res = env.run()
+    assert res.returncode == 1 and "\\x1b]0;owned\\x07" in res.stderr, res.stderr
+    res2 = env.cli("validate", cs_id)
+    assert res2.returncode == 1 and "\\x1b[2K\\x0dcompleted" in res2.stdout, res2.stdout
+    planted = env.dir(cs_id) / "05-status.json"
+    planted.write_bytes(B.canonical_json(dict(env.status(cs_id), reason="x\x1b[2K\rcompleted")))
+    (env.repo / "changes" / "odd\x1b[31m").mkdir()
+    res3 = env.cli("status")
+    res4 = env.cli("status", cs_id)
+    for out in (res.stdout + res.stderr, res2.stdout + res2.stderr, res3.stdout + res3.stderr,
+                res4.stdout + res4.stderr):
+        assert "\x1b" not in out and "\r" not in out and "\x07" not in out, repr(out)
+    assert "x\\x1b[2K\\x0dcompleted" in res3.stdout and "odd\\x1b[31m" in res3.stdout
+    assert "x\\x1b[2K\\x0dcompleted" in res4.stdout
+
+
+def test_approve_shows_what_it_signs_not_what_the_agent_says(tmp_path):
+    # Between validation and approve the agent swapped the plan (a patch of notes.txt too),
+    # fixed plan_sha256, validated_against and kept the old 03-task-list.md: approve signed
+    # the new plan and printed only "ID approved". It must show what it signs, from the plan.
+    env = Env(tmp_path)
+    cs_id = env.new("Change login", [task("t1", AUTH_PATCH)])
+    env.run()
+    assert env.status(cs_id)["state"] == "pending_review"
+    doc = json.loads((env.dir(cs_id) / "02-implementation-plan.json").read_bytes())
+    doc["tasks"][0]["params"]["patch"] = AUTH_PATCH + NOTES_PATCH
+    (env.dir(cs_id) / "02-implementation-plan.json").write_bytes(B.canonical_json(doc))
+    meta = json.loads((env.dir(cs_id) / "00-meta.json").read_bytes())
+    meta["plan_sha256"] = B.canonical_sha256(doc)
+    (env.dir(cs_id) / "00-meta.json").write_bytes(B.canonical_json(meta))
+    status = env.status(cs_id)
+    status["validated_against"]["plan_sha256"] = meta["plan_sha256"]
+    (env.dir(cs_id) / "05-status.json").write_bytes(B.canonical_json(status))
+    res = env.cli("approve", cs_id)
+    assert res.returncode == 0, res.stderr
+    assert "plan sha256 %s; its patches write: notes.txt, src/auth.py" % meta["plan_sha256"] \
+        in res.stdout, res.stdout
+
+
+def test_a_fingerprint_with_a_float_is_a_clear_server_error(tmp_path):
+    # `new` exited 2 (usage) with "$.mtime: number ... is not an integer": no word of the
+    # server, snapshot.info or what to do.
+    env = Env(tmp_path, server_args=["--float-fingerprint"])
+    res = env.new("Add world", [task("t1", NOTES_PATCH)], ok=False)
+    assert res.returncode == 1, res.stderr
+    assert "snapshot.info returned a fingerprint that canonical JSON cannot hold" in res.stderr
+    assert "$.mtime" in res.stderr and "--snapshot ID" in res.stderr
