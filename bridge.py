@@ -236,8 +236,7 @@ def open_input(path):
     return os.fdopen(_open_regular(os.fspath(path), os.O_RDONLY), "rb")
 
 
-class _Missing:
-    pass
+_Missing = object()  # read_input's default for `missing`: a missing file is an error
 
 
 def read_input(path, what="file", limit=INPUT_MAX_BYTES, missing=_Missing):
@@ -280,20 +279,23 @@ def read_json_file(path, what="file", limit=INPUT_MAX_BYTES, missing=_Missing):
 def check_json_depth(data, limit=JSON_MAX_DEPTH):
     """ValueError when the JSON text `data` (str or bytes) nests deeper than `limit`.
 
-    Counted by a scan, not by recursion: brackets inside strings are skipped. Text with
-    fewer opening brackets than the limit (every ordinary record) is not scanned at all."""
+    Counted without recursion: strings are dropped, then each pass removes the innermost
+    bracket pairs, one level at a time. Text with fewer opening brackets than the limit
+    (every ordinary record) is not scanned at all."""
     b = isinstance(data, bytes)
     if data.count(b"[" if b else "[") + data.count(b"{" if b else "{") <= limit:
         return
-    depth = 0
-    for token in re.findall(rb'"(?:[^"\\]|\\.)*"?|[][{}]' if b else r'"(?:[^"\\]|\\.)*"?|[][{}]',
-                            data, re.S):
-        if token in (b"[", b"{", "[", "{"):
-            depth += 1
-            if depth > limit:
-                raise ValueError("JSON nested deeper than %d levels" % limit)
-        elif token in (b"]", b"}", "]", "}"):
-            depth -= 1
+    string, other = (rb'"[^"\\]*(?:\\.[^"\\]*)*"?', rb"[^][{}]+") if b else \
+        (r'"[^"\\]*(?:\\.[^"\\]*)*"?', r"[^][{}]+")
+    rest = re.sub(other, data[:0], re.sub(string, data[:0], data, flags=re.S))
+    rest = rest.decode("ascii") if b else rest
+    rest = rest.replace("{", "[").replace("}", "]")
+    for _ in range(limit):
+        if "[]" not in rest:
+            return
+        rest = rest.replace("[]", "")
+    if "[]" in rest:
+        raise ValueError("JSON nested deeper than %d levels" % limit)
 
 
 def parse_json(data, **hooks):

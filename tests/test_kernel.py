@@ -526,6 +526,7 @@ def test_json_nesting_limit_without_recursion(tmp_path):
             bridge.parse_json(data)
     # brackets inside strings do not count; the limit itself is fine
     assert bridge.parse_json('["' + "[" * 5000 + '"]') == ["[" * 5000]
+    assert bridge.parse_json(b'["\\"' + b"[" * 5000 + b'"]') == ['"' + "[" * 5000]
     ok = "[" * 256 + "]" * 256
     assert bridge.parse_json(ok) is not None
     path = tmp_path / "deep.json"
