@@ -3692,7 +3692,7 @@ class Watcher:
         meta = meta or {}
         lock = FileLock(self.handoff.path("locks", task_id + ".lock"), meta={
             key: meta[key] for key in ("task_id", "timeout_sec", "attempt", "base_branch",
-                                       "base_commit", "branch") if key in meta})
+                                       "base_commit", "branch", "dirty_before") if key in meta})
         if not lock.acquire():
             return
         try:
@@ -3711,7 +3711,8 @@ class Watcher:
                 self.write_redacted(prompt_path, build_prompt(task))
             result = self.new_result(task)
             result["lock"] = {"recovered_from": meta, "why": why, "groups_killed": killed}
-            result["git"].update({key: meta.get(key) for key in ("base_branch", "base_commit", "branch")})
+            result["git"].update({key: meta.get(key) for key in (
+                "base_branch", "base_commit", "branch", "dirty_before")})
             parking = self.park_interrupted(task_id, result, "stale_lock_recovered")
             retry = task["attempt"] < task["retry_policy"]["max_attempts"]
             detail = "task lock was stale (%s); %s" % (
@@ -4127,7 +4128,8 @@ class Watcher:
         if base_branch is None or base_branch in self.protected:
             branch = "feat/ai/" + task_id
         # recorded before any git change: a crash from here on returns to this base
-        self.note_in_task_lock(base_branch=base_branch, base_commit=snap["head"], branch=branch)
+        self.note_in_task_lock(base_branch=base_branch, base_commit=snap["head"], branch=branch,
+                               dirty_before=snap["dirty"])
         if branch != base_branch:
             made = self.git.run("checkout", "-q", "-b", branch, check=False)
             if made.ok:
@@ -4346,14 +4348,17 @@ class Watcher:
         """Commit a task's unfinished work on its branch (WIP, when there is any) and go
         back to the base. Nothing is reverted: the next task (or the re-run) starts from
         a clean base, and the work stays on the branch for inspection. A checkout that is
-        not on the task's branch any more is not the task's to commit."""
+        not on the task's branch any more is not the task's to commit, nor is a task
+        branch that is the base itself when it was dirty before the task (allow_dirty:
+        those changes are the user's)."""
         git_state = result["git"]
         snap = self.git_snapshot()
         git_state.update(head_commit=snap["head"], status_after_verify=snap["status"],
                          dirty_after_verify=snap["dirty"])
         branch = git_state.get("branch")
         if not branch or snap["current_branch"] != branch or (
-                branch == git_state.get("base_branch") and not snap["dirty"]):
+                branch == git_state.get("base_branch") and (
+                    not snap["dirty"] or git_state.get("dirty_before"))):
             return
         if snap["dirty"]:
             git_state["wip_commit"] = self.commit_all(

@@ -135,3 +135,23 @@ def test_sigkill_during_the_recovery_is_recovered_again(git_repo, tmp_path):
     assert branch(queue.repo) == "main"
     assert git(queue.repo, "status", "--porcelain", "--untracked-files=all") == ""
     assert queue.names("running") == [] and queue.names("tasks") == []
+
+
+def test_a_stop_on_your_own_dirty_branch_commits_nothing_of_yours(git_repo, tmp_path):
+    """A task allowed to run in a dirty checkout of an unprotected branch: interrupted, it
+    leaves the checkout as it is (the changes from before are yours), re-queued."""
+    queue = Queue(git_repo, tmp_path)
+    git(queue.repo, "checkout", "-q", "-b", "work")
+    base = git(queue.repo, "rev-parse", "HEAD")
+    (queue.repo / "mine.txt").write_text("my own change\n")
+    pids = tmp_path / "pids"
+    queue.put(queue.task(TASK, allow_dirty=True, agent={"write": {"k.txt": "k\n"}, "sleep": 60,
+                                                        "pidfile": str(pids)}))
+    watcher = queue.popen_watch("--once")
+    assert wait_for(lambda: pids.exists() and pids.read_text().strip())
+    watcher.send_signal(signal.SIGTERM)
+    assert watcher.wait(20) == 128 + signal.SIGTERM
+    assert git(queue.repo, "rev-parse", "HEAD") == base and branch(queue.repo) == "work"
+    assert "?? mine.txt" in git(queue.repo, "status", "--porcelain")
+    assert [h["reason"] for h in queue.history(TASK)] == ["interrupted"]
+    assert queue.names("tasks") == ["k.json"] and queue.names("running") == []
