@@ -4190,7 +4190,7 @@ class Watcher:
         result["executor"] = {
             "argv": [self.redact(a)[:500] for a in self.executor],
             "exit_code": ran.exit_code, "timed_out": ran.timed_out, "signal": ran.signal,
-            "duration_ms": int(ran.duration * 1000),
+            "duration_ms": int(ran.duration * 1000), "dropped_bytes": ran.dropped_bytes,
             "stdout": cap_text(self.redact(ran.stdout), self.cap, task_id),
             "stderr": cap_text(self.redact(ran.stderr), self.cap, task_id),
             "error": ran.error,
@@ -4217,7 +4217,7 @@ class Watcher:
                 command, done.stdout, done.stderr, done.describe(), dropped_note(done)))
             result["commands"].append({
                 "cmd": command, "exit_code": done.exit_code, "timed_out": done.timed_out,
-                "duration_ms": int(done.duration * 1000),
+                "duration_ms": int(done.duration * 1000), "dropped_bytes": done.dropped_bytes,
                 "stdout": cap_text(self.redact(done.stdout), self.cap, task_id),
                 "stderr": cap_text(self.redact(done.stderr), self.cap, task_id),
             })

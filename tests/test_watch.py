@@ -573,6 +573,7 @@ def test_output_beyond_the_capture_cap_keeps_head_and_real_tail(queue, tmp_path)
     assert queue.watch(timeout=120).returncode == 0
     r = queue.result("loud")
     assert r["commands"][0]["stdout"].endswith("z\nzFINAL-SUMMARY\n")
+    assert r["commands"][0]["dropped_bytes"] > 500000 and r["executor"]["dropped_bytes"] == 0
     log = (queue.handoff / "logs" / "loud.log").read_text()
     assert log.count("HEAD-START") == 1 and log.count("FINAL-SUMMARY") == 1
     assert "bytes cut here: over the capture cap" in log and "cut from the middle" in log
