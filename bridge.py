@@ -10174,6 +10174,10 @@ class ChangeSets:
         self.config = config
         self.cfg = config["changes"]
         self.dir = os.path.join(self.root, self.cfg["dir"])
+        # Folders are checked from the repository down, changes/ itself included (an agent
+        # can put a link there); a folder configured outside the repository is yours.
+        inside = not os.path.relpath(self.dir, self.root).startswith(os.pardir)
+        self.top = self.root if inside else self.dir
         self.lock_path = os.path.join(self.dir, ".locks", "worktree.lock")
         self.log_path = os.path.join(self.dir, ".log", "executor.jsonl")
         self.redactor = get_redactor(config)
@@ -10184,7 +10188,7 @@ class ChangeSets:
         naming it (nothing is read or written through it)."""
         safe_name(cs_id, "change set id")
         base = os.path.join(self.dir, cs_id)
-        return os.path.join(make_dirs(base, self.dir, create=False), name) if name else base
+        return os.path.join(make_dirs(base, self.top, create=False), name) if name else base
 
     def ids(self):
         try:
@@ -10222,7 +10226,7 @@ class ChangeSets:
     def own_file(self, path):
         """`path` (under changes/.log or .locks), its folder made or checked like a change
         set's: never a symlink to a place outside."""
-        return os.path.join(make_dirs(os.path.dirname(path), self.dir), os.path.basename(path))
+        return os.path.join(make_dirs(os.path.dirname(path), self.top), os.path.basename(path))
 
     def ensure_excluded(self):
         """Keep changes/ out of `git status` (and so out of the worktree fingerprint): the
@@ -11037,7 +11041,7 @@ def changeset_new(sets, subject, plan_path, arch_path=None, snapshot=None, workt
         files.append((CS_ARCH, arch.encode("utf-8")))
     # The meta goes last: its presence with the plan is what makes the change set READY.
     files.append((CS_META, canonical_json(meta)))
-    os.makedirs(sets.dir, exist_ok=True)
+    make_dirs(sets.dir, sets.top)
     tmp = os.path.join(sets.dir, ".new-%s.%s" % (cs_id, random_hex()))
     os.mkdir(tmp)
     try:

@@ -1363,3 +1363,23 @@ def test_a_fingerprint_with_a_float_is_a_clear_server_error(tmp_path):
     assert res.returncode == 1, res.stderr
     assert "snapshot.info returned a fingerprint that canonical JSON cannot hold" in res.stderr
     assert "$.mtime" in res.stderr and "--snapshot ID" in res.stderr
+
+
+def test_a_symlinked_changes_folder_is_never_written_through(env):
+    # changes/ itself replaced by a link to a folder outside: the executor read the change set
+    # there, wrote its 05-status.json, the decision log and the locks through the link.
+    import shutil
+    cs_id = env.new("Add world", [task("t1", NOTES_PATCH)])
+    outside = env.tmp / "outside"
+    shutil.copytree(str(env.repo / "changes"), str(outside))
+    shutil.rmtree(str(env.repo / "changes"))
+    (env.repo / "changes").symlink_to(outside)
+    before = sorted(str(p.relative_to(outside)) for p in outside.rglob("*"))
+    res = env.run(timeout=20)
+    assert res.returncode == 2 and "%s is a symlink" % (env.repo / "changes") in res.stderr, \
+        res.stderr
+    assert sorted(str(p.relative_to(outside)) for p in outside.rglob("*")) == before
+    assert (env.repo / "notes.txt").read_text() == "hello\n" and cs_id
+    res = env.cli("status")
+    assert "is a symlink" in res.stdout + res.stderr
+    assert sorted(str(p.relative_to(outside)) for p in outside.rglob("*")) == before
