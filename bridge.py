@@ -4846,13 +4846,7 @@ def seam_trim(path, max_lines, keep_lines, protect=None, seen=None):
                 return False  # another process trimmed it first
         except FileNotFoundError:
             return False
-        chunks = []
-        while True:
-            block = os.read(fd, 1 << 20)
-            if not block:
-                break
-            chunks.append(block)
-        data = b"".join(chunks)
+        data = handle.read()
         lines = data.split(b"\n")
         partial = lines.pop()  # b"" when the file ends with a newline
         if seen is not None:
@@ -6616,23 +6610,28 @@ class YamlSubset:
     (`=`, `<<`, `0x_`, 2026-02-30).
     """
 
-    _PLAIN_FIRST = re.compile(r"[^\s\-?:,\[\]{}#&*!|>'\"%@`]|-[^\s:,\[\]{}]")
-    _FLOW_PLAIN = re.compile(r"(?:[^\s\-?:,\[\]{}#&*!|>'\"%@`]|-[^\s,\[\]{}#:])[^,?\[\]{}#:\t]*")
-    _KEY_END = re.compile(r":(?: |\Z)| #")
-    _BLOCK_HEADER = re.compile(r"[|>](?:([1-9])[+-]?|[+-]([1-9])?)?(?: +(?:#.*)?)?\Z")
-    _PRINTABLE = re.compile("[^\t\n\x20-\x7e\xa0-\u2027\u202a-\ud7ff\ue000-\ufefe\uff00-\ufffd"
-                            "\U00010000-\U0010ffff]")
-    _SINGLE = re.compile(r"(?:[^']|'')*")
-    _DOUBLE = re.compile(r'(?:[^"\\]|\\[0abt\tnvfre "/\\N_LP]|\\x[0-9A-Fa-f]{2}'
-                         r'|\\u[0-9A-Fa-f]{4}|\\U[0-9A-Fa-f]{8})*')
-    _TIMESTAMP = re.compile(
-        r"(\d{4})-(\d\d)-(\d\d)\Z|(\d{4})-(\d\d?)-(\d\d?)(?:[Tt]|[ \t]+)(\d\d?):(\d\d):(\d\d)"
-        r"(?:\.\d*)?(?:[ \t]*(?:Z|[-+](\d\d?)(?::(\d\d))?))?\Z")
+    # Compiled by the first check, not at import: hooks import this module on every tool
+    # call, and compiling these (the Unicode class above all) costs them milliseconds.
+    _PATTERNS = dict(
+        _PLAIN_FIRST=r"[^\s\-?:,\[\]{}#&*!|>'\"%@`]|-[^\s:,\[\]{}]",
+        _FLOW_PLAIN=r"(?:[^\s\-?:,\[\]{}#&*!|>'\"%@`]|-[^\s,\[\]{}#:])[^,?\[\]{}#:\t]*",
+        _KEY_END=r":(?: |\Z)| #",
+        _BLOCK_HEADER=r"[|>](?:([1-9])[+-]?|[+-]([1-9])?)?(?: +(?:#.*)?)?\Z",
+        _PRINTABLE="[^\t\n\x20-\x7e\xa0-\u2027\u202a-\ud7ff\ue000-\ufefe\uff00-\ufffd"
+                   "\U00010000-\U0010ffff]",
+        _SINGLE=r"(?:[^']|'')*",
+        _DOUBLE=r'(?:[^"\\]|\\[0abt\tnvfre "/\\N_LP]|\\x[0-9A-Fa-f]{2}'
+                r'|\\u[0-9A-Fa-f]{4}|\\U[0-9A-Fa-f]{8})*',
+        _TIMESTAMP=r"(\d{4})-(\d\d)-(\d\d)\Z|(\d{4})-(\d\d?)-(\d\d?)(?:[Tt]|[ \t]+)"
+                   r"(\d\d?):(\d\d):(\d\d)(?:\.\d*)?(?:[ \t]*(?:Z|[-+](\d\d?)(?::(\d\d))?))?\Z")
 
     _RUNS = {}                   # (dash column or None, key column) -> compiled run
 
     def __init__(self, path, text):
         import itertools
+        if "_PRINTABLE" not in vars(YamlSubset):
+            for name, pattern in self._PATTERNS.items():
+                setattr(YamlSubset, name, re.compile(pattern))
         self.path = path
         self.text = text
         self.lines = text.split("\n")
