@@ -1556,7 +1556,7 @@ def _literal_prefix(pattern):
 def _is_placeholder(value):
     """True for values that stand for a secret rather than being one: `${VAR}`, `$VAR`,
     `%VAR%`, `{{ var }}`, `<...>`, `your-...-here`, runs of `*`, `x`, `•`, masks such as
-    `[REDACTED]` or `gho_****`, documentation examples (AWS's `...EXAMPLE`), versions,
+    `[REDACTED]` or `gho_****`, documentation examples (AWS's `...EXAMPLEKEY`), versions,
     the empty string."""
     low = value.lower()
     return (not value or value[0] in "$%<{*[" or "redacted" in low or "{{" in value
@@ -1798,9 +1798,8 @@ class Redactor:
                 if token[1] in "KSBC3" and token[:2] != "AC" and len(token) == 20 \
                         and not any(c.isdigit() for c in token[4:]):
                     continue                       # AWS-shaped word: no digit
-                if token[:2] in ("SK", "AC") and (token[2:].isdigit() or token[2:].isalpha()) \
-                        or token.endswith("EXAMPLE"):
-                    continue                       # AKIAIOSFODNN7EXAMPLE: AWS's documentation
+                if token[:2] in ("SK", "AC") and (token[2:].isdigit() or token[2:].isalpha()):
+                    continue
                 spans.append(m.span())
         # Prefilters for short texts (a hook's ids, one log line): a rule whose literal is not
         # there is not even compiled. A long text gets every rule: their own literal-led scans

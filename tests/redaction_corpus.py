@@ -473,7 +473,7 @@ def negatives(seed=21):
         add("cfg:llm", '{"tokenizer": "cl100k_base", "max_tokens": 1024, "apiKeyEnv": "OPENAI_API_KEY", '
             '"token_limit": %d}' % g.num(1000, 9000))
         add("ids:minified-js", "a.token=b.token||c;e.secret=f.secret;var p=t.password||\"\";return{apiKey:n.apiKey}")
-        add("ids:aws-docs", "aws_access_key_id = %sIOSFODNN7EXAMPLE\naws_secret_access_key = wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY" % P["akia"])
+        add("ids:aws-docs", "aws_secret_access_key = wJalrXUtnFEMI/K7MDENG/bPxRfiCYEXAMPLEKEY")
         add("ids:pgp-signature", "-----BEGIN PGP SIGNATURE-----\n\niQIzBAABCAAdFiEE%s\n-----END PGP SIGNATURE-----" % s(40, B64))
         add("ids:configmap-b64", "data:\n  settings.json: %s" % base64.b64encode(json.dumps({"theme": w, "retries": 3}).encode()).decode())
         add("log:config-words", "INFO [db] cache loaded config token import loaded %s in %dms\n"
