@@ -2636,11 +2636,13 @@ class Git:
     def _contents(files):
         """What tells a change of these files: stat's size, times and inode (a write always
         moves ctime), or the errno of a missing one. One stat each: run() asks every call."""
+        import stat
         signature = []
         for path in files:
             try:
-                st = os.stat(path)
-                signature.append((st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino))
+                st = os.stat(path)  # a folder (.git itself) is one: git writes in it all the time
+                signature.append("dir" if stat.S_ISDIR(st.st_mode) else
+                                 (st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino))
             except OSError as exc:
                 signature.append(exc.errno)
         return signature

@@ -458,3 +458,15 @@ def test_a_deep_task_left_in_running_never_crashes_a_start(queue, levels):
     assert queue.result("deep3")["status"] == "failed"
     assert queue.names("running") == [] and "deep3.json" in queue.names("failed")
     assert queue.result("after3")["status"] == "success"
+
+
+def test_filter_drivers_are_listed_again_only_when_a_config_file_changes(queue, tmp_path):
+    """One `git config` listing per Git object, not per git call (the bench's 1.5x budget)."""
+    trace = tmp_path / "trace"
+    for n in range(3):
+        queue.put(queue.task("c%d" % n))
+    out = queue.watch(env=clean_env(GIT_TRACE=str(trace)))
+    assert out.returncode == 0, out.stderr
+    calls = [line for line in trace.read_text().splitlines() if "built-in: git" in line]
+    listings = [line for line in calls if " config -z --show-origin --list" in line]
+    assert len(calls) > 20 and 1 <= len(listings) <= 2, listings  # the watcher's, init's
