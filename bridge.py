@@ -10459,26 +10459,26 @@ class ChangeSets:
         root = os.path.realpath(self.root)
         rel = [os.path.relpath(os.path.realpath(os.path.join(root, p)), root) for p in (
             CONFIG_FILE_NAME, self.config.get("_source") or "", os.path.abspath(__file__))]
-        return {p.replace(os.sep, "/").casefold() for p in rel
+        return {_fold_name(p.replace(os.sep, "/")) for p in rel
                 if p not in (".", os.pardir) and not p.startswith(os.pardir + os.sep)}
 
     def forbidden_path(self, path):
         """Why a patch may not touch `path` (relative to the root, as git names it), or None:
         outside the repository, inside .git or changes/ (the executor's records and other
-        change sets), or at or through a symlink in the repository. Names are compared
-        case-insensitively, as case-insensitive file systems (macOS) would resolve them."""
+        change sets), or at or through a symlink in the repository. Names are compared as a
+        case-insensitive file system (macOS) would resolve them (_fold_name)."""
         import stat
         parts = path.split("/")
         if path.startswith("/") or any(p in ("", ".", "..") for p in parts):
             return "outside the repository"
-        folded = [p.casefold() for p in parts]
+        folded = [_fold_name(p) for p in parts]
         if ".git" in folded:
             return "inside .git/"
         if "/".join(folded) in self.rule_files():
             return "bridge.py's own code or configuration, which set the rules every change " \
                    "set is judged by"
         own = os.path.relpath(self.dir, self.root).replace(os.sep, "/")
-        if folded[:len(own.split("/"))] == own.casefold().split("/"):
+        if folded[:len(own.split("/"))] == _fold_name(own).split("/"):
             return "inside %s/ (change sets and the executor's records)" % own
         current = self.root
         for part in parts:
@@ -10645,6 +10645,13 @@ class ChangeSets:
                 if any(p == f or p.startswith(f + "/") for p in paths):
                     touched.add(str(feat.get("feature_id")))
         return sorted(touched), "features.overview"
+
+
+def _fold_name(name):
+    """`name` as macOS compares file names: case folded, without the code points HFS+
+    ignores (U+200C..U+200F, U+202A..U+202E, U+206A..U+206F, U+FEFF: the set git's
+    core.protectHFS knows), so `.GIT` and `chan<U+200C>ges` are `.git` and `changes`."""
+    return re.sub("[\u200c-\u200f\u202a-\u202e\u206a-\u206f\ufeff]", "", name).casefold()
 
 
 def _canonical_safe(value):

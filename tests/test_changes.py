@@ -911,6 +911,9 @@ INTO_CHANGES = {
                      "@@ -0,0 +1 @@\n+%s\n" % FORGED,
     "upper-case .GIT": "--- /dev/null\n+++ b/.GIT/hooks/pre-commit\n@@ -0,0 +1 @@\n+evil\n",
     "quoted .git": '--- /dev/null\n+++ "b/\\056git/hooks/pre-commit"\n@@ -0,0 +1 @@\n+x\n',
+    # U+200C, which HFS+ ignores in names: changes/ on a Mac
+    "HFS+-ignored code point": '--- /dev/null\n+++ "b/chan\\342\\200\\214ges/victim/05-status.'
+                               'json"\n@@ -0,0 +1 @@\n+x\n',
     "through a symlinked folder": "--- a/linked/guide.md\n+++ b/linked/guide.md\n"
                                   "@@ -1 +1 @@\n-guide\n+better guide\n",
     "through a symlink out of the repository": "--- /dev/null\n+++ b/out/planted.txt\n"
