@@ -352,7 +352,7 @@ def atomic_write(path, data, mode=None, durable=True):
         except FileNotFoundError:
             mode = None
     tmp = os.path.join(directory, ".%s.%s.tmp" % (os.path.basename(path)[:80], random_hex()))
-    fd = create_once(tmp, 0o666)
+    fd = create_once(tmp, 0o666 if mode is None else 0o600)   # never readable by others meanwhile
     try:
         try:
             write_all(fd, data)
@@ -9204,10 +9204,12 @@ class ObservabilityServer:
         self.listener, self.origins = None, ()
         self.names = None     # the Host names served (start); None: any (a wildcard bind)
         self.lock, self.conns, self.events = threading.Lock(), set(), set()
-        # recent events for new /events clients: relayed traffic apart, so that a flood of it
-        # never pushes out a crash or bridge.py's own replies; (number, event), merged in order
-        self.history = collections.deque(maxlen=OBS_HISTORY)
-        self.kept = collections.deque(maxlen=OBS_HISTORY)
+        # recent events for new /events clients, (number, event) by kind, merged in order: so
+        # that a flood of one kind (traffic and the lines dropped from it, bridge.py's own
+        # replies) never pushes out a crash; of bridge:stats only the newest is worth showing
+        self.history = {kind: collections.deque(maxlen=OBS_HISTORY)
+                        for kind in ("traffic", "replies", "lifecycle")}
+        self.history["stats"] = collections.deque(maxlen=1)
         self.published = 0
 
     @property
@@ -9304,7 +9306,8 @@ class ObservabilityServer:
     def attach(self, conn):
         if conn.path == "/events":
             with self.lock:
-                recent = sorted(list(self.history) + list(self.kept), key=lambda item: item[0])
+                recent = sorted((item for kind in self.history.values() for item in kind),
+                                key=lambda item: item[0])
                 for _n, event in recent[max(0, len(recent) - self.max_queue // 2):]:
                     conn.push(ws_text_frame(event))
                 self.events.add(conn)
@@ -9317,10 +9320,12 @@ class ObservabilityServer:
     def publish(self, event_type, data=None):
         """Fan an event out to /events clients; never blocks; drops clients that fall behind."""
         event = {"ts": int(time.time() * 1000), "type": event_type, "data": data}
-        relayed = event_type.startswith("mcp:") and not (data.__class__ is dict and data.get("from") == "bridge")
+        ours = data.__class__ is dict and data.get("from") == "bridge"
+        kind = "stats" if event_type == "bridge:stats" else "lifecycle" if event_type[:4] != "mcp:" and \
+            event_type != "bridge:dropped" else "replies" if ours else "traffic"
         with self.lock:
             self.published += 1
-            (self.history if relayed else self.kept).append((self.published, event))
+            self.history[kind].append((self.published, event))
             if not self.events:
                 return
             frame = ws_text_frame(event)

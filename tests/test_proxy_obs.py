@@ -931,3 +931,21 @@ def test_lifecycle_events_outlive_a_flood_of_relayed_ones_in_the_history(harness
     assert kinds.index(("doctor:crashed", None)) < kinds.index(("mcp:response", "bridge")) < \
         kinds.index(("mcp:request", None))                 # in the order they happened
     assert seen[-1]["data"]["id"] == 3 * BRIDGE_MODULE.OBS_HISTORY - 1
+
+
+def test_the_last_crash_outlives_stats_and_dropped_lines_in_the_history(harness):
+    # bridge:stats comes every 5 s and on every state change (200 of them: 17 idle minutes), and a
+    # server that prints its banner to stdout makes a bridge:dropped per line: neither may push the
+    # last crash out of what a dashboard opened later is shown.
+    harness.server.publish("doctor:crashed", {"generation": 1, "stderrTail": ["boom"]})
+    for i in range(2 * BRIDGE_MODULE.OBS_HISTORY):
+        harness.server.publish("bridge:stats", {"uptime": i})
+        harness.server.publish("bridge:dropped", {"from": "doctor", "reason": "malformed JSON", "n": i})
+    ws = WsClient(harness.port, "/events")
+    seen = [ws.recv_json()]
+    while seen[-1]["data"].get("n") != 2 * BRIDGE_MODULE.OBS_HISTORY - 1:   # the last event published
+        seen.append(ws.recv_json())
+    kinds = [e["type"] for e in seen]
+    assert "doctor:crashed" in kinds
+    assert [e["data"]["uptime"] for e in seen if e["type"] == "bridge:stats"] == [
+        2 * BRIDGE_MODULE.OBS_HISTORY - 1]                 # the newest stats are all that count

@@ -447,3 +447,31 @@ def test_a_token_is_drawn_per_run_unless_one_is_set_or_turned_off(tmp_path):
         assert not any("this run's token" in line for line in run.err)
     finally:
         assert run.close() == 0
+
+
+AUDIT_CHMOD = r"""
+import atexit, os, runpy, sys
+seen = []
+def hook(event, args):   # the mode a file had before bridge.py set its final one
+    if event == "os.chmod" and isinstance(args[0], int):
+        seen.append((os.readlink("/proc/self/fd/%d" % args[0]), oct(os.fstat(args[0]).st_mode & 0o777)))
+sys.addaudithook(hook)
+out, sys.argv = sys.argv[1], sys.argv[2:]
+atexit.register(lambda: open(out, "w").write(repr(seen)))
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def test_the_token_file_is_never_readable_by_others_not_even_while_written(tmp_path):
+    # ~/.config/bridge made by hand (mkdir -p: 0755): the file's temporary copy must not be
+    # born 0644 and narrowed after the token is in it, when another user could open it.
+    (tmp_path / "config" / "bridge").mkdir(parents=True, mode=0o755)
+    seen_file = tmp_path / "seen.txt"
+    proc = subprocess.run(
+        [PYTHON, "-c", AUDIT_CHMOD, str(seen_file), str(BRIDGE), "proxy", "--root", str(tmp_path), "--",
+         PYTHON, str(FIXTURES / "mcp_server.py")], stdin=subprocess.DEVNULL, capture_output=True,
+        cwd=tmp_path, timeout=60, env=clean_env(BRIDGE_OBS_PORT="0", XDG_CONFIG_HOME=str(tmp_path / "config")))
+    assert proc.returncode == 0, proc.stderr
+    assert b"this run's token" in proc.stderr
+    seen = [(path, mode) for path, mode in eval(seen_file.read_text()) if "proxy-" in path]
+    assert seen and all(mode == "0o600" for _path, mode in seen), seen
