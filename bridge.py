@@ -1423,6 +1423,11 @@ _XML_NAMED = (r"=(?:(?<=key=)|(?<=name=))([\"'])([^\"'\r\n]{1,64})\1(?:[ \t]{1,8
 _CLI_GATE = (rb" -(?:-user[ \t=]|pass(?:in|out|word)?[ \t]{1,8}pass:|[puawn](?=[^\s-])|[puawn][ \t]"
              rb"|[a-z]{0,4}b[a-z]{0,4}[ \t])")
 _CLI_VALUE = r"[ \t=]{0,8}(?:'([^'\r\n]{1,512})'|\"([^\"\r\n]{1,512})\"|([^\s'\"]{1,512}))"
+# one shell word, quotes and all (curl -u user:'pass')
+_CLI_WORD = r"[ \t=]{0,8}((?:'[^'\r\n]{0,512}'|\"[^\"\r\n]{0,512}\"|[^\s'\"]){1,1024})"
+# what `curl -u user:PASS` examples put as PASS
+_PLACEHOLDER_PASSWORDS = frozenset("test pass password passwd secret token changeme example pw pwd "
+                                   "apikey api_key key".split())
 _CLI_FLAGS = {
     "p": (((b"docker", b"login"), (b"az", b"login"), (b"sshpass",), (b"mysql",), (b"mariadb",)), ""),
     "u": (((b"curl",),), ":"), "-user": (((b"curl",), (b"wget",)), ":"),
@@ -1501,6 +1506,7 @@ class _Regexes(dict):
                 "url_host": lambda: re.compile(_URL_HOST),
                 "url_port": lambda: re.compile(_URL_PORT),
                 "hook": lambda: re.compile(_HOOK_RULE),
+                "token_run": lambda: re.compile(r"[A-Za-z0-9+/=_-]{0,4096}"),
                 "pem_header": lambda: re.compile(_PEM_HEADER),
                 "pem_tail": lambda: re.compile(_PEM_TAIL),
                 "kv_gates": lambda: [(kw, re.compile(gate + _KV_OP)) for kw, gate in _KV_GATES]
@@ -1520,6 +1526,7 @@ class _Regexes(dict):
                 "config_set": lambda: re.compile(_CONFIG_SET),
                 "xml_named": lambda: re.compile(_XML_NAMED),
                 "cli_value": lambda: re.compile(_CLI_VALUE),
+                "cli_word": lambda: re.compile(_CLI_WORD),
                 "netrc": lambda: re.compile(_NETRC_GATE),
                 "lone_line": lambda: re.compile(_LONE_LINE),
                 "secret_command": lambda: re.compile(_SECRET_COMMAND),
@@ -1793,14 +1800,15 @@ class Redactor:
                 continue
             for m in rx["upper", index].finditer(text):
                 start, token = m.start(), m.group()
-                if start and text[start - 1].isalnum():
-                    continue
+                if start and (text[start - 1].isalnum() or text[start - 1] in "+/") \
+                        or _placeholder_body(token[4:]):
+                    continue                       # inside base64; AKCpXXXX... placeholders
                 if token[1] in "KSBC3" and token[:2] != "AC" and len(token) == 20 \
                         and not any(c.isdigit() for c in token[4:]):
                     continue                       # AWS-shaped word: no digit
                 if token[:2] in ("SK", "AC") and (token[2:].isdigit() or token[2:].isalpha()):
                     continue
-                spans.append(m.span())
+                spans.append((start, _token_end(text, m.end())))
         # Prefilters for short texts (a hook's ids, one log line): a rule whose literal is not
         # there is not even compiled. A long text gets every rule: their own literal-led scans
         # are as fast as a prefilter's, which would only scan it twice.
@@ -1809,7 +1817,9 @@ class Redactor:
                 continue
             back = _LITERAL_RULES[index][1]
             for m in rx["literal", index].finditer(text):
-                start, end = m.start() - back, m.end()
+                start, end = m.start() - back, _token_end(text, m.end())
+                if _placeholder_body(m.group()[len(literal):]):
+                    continue
                 if m.group().startswith(":AA"):                # Telegram: the bot id digits
                     while start > 0 and start > m.start() - 12 and text[start - 1].isdigit():
                         start -= 1
@@ -1885,8 +1895,11 @@ class Redactor:
                 continue
             if prefix == "sk-" and not any(c.isdigit() for c in m.group()):
                 continue                           # bare sk-: 20+ chars AND a digit
-            spans.append((start, m.end()))
-            return m.end()
+            if _placeholder_body(m.group()):
+                continue
+            end = _token_end(text, m.end())
+            spans.append((start, end))
+            return end
         return None
 
     def _b64_secret(self, blob):
@@ -2024,6 +2037,7 @@ class Redactor:
                     if value.isalpha() and rx["prose"].match(text, end):
                         continue           # `Password: Enter your password` is prose
                     if after in ("(", "[") or "||" in value or "&&" in value or rx["code_value"].fullmatch(value) and (
+                            "." not in value or not any(_looks_random(part) for part in value.split("."))) and (
                             value[0].isupper() and value.isalpha() and (
                                 text[end:end + 1] in (",", "=", ")", "]") or text[end:end + 2] in (" |", " =")) or
                             "." in value or _names_a_variable(value)
@@ -2076,7 +2090,10 @@ class Redactor:
         if not short or b" -" in low:
             for g in rx["cli_gate"].finditer(low):
                 flag = low[g.start() + 2:g.end()].rstrip(b" \t=").decode("ascii")
-                line = low[_line_start(low, g.start(), b"\n", 512):g.start()]
+                start = _line_start(low, g.start(), b"\n", 512)
+                if low[max(0, start - 3):start].rstrip(b"\r\n").endswith(b"\\"):
+                    start = _line_start(low, start - 2, b"\n", 512)      # `curl ... \` above
+                line = low[start:g.start()]
                 if flag.startswith("pass") and b"pass:" in low[g.start():g.end()]:
                     value = rx["cli_value"].match(text, g.end())      # openssl pass:VALUE
                     if value:
@@ -2096,16 +2113,25 @@ class Redactor:
                 if flag == "p" and text[g.start() + 3] in " \t" and not any(
                         word in line for word in (b"docker", b"az", b"sshpass")):
                     continue                        # mysql -p DB: -p alone asks for it
-                value = rx["cli_value"].match(text, g.start() + 2 + len(flag))
+                value = rx["cli_word" if separator else "cli_value"].match(text, g.start() + 2 + len(flag))
                 if not value:
                     continue
                 begin, end = value.span(value.lastindex)
                 if separator:                       # user:password, the password goes
-                    cut = text.find(separator, begin, end)
-                    if cut < 0:
+                    word = text[begin:end]
+                    cut = word.find(separator)
+                    user, password = word[:cut].strip("'\""), word[cut + 1:].strip("'\"")
+                    if cut < 0 or _is_placeholder(word.strip("'\"")) or user == password \
+                            or password.lower() in _PLACEHOLDER_PASSWORDS:
                         continue
-                    begin = cut + 1
-                if begin < end and not _is_placeholder(text[begin:end]):
+                    if password:
+                        begin += cut + 1
+                        begin += text[begin] in "'\""           # user:'password'
+                        end -= text[end - 1] in "'\""            # 'user:password'
+                    else:                           # -u "sk_test_...:": the key is the user
+                        end = begin + cut
+                        begin += text[begin] in "'\""
+                if begin < end and not _is_placeholder(text[begin:end].strip("'\"")):
                     spans.append((begin, end))
         if not short or b"config" in low:
             for g in rx["config_set"].finditer(low):
@@ -2181,6 +2207,21 @@ class Redactor:
                     offsets = _unescape_offsets(text, start, end, rx["escape"])
                     spans.extend((offsets[a], offsets[b]) for a, b in found)
                 done = end
+
+
+def _token_end(text, end):
+    """Where a token that ends at `end` really ends: a format's upper bound is not the
+    end of the run of token characters after it (no raw tail left behind)."""
+    if end < len(text) and (text[end].isalnum() or text[end] in "+/=_-"):
+        end = _COMPILED["token_run"].match(text, end).end()
+    return end
+
+
+def _placeholder_body(body):
+    """True for a token body that is a placeholder: one character makes up 80% of it
+    (`ops_eyJxxxx…`, `AKCpXXXX…`, `A3-XXXXXX-XXXXX…`, `fo1_xxxxxxxx`)."""
+    body = body.rstrip("=")
+    return len(body) >= 8 and max(body.count(c) for c in set(body)) >= 0.8 * len(body)
 
 
 def _positions(text, char):

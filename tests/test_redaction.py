@@ -237,6 +237,17 @@ def test_replacement_keeps_keys_and_schemes(text, expected):
     # a lone value printed by a command that prints a secret
     ("$ vault kv get -field=password secret/db\nZk29dLq81xWm\n$ ls", "$ vault kv get -field=password secret/db\n%s\n$ ls" % R),
     ("$ git rev-parse HEAD\n9fceb02d0ae598e95dc970b74767f19372d61af8\n", "$ git rev-parse HEAD\n9fceb02d0ae598e95dc970b74767f19372d61af8\n"),
+    # curl's forms (gitleaks' examples): quoted halves, a key as the user, a continued line
+    ("curl --user kevin:'pRf7vG2h1L8nQkW9' -iX PATCH", "curl --user kevin:'%s' -iX PATCH" % R),
+    ('curl -u "d2LkV78zLx!t:" https://localhost:9200', 'curl -u "%s:" https://localhost:9200' % R),
+    ("$ curl https://x/token \\\n  --user c28wlsosanujy2z:qgsnai0xokrw4j1 --data y",
+     "$ curl https://x/token \\\n  --user c28wlsosanujy2z:%s --data y" % R),
+    ("curl -i -u 'test:test' && curl -u <user:password> x && curl -u username:token",
+     "curl -i -u 'test:test' && curl -u <user:password> x && curl -u username:token"),
+    # a format's upper bound is not the end of the token; placeholders shaped like tokens
+    ("k AIza" + "Tesb6Tscfcni8vIpWZqNCXFDFslJtVSvFDqabcd123 z", "k %s z" % R),
+    ("ops_eyJ" + "x" * 260 + " AK" + "Cp" + "X" * 69, "ops_eyJ" + "x" * 260 + " AK" + "Cp" + "X" * 69),
+    ("token: s.ZC9Ecf4M5g9o34Q6RkzGsj0z", "token: " + R),
     # already masked, placeholders, words shaped like tokens
     ("token: your-token-here, secret: xxxxxxxx, password: ••••••, key=[REDACTED]",
      "token: your-token-here, secret: xxxxxxxx, password: ••••••, key=[REDACTED]"),
