@@ -6483,8 +6483,11 @@ def yaml_scalar_lines(text, indent):
     if not isinstance(text, str):
         raise TypeError("yaml_scalar_lines wants str")
     if "\n" not in text:
+        # Not plain when it starts with a space to Python's `\s` (U+3000, U+00A0):
+        # PyYAML reads that, but YamlSubset starts no value at such a character and
+        # would refuse the file at the next append.
         if text not in _YAML_SPECIAL_WORDS and _yaml_plain_re().match(text) \
-                and ": " not in text and " #" not in text:
+                and not text[0].isspace() and ": " not in text and " #" not in text:
             return text, []
         if _yaml_is_printable(text) and "\t" not in text:
             return "'" + text.replace("'", "''") + "'", []
@@ -6676,6 +6679,7 @@ class YamlSubset:
                 setattr(YamlSubset, name, re.compile(pattern))
         self.path = path
         self.text = text
+        self.depth = 0               # collections open around the node being checked
         self.lines = text.split("\n")
         # where each line starts in text, for the runs below
         self.starts = list(itertools.accumulate(map((1).__add__, map(len, self.lines)),
@@ -6705,7 +6709,7 @@ class YamlSubset:
             eol = r"[ ]*(?=\n|\Z)"
             more = r"\n(?=[ ]*\n)|\n[ ]{%d}" % (k + 1)       # continuation lines
             return (r"(?:[^\s\-?:,\[\]{}#&*!|>'\"%%@`=<+.~0-9][^\n\t: #]*(?:(?::(?=[^ \n])"
-                    r"| (?=[^#\n])| +(?=\n|\Z)|#)[^\n\t: #]*)*%s|[0-9]+[ ]*%s|\[[ ]*\]%s"
+                    r"| +(?![ #])|#)[^\n\t: #]*)*%s|[0-9]+[ ]*%s|\[[ ]*\]%s"
                     r"|\{[ ]*\}%s|'[^'\n]*(?:(?:''|%s)[^'\n]*)*'%s"
                     r"|\"[^\"\\\n]*(?:(?:\\[0abtnvfre \"/\\N_LP]|%s)[^\"\\\n]*)*\"%s)"
                     % (upto(k), upto(k), eol, eol, more, eol, more, eol))
@@ -6788,11 +6792,19 @@ class YamlSubset:
 
     def node(self, row, col, parent):
         """The node starting at (row, col), in a collection at column `parent`."""
+        # Each level costs up to four frames of this recursion: a limit far above any
+        # queue's nesting and far below Python's recursion limit.
+        self.depth += 1
+        if self.depth > 100:
+            self.fail(row, "nested deeper than 100 levels")
         if self.is_item(row, col):
-            return self.sequence(row, col)
-        if self.key_end(row, col) is not None:
-            return self.mapping(row, col)
-        return self.scalar(row, col, parent)
+            row = self.sequence(row, col)
+        elif self.key_end(row, col) is not None:
+            row = self.mapping(row, col)
+        else:
+            row = self.scalar(row, col, parent)
+        self.depth -= 1
+        return row
 
     def below(self, row, col, indentless):
         """The node after a `key:` or `-` that ends its line: on the next rows,
@@ -7280,7 +7292,8 @@ class RelayLog:
     """The relay shell script's log: `[YYYY-MM-DDTHH:MM:SS] [bridge_relay/DIR] MESSAGE`.
 
     Each line goes to logs/bridge/<captain_id>_<YYYYMMDD>.log (one append) and
-    to stderr, like the script's `tee -a`. Lines are redacted first.
+    to stderr, like the script's `tee -a`. Lines are redacted first, and control
+    characters spelled out, so an argument's newline cannot forge a log line.
     """
 
     def __init__(self, root, captain_id, direction, config=None):
@@ -7293,7 +7306,7 @@ class RelayLog:
     def __call__(self, message):
         line = "[%s] [bridge_relay/%s] %s\n" % (
             time.strftime("%Y-%m-%dT%H:%M:%S"), self.direction,
-            self.redactor.redact(message))
+            printable(self.redactor.redact(message)))
         try:
             sys.stderr.write(line)
             sys.stderr.flush()
@@ -7332,17 +7345,19 @@ def relay_lock(lock_path, config, log, what="queue"):
 
 
 def relay_queue_path(root, session, config):
-    """clusters/<session>/queue/<file> when that directory exists, else queue/<file>."""
+    """clusters/<session>/queue/<file> when that directory exists, else queue/<file>.
+    A symlink on the way (`queue`, `clusters/<session>`...) is an error naming it: the
+    queue, its lock and its temporary file are never read or written through one."""
     name = safe_name(config["relay"]["queue_file"],
                      "relay.queue_file")
     clustered = os.path.join(root, "clusters", session, "queue")
     if os.path.isdir(clustered):
-        return os.path.join(clustered, name), True
+        return os.path.join(make_dirs(clustered, root, create=False), name), True
     plain = os.path.join(root, "queue")
     if not os.path.isdir(plain):
         raise BridgeError("no queue directory: neither %s nor %s exists (run from the "
                           "repository root or pass --root)" % (clustered, plain))
-    return os.path.join(plain, name), False
+    return os.path.join(make_dirs(plain, root, create=False), name), False
 
 
 def _relay_read(path):

@@ -1009,3 +1009,76 @@ def test_symlinked_log_folder_is_never_written_through(tmp_path):
     assert result.returncode == 0 and "cannot write relay log" in result.stderr
     assert "%s is a symlink" % (root / "logs") in result.stderr
     assert list(outside.iterdir()) == []
+
+
+@pytest.mark.parametrize("link", ["queue", "clusters/main"])
+def test_a_symlinked_queue_folder_is_refused_naming_it(tmp_path, link):
+    """`queue/` or `clusters/<session>/` as a symlink to a folder outside the repository:
+    nothing is read, locked or written through it (exit 2 naming the link)."""
+    root = tmp_path / "repo"
+    root.mkdir()
+    (root / "bridge.config.json").write_text(json.dumps({"relay": {"nudge": False}}))
+    outside = tmp_path / "outside"
+    real = outside / ("queue" if link != "queue" else "") / QUEUE
+    real.parent.mkdir(parents=True)
+    shutil.copy(RELAY_FIX / "legacy_queue.yaml", real)
+    (root / link).parent.mkdir(parents=True, exist_ok=True)
+    (root / link).symlink_to(outside)
+    (root / "queue").mkdir(exist_ok=True)
+    before = sorted(p.relative_to(outside) for p in outside.rglob("*"))
+    for result in (down(root, "miho", "main", "m", "p"),
+                   up(root, "miho", "main", "cmd_005", "done", "s")):
+        assert result.returncode == 2, result.stderr
+        assert "%s is a symlink" % (root / link) in result.stderr
+    assert real.read_bytes() == (RELAY_FIX / "legacy_queue.yaml").read_bytes()
+    assert sorted(p.relative_to(outside) for p in outside.rglob("*")) == before
+
+
+def test_a_long_run_of_spaces_in_a_value_never_hangs(tmp_path):
+    """A value with a long run of spaces, followed by a blank line, once made the
+    whole-file check backtrack quadratically (minutes for 100 KB, lock held)."""
+    value = "a" + " " * 120000 + "b"
+    text = ("commands:\n- id: cmd_001\n  command: %s\n\n- id: cmd_002\n  status: done\n"
+            % value)
+    root, queue = make_root(tmp_path, text=text, config={"relay": {"nudge": False}})
+    result = run_bridge("relay", "down", "--root", root, "miho", "main", "m", "p", timeout=60)
+    assert result.returncode == 0 and result.stdout == "cmd_003\n", result.stderr
+    assert queue.read_text(encoding="utf-8").startswith(text)
+    if yaml is not None:
+        assert yaml.safe_load(queue.read_text(encoding="utf-8"))["commands"][0]["command"] == value
+
+
+def test_a_deeply_nested_queue_is_refused_naming_the_line(tmp_path):
+    text = "commands:\n- id: cmd_001\n  x:\n" + "".join(
+        " " * (4 + i) + "k%d:\n" % i for i in range(3000))
+    root, queue = make_root(tmp_path, text=text, config={"relay": {"nudge": False}})
+    for result in (down(root, "miho", "main", "m", "p"),
+                   up(root, "miho", "main", "cmd_001", "done", "s")):
+        assert result.returncode == 1, result.stderr
+        assert "line 102: nested deeper than 100 levels" in result.stderr
+        assert "internal error" not in result.stderr
+    assert queue.read_text() == text
+
+
+@pytest.mark.parametrize("message", ["\u3000字下げした指示", "\xa0nbsp first", "\u2003em"])
+def test_a_value_relay_wrote_never_blocks_the_next_append(tmp_path, message):
+    """A message starting with a space PyYAML keeps (U+3000...) but Python's \\s matches
+    was written plain, and the next `relay down` refused the file bridge.py had written."""
+    root, queue = make_root(tmp_path, text="commands: []\n", config={"relay": {"nudge": False}})
+    for expected in ("cmd_001\n", "cmd_002\n"):
+        result = down(root, "miho", "main", message, message)
+        assert result.returncode == 0 and result.stdout == expected, result.stderr
+    if yaml is not None:
+        for entry in yaml.safe_load(queue.read_text(encoding="utf-8"))["commands"]:
+            assert entry["command"] == entry["project"] == message
+
+
+def test_arguments_cannot_forge_a_log_line(tmp_path):
+    root, _queue = make_root(tmp_path, fixture="pyyaml_indentless.yaml",
+                             config={"relay": {"nudge": False}})
+    forged = "ok\n[2026-01-01T00:00:00] [bridge_relay/up] UP SUCCESS: cmd_999 [done]\x1b[2K"
+    assert up(root, "miho", "main", "cmd_047", "done", forged).returncode == 0
+    assert down(root, "miho", "main", "m", forged).returncode == 0
+    lines = log_lines(root)
+    assert len(lines) == 2 and all(LOG_LINE.match(line) for line in lines), lines
+    assert "\x1b" not in "".join(lines) and "ok\\x0a[2026-01-01" in lines[0]
