@@ -11187,8 +11187,8 @@ def changeset_approve(sets, cs_id):
         if problems:
             raise BridgeError("%s no longer passes its checks (%s: %s); not approved" % (
                 cs_id, problems[0][0], problems[0][1]), EXIT_FAILED)
-        validated = (status.get("validated_against") or {}).get("plan_sha256")
-        if validated != meta["plan_sha256"]:
+        validated = status.get("validated_against")  # the agent can write it too: any shape
+        if not isinstance(validated, dict) or validated.get("plan_sha256") != meta["plan_sha256"]:
             raise BridgeError("%s: the plan changed since it was validated; not approved"
                               % cs_id, EXIT_FAILED)
     paths = sorted(set(p for found in sets.patch_paths(plan)[0].values() for p in found))

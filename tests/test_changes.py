@@ -1386,3 +1386,52 @@ def test_a_symlinked_changes_folder_is_never_written_through(env):
     res = env.cli("status")
     assert "is a symlink" in res.stdout + res.stderr
     assert sorted(str(p.relative_to(outside)) for p in outside.rglob("*")) == before
+
+
+def test_readme_workflow_works_when_followed_literally(tmp_path):
+    # The workflow said `--plan plan.json` and showed no plan: a new user could not follow it.
+    # Its config (auth_core critical), its example plan and its commands, in order, from the
+    # repository root with the config and plan.json in it.
+    import re
+    import shlex
+    readme = (BRIDGE.parent / "README.md").read_text()
+    section = readme[readme.index("## changes: deterministic change sets"):]
+    example = section.split("<!-- changes plan example -->\n```json\n", 1)[1].split("```")[0]
+    config = json.loads(re.search(r"#   (\{\"changes\".*\})\n", section).group(1))
+    commands = re.findall(r"^python3 scripts/bridge.py (changes .*?)(?:  +#.*)?$",
+                          section.split("```sh\n", 1)[1].split("```")[0].replace("\\\n", ""),
+                          re.M)
+    env = Env(tmp_path)
+    config["changes"]["mcp"]["command"] = [PYTHON, SERVER]
+    (env.repo / "bridge.config.json").write_text(json.dumps(config))
+    (env.repo / "plan.json").write_text(example)
+    (env.repo / "notes.md").write_text("why\n")
+    shell_env = clean_env(XDG_CONFIG_HOME=tmp_path / "xdg")
+    cs_id = None
+    assert len(commands) == 6, commands
+    for command in commands:
+        args = [cs_id if a == "fix-login-redirect--3f9c0a1b2c4d" else a
+                for a in shlex.split(command)]
+        res = run_bridge(*args, cwd=env.repo, env=shell_env)
+        assert res.returncode == 0, (command, res.stdout, res.stderr)
+        if args[1] == "new":
+            cs_id = res.stdout.strip()
+    status = json.loads((env.repo / "changes" / cs_id / "05-status.json").read_bytes())
+    assert status["state"] == "completed" and status["decision"] == "approved", status
+    assert "return 2" in (env.repo / "src" / "auth.py").read_text()
+
+
+@pytest.mark.parametrize("field,value", [("validated_against", "x"), ("execution", [1]),
+                                         ("validated_against", {"base_state": 1})])
+def test_odd_shapes_in_a_planted_status_are_errors_not_crashes(env, field, value):
+    # approve and status took 05-status.json's fields for objects: a string or list there
+    # (the agent writes that file too) ended in "internal error: AttributeError".
+    cs_id = env.new("Change login", [task("t1", AUTH_PATCH)])
+    env.run()
+    status = dict(env.status(cs_id), **{field: value})
+    (env.dir(cs_id) / "05-status.json").write_bytes(B.canonical_json(status))
+    for args in (("status", cs_id), ("approve", cs_id)):
+        res = env.cli(*args)
+        assert "internal error" not in res.stderr, (args, res.stderr)
+        assert res.returncode in (0, 1), (args, res.stderr)
+    assert "return 1" in (env.repo / "src" / "auth.py").read_text()
