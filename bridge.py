@@ -108,7 +108,10 @@ def os_error_message(exc):
 
 
 def unexpected_error(exc):
-    """The CLI's last line of defence: one clear line, no traceback; the exit code."""
+    """The CLI's last line of defence, in its `except Exception`: one clear line, no traceback
+    (with BRIDGE_DEBUG set, the exception goes on with its traceback); the exit code."""
+    if debug_enabled():
+        raise
     message = isinstance(exc, OSError) and os_error_message(exc)
     if message:
         warn("error: " + message)
@@ -136,13 +139,11 @@ def check_text(value, what):
     return value
 
 
-_CONTROL_CHARS = re.compile("[\x00-\x08\x0a-\x1f\x7f-\x9f]")   # C0 but tab, DEL, C1
-
-
 def printable(text):
-    """`text` with every control character but tab spelled `\\xNN`: what another program wrote
-    (a server's stderr, a request header) reaches the user's terminal inert, on one line."""
-    return _CONTROL_CHARS.sub(lambda m: "\\x%02x" % ord(m.group()), text)
+    """`text` with every control character but tab (C0, DEL, C1) spelled `\\xNN`: what another
+    program wrote (a server's stderr, a request header) reaches the user's terminal inert, on
+    one line. (A pattern string that re caches: not compiled by every hook's import.)"""
+    return re.sub("[\x00-\x08\x0a-\x1f\x7f-\x9f]", lambda m: "\\x%02x" % ord(m.group()), text)
 
 
 def user_config_file(name):
@@ -10251,6 +10252,12 @@ class ChangeSets:
         base = os.path.join(self.dir, cs_id)
         return os.path.join(make_dirs(base, self.top, create=False), name) if name else base
 
+    def existing(self, cs_id):
+        """`cs_id` when changes/<id>/ exists, else a BridgeError saying there is none."""
+        if not os.path.isdir(self.path(safe_name(cs_id, "change set id"))):
+            raise BridgeError("no change set %s in %s" % (cs_id, self.dir))
+        return cs_id
+
     def ids(self):
         try:
             names = sorted(os.listdir(self.dir))
@@ -10447,9 +10454,7 @@ class ChangeSets:
             if not mp:
                 identity = {k: meta[k] for k in ("base_state", "protocol", "repo_key",
                                                  "subject")}
-                digest = canonical_sha256(identity)
-                ok_names = (meta["subject"] + "--" + digest[:12],
-                            meta["subject"] + "--" + digest[:16])
+                ok_names = (changeset_id(identity), changeset_id(identity, 16))
                 if cs_id not in ok_names:
                     problems.append(("integrity_mismatch",
                                      "folder name %s does not match the id recomputed from "
@@ -10567,12 +10572,9 @@ class ChangeSets:
         return "draft", None, "00-meta.json or 02-implementation-plan.json missing"
 
     # -- base state --
-    def base_state(self, client, snapshot=None):
-        """snapshot -> {"kind": "snapshot", "id": ID}; worktree -> sha256 of the canonical JSON
-        of snapshot.info's fingerprint; servers without snapshot.info anchor to a new
-        snapshot."""
-        if snapshot:
-            return {"kind": "snapshot", "id": str(snapshot)}
+    def base_state(self, client):
+        """{"kind": "worktree", "id": sha256 of the canonical JSON of snapshot.info's
+        fingerprint}; servers without snapshot.info anchor to a new snapshot."""
         try:
             return {"kind": "worktree", "id": self.worktree_fingerprint(client)}
         except McpError as exc:
@@ -11168,8 +11170,7 @@ def changeset_approve(sets, cs_id):
     """Tier-2 human approval: pending_review -> approved; the next run executes it. Returns
     (status, changed, paths): `paths`, the files the plan's patches write as git reads them
     now, is what the approval covers (the task list and status are the agent's to rewrite)."""
-    if not os.path.isdir(sets.path(cs_id)):
-        raise BridgeError("no change set %s in %s" % (cs_id, sets.dir))
+    sets.existing(cs_id)
     with sets.status_lock():
         status = sets.read_status(cs_id)
         if status is None:
@@ -11558,8 +11559,6 @@ def seam_main(argv=None):
     try:
         return _run_seam_verb(key, rest)
     except Exception as exc:  # the last line of defence: one clear line, no traceback
-        if debug_enabled():
-            raise
         return unexpected_error(exc)
 
 
@@ -11834,9 +11833,7 @@ def cmd_changes_new(args):
 
 def cmd_changes_validate(args):
     sets = _changes_open(args)
-    cs_id = safe_name(args.id, "change set id")
-    if not os.path.isdir(sets.path(cs_id)):
-        raise BridgeError("no change set %s in %s" % (cs_id, sets.dir))
+    cs_id = sets.existing(args.id)
     meta, plan, problems = sets.load(cs_id)
     for code, msg in problems:
         print(printable("%s: %s: %s" % (cs_id, code, msg)))
@@ -11898,9 +11895,7 @@ def cmd_changes_run(args):
 def cmd_changes_status(args):
     sets = _changes_open(args)
     if args.id:
-        cs_id = safe_name(args.id, "change set id")
-        if not os.path.isdir(sets.path(cs_id)):
-            raise BridgeError("no change set %s in %s" % (cs_id, sets.dir))
+        cs_id = sets.existing(args.id)
         status = sets.read_status(cs_id)
         if status is None:
             state, decision, reason = sets.state_of(cs_id)
@@ -11941,7 +11936,7 @@ def cmd_changes_status(args):
 
 def cmd_changes_approve(args):
     sets = _changes_open(args)
-    status, changed, paths = changeset_approve(sets, safe_name(args.id, "change set id"))
+    status, changed, paths = changeset_approve(sets, args.id)
     cs_id = status["change_set_id"]
     print("%s %s" % (cs_id, "approved" if changed else "already approved"))
     if changed:  # what was signed, read from the plan itself: check it is what you reviewed
@@ -11997,8 +11992,6 @@ def main(argv=None):
         warn("interrupted")
         return 130
     except Exception as exc:  # the last line of defence: one clear line, no traceback
-        if debug_enabled():
-            raise
         return unexpected_error(exc)
 
 
