@@ -7620,6 +7620,8 @@ PROXY_REASONS = {
     "answer_too_large": "answer longer than proxy.max_line_bytes; it was dropped",
     "stdout_closed": "MCP server closed its stdout, so it can answer nothing more, and was stopped; the "
                      "request was not retried",
+    "stdin_closed": "MCP server closed its stdin, so it can take no request, and was stopped; the request "
+                    "was not retried",
 }
 
 
@@ -7831,7 +7833,7 @@ class ProxyChild:
         self.replay_id = None           # id of the replayed initialize until it is answered
         self.owned = {}                 # id -> method of bridge.py's own requests awaiting an answer
         self.heard = self.started       # when stdout last gave anything (health check)
-        self.eof_at = None              # when stdout closed (its exit should follow at once)
+        self.eof_at = None              # when stdout or stdin closed (its exit should follow at once)
         self.ping_at = None             # when the health-check ping in flight was sent
         self.concurrent = False         # it has answered a ping while busy: its silence means stuck
         self.witness = None             # requests in progress when a ping was answered (see answered)
@@ -8598,14 +8600,22 @@ class Proxy:
 
     # ---- I/O ----
     def send_child(self, data=b""):
-        """To the Doctor's stdin; with no data, what is still owed. A closed pipe: the Doctor
-        closed stdin or died, its exit follows."""
+        """To the Doctor's stdin; with no data, what is still owed. A closed pipe: deaf()."""
         child = self.child
         if child is not None and child.fin is not None:
             try:
                 self.to_child.send(child.fin, data)
             except OSError:
-                pass
+                self.deaf()
+
+    def deaf(self):
+        """The Doctor's stdin has no reader: it closed it, or died. What it was owed is lost
+        (any request in it is answered when the Doctor is stopped); run() stops a Doctor still
+        alive close_grace_sec later."""
+        child = self.child
+        self.to_child.clear()
+        child.close("fin")
+        child.eof_at = child.eof_at or monotonic()
 
     def send_client(self, data=b""):
         """Everything the client gets goes through here, relayed or bridge.py's own (each
@@ -8699,10 +8709,10 @@ class Proxy:
                     self.next_check = now + 0.25
                     if child.exited():
                         self.child_exited()
-                    elif child.fout is None and not child.stop_reason:
-                        # Alive with its stdout closed, it can answer nothing: the end of it.
+                    elif (child.fout is None or child.fin is None) and not child.stop_reason:
+                        # Alive with its stdout (stdin) closed, it can answer (take) nothing: its end.
                         if now - child.eof_at >= self.close_grace:
-                            self.stop_child("stdout_closed", now=True)
+                            self.stop_child("stdout_closed" if child.fout is None else "stdin_closed", now=True)
                     elif not child.stop_reason and (self.pending or child.replay_id is not None):
                         self.check_health(now)
                 if self.shutting and (self.child is None or self.child.exit is not None):
@@ -8722,8 +8732,8 @@ class Proxy:
                         want[child.fout] = IN
                     if child.ferr is not None:
                         want[child.ferr] = IN
-                    if self.to_child and child.fin is not None:
-                        want[child.fin] = OUT
+                    if child.fin is not None:      # with nothing to write, poll still says POLLERR
+                        want[child.fin] = OUT if self.to_child else 0   # when its stdin is closed
                 if want != registered:
                     for fd in [fd for fd in registered if want.get(fd) != registered[fd]]:
                         poller.unregister(fd)
@@ -8732,8 +8742,8 @@ class Proxy:
                         if fd not in registered:
                             poller.register(fd, mask)
                             registered[fd] = mask
-                for fd, _ev in poller.poll(self.timers(now) * 1000):
-                    self.on_ready(fd)
+                for fd, ev in poller.poll(self.timers(now) * 1000):
+                    self.on_ready(fd, ev)
                 now = monotonic()
                 if now >= next_sample:
                     next_sample = now + 1.0            # the window moves in steps of a second
@@ -8793,7 +8803,8 @@ class Proxy:
             due.append(now + 0.1)
         return max(0.0, min(due) - now)
 
-    def on_ready(self, fd):
+    def on_ready(self, fd, ev=0):
+        import select
         child = self.child
         if fd == self.wake_r:
             os.read(fd, 4096)
@@ -8816,7 +8827,10 @@ class Proxy:
         elif fd == 1:
             self.send_client()
         elif child is not None and fd == child.fin:
-            self.send_child()
+            if ev & select.POLLERR:                # nobody reads its stdin any more
+                self.deaf()
+            else:
+                self.send_child()
         elif child is not None and fd in (child.fout, child.ferr):
             if fd == child.fout:
                 self.drain_child()

@@ -1080,6 +1080,26 @@ def test_a_server_that_closes_stdout_is_stopped_answered_and_restarted(session):
     s.close()
 
 
+def test_a_server_that_closes_stdin_is_stopped_answered_and_restarted(session):
+    """Alive but with its stdin closed, a server can take no request: what is sent to it gets
+    an error answer (not a wait forever), its group is stopped and a new generation started."""
+    s = session(harness=True)
+    s.initialize()
+    s.request("ignore", mid=8)
+    s.request("tools/call", {"name": "closein", "arguments": {}}, mid=9)
+    assert s.reply()["id"] == 9
+    s.request("tools/list", mid=10)                         # written before or after it closed
+    got = {s.reply(timeout=15)["id"]: None, s.reply(timeout=15)["id"]: None}
+    assert set(got) == {8, 10}
+    crashed = s.wait_event("doctor:crashed")[0]["data"]
+    assert crashed["reason"] == "stdin_closed" and crashed["generation"] == 1
+    assert s.wait_event("doctor:ready", count=2)[1]["data"]["generation"] == 2
+    s.request("ping", mid=11)
+    assert s.reply()["id"] == 11
+    assert not process_running(s.pids()[0])
+    s.close()
+
+
 @pytest.mark.parametrize("encode", [
     lambda text: text.encode("utf-16-be"),                     # json.loads(bytes) detects UTF-16
     lambda text: b"\xef\xbb\xbf" + text.encode(),              # a UTF-8 byte order mark
