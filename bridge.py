@@ -11680,6 +11680,403 @@ def add_seam_parsers(subparsers):
         parser.set_defaults(func=cmd_seam, seam_verb=verb)
 
 
+# ---- hooks commands (install, uninstall, doctor) ----
+# `hooks install` writes the hook configuration the README documents, so nobody pastes a
+# one-line Python program by hand. Both forms load scripts/bridge.py from its cached
+# bytecode and call seam_main() (the README's "The hook command" measures them). Claude
+# Code runs a hook through sh with $CLAUDE_PROJECT_DIR set, so its project form changes to
+# that folder and imports bridge; Codex has no such variable, and user-wide settings also
+# run in projects without bridge.py, so every other form looks for scripts/bridge.py from
+# the working directory up to the first folder holding .git and does nothing without one.
+HOOK_IMPORT = 'import gc,sys;gc.disable();sys.path[:0]=["scripts"];import bridge;sys.exit(bridge.seam_main())'
+HOOK_WALK = (
+    'import gc,os,sys;gc.disable();p=os.getcwd().split("/");a=["/".join(p[:i]) or "/" for i in '
+    'range(len(p),0,-1)];g=[d for d in a if os.path.exists(d+"/.git")][:1];a=a[:a.index(g[0])+1] '
+    'if g else a[:1];f=[d+"/scripts/bridge.py" for d in a if os.path.isfile(d+"/scripts/bridge.py")]'
+    '[:1];f or sys.exit(0);from importlib.machinery import SourceFileLoader as L;m=type(sys)("bridge")'
+    ';m.__file__=f[0];L("bridge",f[0]).exec_module(m);sys.exit(m.seam_main())')
+# host -> (event, verb) in the order they are written: Claude's are asynchronous but for the
+# Stop check, whose answer Claude waits for; Codex's are the reference's codex-hooks.json.
+HOOK_PLAN = {
+    "claude": (("SessionStart", "egress emit"), ("UserPromptSubmit", "egress emit"),
+               ("PostToolUse", "egress emit"), ("Notification", "egress emit"),
+               ("SubagentStop", "egress emit"), ("Stop", "egress emit"), ("Stop", "inbox check")),
+    "codex": (("SessionStart", "egress emit"), ("UserPromptSubmit", "egress emit"),
+              ("PostToolUse", "egress emit"), ("SubagentStart", "egress emit"),
+              ("SubagentStop", "egress emit"), ("Stop", "egress emit")),
+}
+HOOK_VERBS = ("egress emit", "inbox check")
+CODEX_TRUST = (
+    "Codex runs these hooks only once you trust them: trust the project when Codex asks (or add "
+    "[projects.\"%s\"] trust_level = \"trusted\" to ~/.codex/config.toml), then open /hooks in "
+    "Codex and trust each bridge.py hook (again after every change to them).")
+
+
+# Pi has no hook settings: its extension (the README's, which tests/test_seam_pi.py runs
+# inside Pi) forwards its lifecycle events to egress emit.
+PI_EXTENSION = r'''// .pi/extensions/bridge.ts: Pi's lifecycle -> bridge.py's `_bridge/` seam (egress emit --host pi).
+import type { ExtensionAPI, ExtensionContext } from "@mariozechner/pi-coding-agent";
+import { spawn } from "node:child_process";
+import { existsSync } from "node:fs";
+import { basename, dirname, extname, join } from "node:path";
+
+// One python at a time, in the order Pi fires events, so events.jsonl keeps that order;
+// handlers return at once (Pi never waits on the bridge), except at shutdown (below).
+let queue: Promise<void> = Promise.resolve();
+
+// scripts/bridge.py of the git repository Pi works in: from the cwd up to the first directory
+// holding .git (a file or a directory); outside any repository, the cwd only. Never one from
+// above the repository; none at all: not a bridge.py project, stay silent.
+function bridgeScript(cwd: string): string | undefined {
+  const dirs: string[] = [];
+  for (let dir = cwd; ; dir = dirname(dir)) {
+    dirs.push(dir);
+    if (existsSync(join(dir, ".git"))) break;
+    if (dirname(dir) === dir) { dirs.length = 1; break; }
+  }
+  return dirs.map((dir) => join(dir, "scripts", "bridge.py")).find((file) => existsSync(file));
+}
+
+function run(script: string, cwd: string, payload: object): Promise<void> {
+  // loaded by its path (from its cached bytecode), never by a search of sys.path
+  const code = "import gc,sys;gc.disable();from importlib.machinery import SourceFileLoader as L;" +
+               "f=" + JSON.stringify(script) + ";m=type(sys)('bridge');m.__file__=f;" +
+               "L('bridge',f).exec_module(m);sys.exit(m.seam_main())";
+  return new Promise((done) => {
+    const child = spawn("python3", ["-I", "-S", "-c", code, "egress", "emit", "--host", "pi"],
+                        { cwd, stdio: ["pipe", "ignore", process.env.BRIDGE_DEBUG ? "inherit" : "ignore"] });
+    const timer = setTimeout(() => child.kill("SIGKILL"), 10000); // a stuck one must not stall the queue
+    const finish = () => { clearTimeout(timer); done(); };
+    child.on("error", finish);
+    child.on("close", finish);
+    child.stdin.on("error", () => {}); // EPIPE when python3 is missing or died first
+    child.stdin.end(JSON.stringify(payload));
+  });
+}
+
+function emit(event: string, ctx: ExtensionContext, detail: Record<string, unknown> = {}): Promise<void> {
+  try {
+    const cwd = ctx.cwd || process.cwd();
+    const script = bridgeScript(cwd);
+    if (!script) return queue;
+    const file = ctx.sessionManager.getSessionFile() ?? "";
+    const payload = {
+      event, cwd, session_file: file,
+      session_id: file ? basename(file, extname(file)) : ctx.sessionManager.getSessionId(),
+      agent_id: "", agent_type: "", timestamp: new Date().toISOString().replace(/\.\d+Z$/, "Z"),
+      detail: { source: "pi", ...detail },
+    };
+    queue = queue.then(() => run(script, cwd, payload));
+  } catch {
+    // observe-only: a bridge problem never becomes a Pi error
+  }
+  return queue;
+}
+
+export default function (pi: ExtensionAPI) {
+  pi.on("session_start", (e, ctx) => { emit("session_start", ctx, { reason: e.reason }); });
+  pi.on("agent_start", (_e, ctx) => { emit("agent_start", ctx); });
+  pi.on("turn_start", (_e, ctx) => { emit("turn_start", ctx); });
+  // one PostToolUse per tool call, after it ran (as Claude's); tool_execution_start would double it
+  pi.on("tool_execution_end", (e, ctx) => {
+    emit("tool_execution_end", ctx, { tool: e.toolName, tool_call_id: e.toolCallId });
+  });
+  pi.on("turn_end", (_e, ctx) => { emit("turn_end", ctx); });
+  pi.on("agent_end", (_e, ctx) => { emit("agent_end", ctx); });
+  // Pi exits right after its shutdown handlers: let queued events land first (at most 3 s)
+  pi.on("session_shutdown", (e, ctx) => Promise.race([
+    emit("session_shutdown", ctx, { reason: e.reason }),
+    new Promise<void>((done) => setTimeout(done, 3000).unref()),
+  ]));
+}
+'''
+
+
+def hook_command(host, verb, walk):
+    """The command line of one bridge.py hook, as the README shows it."""
+    if walk:
+        return "python3 -I -S -c '%s' %s --host %s" % (HOOK_WALK, verb, host)
+    return "cd \"$CLAUDE_PROJECT_DIR\" && python3 -I -S -c '%s' %s --host %s" % (HOOK_IMPORT, verb, host)
+
+
+def hook_plan(host, scope):
+    """{event: matcher group} of the bridge.py hooks for `host`'s settings at `scope`."""
+    walk = host != "claude" or scope == "user"
+    plan = {}
+    for event, verb in HOOK_PLAN[host]:
+        hook = {"type": "command"}
+        if host == "codex":
+            hook["timeout"] = 10
+        elif verb == "egress emit":
+            hook["async"] = True  # the agent never waits for its activity report
+        hook["command"] = hook_command(host, verb, walk)
+        group = plan.setdefault(event, {"matcher": "*"} if event == "PostToolUse" and host == "claude" else {})
+        group.setdefault("hooks", []).append(hook)
+    return plan
+
+
+def bridge_hook_verb(hook):
+    """The seam verb a hook entry runs when it is a bridge.py hook (any version of the README's
+    commands, or `python3 scripts/bridge.py egress emit ...`), else None: how install,
+    uninstall and doctor tell their entries from the user's."""
+    command = hook.get("command") if isinstance(hook, dict) else None
+    if not isinstance(command, str) or not ("seam_main" in command or "bridge.py" in command):
+        return None
+    return next((verb for verb in HOOK_VERBS if verb in command), None)
+
+
+def merge_hooks(config, plan):
+    """(new settings, changes): `config` with exactly `plan`'s bridge.py hooks. Ours already
+    there are updated in place (the user's extra keys on them kept), missing ones added to
+    the group that holds ours for the event (else a new group), ours the plan has no place
+    for removed; every other hook, group, event and key stays as it was. plan={} uninstalls."""
+    import copy
+    config = copy.deepcopy(config)
+    table = config.get("hooks", {})
+    if not isinstance(table, dict):
+        raise BridgeError("\"hooks\" is not a JSON object")
+    changes = []
+    for event in list(table) + [event for event in plan if event not in table]:
+        groups = table.get(event, [])
+        if not isinstance(groups, list):
+            raise BridgeError("\"hooks\".%s is not a JSON array" % event)
+        wanted = copy.deepcopy(plan.get(event, {"hooks": []}))
+        todo, home, emptied = list(wanted["hooks"]), None, False
+        for group in groups:
+            if not isinstance(group, dict) or not isinstance(group.get("hooks"), list):
+                continue
+            kept = []
+            for hook in group["hooks"]:
+                verb = bridge_hook_verb(hook)
+                match = next((h for h in todo if verb and bridge_hook_verb(h) == verb), None)
+                if verb is None:
+                    kept.append(hook)
+                elif match is not None:
+                    todo.remove(match)
+                    if any(hook.get(k) != v for k, v in match.items()):
+                        changes.append("updated %s: %s" % (event, verb))
+                    kept.append(dict(hook, **match))
+                    home = home or group
+                else:
+                    changes.append("removed %s: %s" % (event, verb))
+            emptied = emptied or (group["hooks"] and not kept)
+            group["hooks"] = kept
+        if emptied:
+            groups = [g for g in groups if not (isinstance(g, dict) and g.get("hooks") == [])]
+        if todo:
+            if home is None:
+                home = dict(wanted, hooks=[])
+                groups.append(home)
+            home["hooks"].extend(todo)
+            changes.extend("added %s: %s" % (event, bridge_hook_verb(h)) for h in todo)
+        if groups:
+            table[event] = groups
+        elif event in table and emptied:
+            del table[event]
+    if table:
+        config["hooks"] = table
+    elif changes:  # uninstall emptied it
+        config.pop("hooks", None)
+    return config, changes
+
+
+def hooks_file(host, scope, root):
+    """(settings file, the folder it is written within) for `host` at `scope`."""
+    home = os.path.expanduser("~")
+    if host == "claude":
+        base = home if scope == "user" else root
+        return os.path.join(base, ".claude", "settings.json"), base
+    if host == "codex":
+        base = (os.environ.get("CODEX_HOME") or os.path.join(home, ".codex")) if scope == "user" \
+            else os.path.join(root, ".codex")
+        return os.path.join(base, "hooks.json"), base
+    base = os.path.join(home, ".pi", "agent") if scope == "user" else os.path.join(root, ".pi")
+    return os.path.join(base, "extensions", "bridge.ts"), base
+
+
+def read_settings(path):
+    """The JSON object in settings file `path` ({} when it does not exist). A symlink is
+    refused (rewriting it would replace the link: a dotfile manager's file would silently
+    stop being the one in use), and so is anything that is not one JSON object."""
+    if os.path.islink(path):
+        raise BridgeError("%s is a symlink (to %s); refusing to replace it: edit the file it "
+                          "points to, or run hooks install there" % (path, os.readlink(path)))
+    config = read_json_file(path, "settings file", missing={})
+    if not isinstance(config, dict):
+        raise BridgeError("settings file %s: line 1: not a JSON object" % path)
+    return config
+
+
+def write_with_backup(path, data, base):
+    """Replace `path` atomically with `data`, after copying what it held to PATH.bridge-backup
+    the first time (a later run keeps that first backup: the file as it was before bridge.py).
+    Returns the backup's path when this call made it, else None."""
+    make_dirs(os.path.dirname(path), base)
+    backup = path + ".bridge-backup"
+    made = os.path.lexists(path) and not os.path.lexists(backup)
+    if made:
+        old = read_input(path, "settings file")
+        fd = create_once(backup)
+        try:
+            write_all(fd, old)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    atomic_write(path, data)
+    return backup if made else None
+
+
+def hooks_install(host, scope, root, remove=False):
+    """Install (or with remove=True uninstall) the bridge.py hooks for `host`; the lines
+    to print. Never writes when nothing changes."""
+    path, base = hooks_file(host, scope, root)
+    if host == "pi":
+        return pi_extension_install(path, base, remove)
+    try:
+        config, changes = merge_hooks(read_settings(path), {} if remove else hook_plan(host, scope))
+    except BridgeError as exc:
+        if path in exc.message:
+            raise
+        raise BridgeError("settings file %s: %s; not changed" % (path, exc.message))
+    if not changes:
+        return ["%s: unchanged (the bridge.py hooks are %s)" % (path, "absent" if remove else "in place")]
+    backup = write_with_backup(path, json.dumps(config, ensure_ascii=False, indent=2) + "\n", base)
+    lines = ["%s: %s" % (path, "; ".join(changes))]
+    if backup:
+        lines.append("the previous file is kept as %s" % backup)
+    if host == "codex" and not remove:
+        lines.append(CODEX_TRUST % root)
+    return lines
+
+
+def pi_extension_install(path, base, remove):
+    """Write (or remove) Pi's extension file; one that is not ours is never touched."""
+    ours = PI_EXTENSION.splitlines()[0]
+    try:
+        current = read_input(path, "Pi extension", missing=None)
+    except BridgeError as exc:
+        raise BridgeError(exc.message + "; not changed")
+    if current is not None and not current.decode("utf-8", "replace").startswith(ours):
+        raise BridgeError("%s exists and is not bridge.py's extension; not changed (move it "
+                          "away, or merge by hand from the README)" % path)
+    if remove:
+        if current is None:
+            return ["%s: unchanged (absent)" % path]
+        os.remove(path)
+        return ["%s: removed" % path]
+    if current == PI_EXTENSION.encode("utf-8"):
+        return ["%s: unchanged (the extension is in place)" % path]
+    write_with_backup(path, PI_EXTENSION, base)
+    return ["%s: %s; Pi loads it at its next start (or /reload)" % (
+        path, "written" if current is None else "updated")]
+
+
+def cmd_hooks(args):
+    root = find_root(args.root)
+    hosts = [args.host] if args.host else list(HOOK_PLAN) + ["pi"]
+    if args.hooks_verb == "doctor":
+        return hooks_doctor(root, hosts, args.scope)
+    if not args.host:
+        raise BridgeError("hooks %s needs --host claude|codex|pi" % args.hooks_verb)
+    for line in hooks_install(args.host, args.scope or "project", root, args.hooks_verb == "uninstall"):
+        print(line)
+    return EXIT_OK
+
+
+def add_hooks_parsers(subparsers):
+    """hooks install|uninstall|doctor."""
+    import argparse
+    hooks = subparsers.add_parser(
+        "hooks", help="install, remove or check the seam's hooks in Claude Code, Codex or Pi",
+        description="Write the _bridge/ seam's hooks into a host's settings (keeping every hook "
+                    "already there), remove exactly those, or check and time them.",
+        epilog="examples:\n  python3 scripts/bridge.py hooks install --host claude\n"
+               "  python3 scripts/bridge.py hooks doctor",
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    verbs = hooks.add_subparsers(dest="hooks_verb", metavar="VERB")
+    verbs.required = True
+    for verb, text in (("install", "write the hooks (idempotent; a backup the first time)"),
+                       ("uninstall", "remove exactly the bridge.py hooks"),
+                       ("doctor", "run every bridge.py hook once with a sample payload, and time it")):
+        parser = verbs.add_parser(verb, help=text, description=text)
+        parser.add_argument("--host", choices=("claude", "codex", "pi"), required=verb != "doctor")
+        parser.add_argument("--scope", choices=("project", "user"),
+                            help="the repository's settings (default) or the user's" +
+                                 (" (doctor: both)" if verb == "doctor" else ""))
+        parser.add_argument("--root", metavar="DIR",
+                            help="repository root (default: git top level of the current directory)")
+        parser.set_defaults(func=cmd_hooks)
+
+
+def hooks_doctor(root, hosts, scope=None, runs=5):
+    """Run each distinct bridge.py hook command in `hosts`' settings (both scopes unless
+    `scope`) from `root` with a sample payload: it must exit 0, and egress emit must append
+    the sample to ROOT/_bridge/events.jsonl (inbox check must answer a JSON object). Prints
+    each one's median time over `runs` next to python3's own start; exit 1 if one is broken."""
+    import statistics
+    sample = {"session_id": "bridge-hooks-doctor", "cwd": root, "hook_event_name": "PostToolUse",
+              "tool_name": "Bash", "stop_hook_active": False}
+    env = dict(os.environ, CLAUDE_PROJECT_DIR=root, BRIDGE_DEBUG="1")
+    env.pop("BRIDGE_CONFIG", None)
+
+    def run(command, data=b""):
+        return run_command(command, cwd=root, env=env, shell=True, stdin_data=data, timeout=30)
+
+    events, found, broken = os.path.join(root, SEAM_DIR, "events.jsonl"), 0, []
+    for host in hosts:
+        for where in ([scope] if scope else ["project", "user"]):
+            path, _base = hooks_file(host, where, root)
+            if host == "pi":
+                if os.path.lexists(path):
+                    found += 1
+                    same = read_input(path, "Pi extension") == PI_EXTENSION.encode("utf-8")
+                    print("%s  %s: %s" % ("ok    " if same else "broken", path, "bridge.py's extension"
+                                         if same else "not this bridge.py's extension: hooks install --host pi"))
+                    if not same:
+                        broken.append(path)
+                continue
+            commands = {}
+            for event, groups in read_settings(path).get("hooks", {}).items():
+                for group in groups if isinstance(groups, list) else ():
+                    for hook in group.get("hooks", ()) if isinstance(group, dict) else ():
+                        if bridge_hook_verb(hook):
+                            commands.setdefault(hook["command"], []).append(event)
+            for command, on in commands.items():
+                found += 1
+                verb = bridge_hook_verb({"command": command})
+                name = "%s %s (%s)" % (path, verb, ", ".join(on))
+                data = json.dumps(dict(sample, hook_event_name=on[0])).encode("utf-8")
+                before = count_complete_lines(events) if os.path.isfile(events) else 0
+                first = run(command, data)
+                problem = None if first.ok else "%s: %s" % (first.describe(), first.stderr.strip()[-300:])
+                if not problem and verb == "egress emit":
+                    after = count_complete_lines(events) if os.path.isfile(events) else 0
+                    if after <= before:
+                        problem = "wrote nothing to %s (%s)" % (
+                            events, first.stderr.strip()[-300:] or "scripts/bridge.py not found from %s" % root)
+                elif not problem:
+                    try:
+                        if not isinstance(json.loads(first.stdout), dict):
+                            raise ValueError("not an object")
+                    except ValueError:
+                        problem = "answered %r, not a JSON object" % first.stdout[:200]
+                if problem:
+                    broken.append(name)
+                    print("broken  %s: %s" % (name, problem))
+                    continue
+                # interleaved with the interpreter's bare start, so a busy machine slows both alike
+                took, base = (statistics.median(times) for times in zip(*[
+                    (run(command, data).duration, run('python3 -I -S -c "import json"').duration)
+                    for _ in range(runs)]))
+                print("ok      %s: %.1f ms median, python3 -I -S -c \"import json\" %.1f ms (x%.2f)"
+                      % (name, took * 1000, base * 1000, took / base))
+    if not found:
+        print("no bridge.py hooks found for %s: run `bridge.py hooks install --host HOST`" % ", ".join(hosts))
+        return EXIT_FAILED
+    if broken:
+        print("%d broken: %s" % (len(broken), "; ".join(broken)))
+        return EXIT_FAILED
+    return EXIT_OK
 # ---- relay commands ----
 def add_relay_parsers(subparsers):
     """relay down|up."""
@@ -11980,8 +12377,8 @@ def build_parser():
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version="bridge.py " + __version__)
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for add in (add_kernel_parsers, add_watch_parsers, add_seam_parsers, add_relay_parsers,
-                add_proxy_parsers, add_changes_parsers):
+    for add in (add_kernel_parsers, add_watch_parsers, add_seam_parsers, add_hooks_parsers,
+                add_relay_parsers, add_proxy_parsers, add_changes_parsers):
         add(subparsers)
     return parser
 

@@ -1,0 +1,217 @@
+"""`bridge.py hooks install|uninstall|doctor`: the seam's hooks written into Claude Code's,
+Codex's and Pi's settings, run as the hosts run them (sh -c, real files, real processes)."""
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from conftest import BRIDGE, clean_env, make_git_repo, run_bridge
+
+README = (BRIDGE.parent / "README.md").read_text()
+SEAM_SECTION = README[README.index("<!-- section:seam -->"):README.index("<!-- end section:seam -->")]
+
+
+def readme_blocks(lang):
+    return re.findall(r"```%s\n(.*?)```" % lang, SEAM_SECTION, re.S)
+
+
+@pytest.fixture
+def home(tmp_path):
+    path = tmp_path / "home"
+    path.mkdir()
+    return path
+
+
+@pytest.fixture
+def project(tmp_path):
+    repo = make_git_repo(tmp_path / "proj")
+    (repo / "scripts").mkdir()
+    (repo / "scripts" / "bridge.py").write_bytes(BRIDGE.read_bytes())
+    (repo / "sub" / "deep").mkdir(parents=True)
+    return repo
+
+
+def hooks(*args, cwd, home):
+    return run_bridge("hooks", *args, cwd=cwd, env=clean_env(HOME=home, CODEX_HOME=home / ".codex"))
+
+
+def run_hook(command, cwd, payload, **env):
+    """A hook command as Claude Code and Codex run it: sh -c, the payload on stdin."""
+    return subprocess.run(["sh", "-c", command], cwd=cwd, input=json.dumps(payload), text=True,
+                          capture_output=True, env=clean_env(**env), timeout=60)
+
+
+def events(repo):
+    path = Path(repo) / "_bridge" / "events.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def bridge_commands(settings):
+    return [(event, hook["command"]) for event, groups in settings["hooks"].items()
+            for group in groups for hook in group["hooks"] if "seam_main" in hook["command"]]
+
+
+def test_claude_install_in_a_fresh_repository_writes_the_readme_hooks_and_they_run(project, home):
+    out = hooks("install", "--host", "claude", cwd=project / "sub", home=home)
+    assert out.returncode == 0, out.stderr
+    settings_file = project / ".claude" / "settings.json"
+    assert "added PostToolUse: egress emit" in out.stdout and str(settings_file) in out.stdout
+    settings = json.loads(settings_file.read_text())
+    assert settings == json.loads(readme_blocks("json")[0])  # the README's reference block
+    assert not (project / ".claude" / "settings.json.bridge-backup").exists()  # nothing to back up
+    (project / "_bridge").mkdir()
+    (project / "_bridge" / "fo.alpha.json").write_text(json.dumps(
+        {"session_id": "s1", "host": "claude", "ts": "2026-07-03T12:00:00Z", "state": "idle"}))
+    (project / "_bridge" / "inbox.jsonl").write_text('{"id":"i1","ts":"2026-07-03T11:00:00Z",'
+                                                      '"kind":"tell","text":"hi","target":"alpha"}\n')
+    for event, command in bridge_commands(settings):
+        result = run_hook(command, project / "sub", {"session_id": "s1", "cwd": str(project / "sub"),
+                                                     "hook_event_name": event},
+                          CLAUDE_PROJECT_DIR=project)
+        assert result.returncode == 0 and result.stderr == "", (event, result)
+        if "inbox check" in command:
+            assert json.loads(result.stdout)["decision"] == "block"
+    assert [e["event"] for e in events(project)] == ["SessionStart", "UserPromptSubmit", "PostToolUse",
+                                                     "Notification", "SubagentStop", "Stop"]
+    before = settings_file.read_bytes()
+    again = hooks("install", "--host", "claude", cwd=project, home=home)
+    assert again.returncode == 0 and "unchanged" in again.stdout
+    assert settings_file.read_bytes() == before
+
+
+USER_SETTINGS = {
+    "model": "opus", "permissions": {"allow": ["Bash(ls:*)"]},
+    "hooks": {"PreToolUse": [{"matcher": "Bash", "hooks": [{"type": "command", "command": "./guard.sh"}]}],
+              "Stop": [{"hooks": [{"type": "command", "command": "say done", "timeout": 5}]}]},
+}
+
+
+def test_install_keeps_every_existing_hook_backs_up_once_and_uninstall_removes_exactly_ours(project, home):
+    settings_file = project / ".claude" / "settings.json"
+    settings_file.parent.mkdir()
+    original = json.dumps(USER_SETTINGS)
+    settings_file.write_text(original)
+    out = hooks("install", "--host", "claude", cwd=project, home=home)
+    assert out.returncode == 0, out.stderr
+    backup = project / ".claude" / "settings.json.bridge-backup"
+    assert backup.read_text() == original and str(backup) in out.stdout
+    settings = json.loads(settings_file.read_text())
+    assert settings["model"] == "opus" and settings["permissions"] == USER_SETTINGS["permissions"]
+    assert settings["hooks"]["PreToolUse"] == USER_SETTINGS["hooks"]["PreToolUse"]
+    assert settings["hooks"]["Stop"][0] == USER_SETTINGS["hooks"]["Stop"][0]
+    assert len(bridge_commands(settings)) == 7
+    # the user edits around our entries; a reinstall leaves theirs and ours where they are
+    settings["hooks"]["PostToolUse"].insert(0, {"matcher": "Edit", "hooks": [{"type": "command", "command": "fmt"}]})
+    settings_file.write_text(json.dumps(settings))
+    assert "unchanged" in hooks("install", "--host", "claude", cwd=project, home=home).stdout
+    out = hooks("uninstall", "--host", "claude", cwd=project, home=home)
+    assert out.returncode == 0 and "removed Stop: inbox check" in out.stdout
+    left = json.loads(settings_file.read_text())
+    expected = json.loads(original)
+    expected["hooks"]["PostToolUse"] = [{"matcher": "Edit", "hooks": [{"type": "command", "command": "fmt"}]}]
+    assert left == expected
+    assert backup.read_text() == original  # the first backup is the file before bridge.py
+    assert "unchanged" in hooks("uninstall", "--host", "claude", cwd=project, home=home).stdout
+
+
+def test_install_over_the_pasted_readme_hooks_changes_nothing(project, home):
+    (project / ".claude").mkdir()
+    (project / ".claude" / "settings.json").write_text(readme_blocks("json")[0])
+    (project / ".codex").mkdir()
+    (project / ".codex" / "hooks.json").write_text(readme_blocks("json")[1])
+    for host in ("claude", "codex"):
+        out = hooks("install", "--host", host, cwd=project, home=home)
+        assert out.returncode == 0 and "unchanged" in out.stdout, out
+
+
+def test_codex_install_writes_the_readme_hooks_prints_the_trust_step_and_runs_from_a_subfolder(project, home):
+    (project / ".codex").mkdir()
+    (project / ".codex" / "hooks.json").write_text('{"hooks": {"Stop": [{"hooks": [{"type": "command", "command": "notify"}]}]}}')
+    out = hooks("install", "--host", "codex", cwd=project, home=home)
+    assert out.returncode == 0, out.stderr
+    assert "/hooks" in out.stdout and 'trust_level = "trusted"' in out.stdout and str(project) in out.stdout
+    settings = json.loads((project / ".codex" / "hooks.json").read_text())
+    readme = json.loads(readme_blocks("json")[1])
+    assert settings["hooks"]["Stop"][0] == {"hooks": [{"type": "command", "command": "notify"}]}
+    settings["hooks"]["Stop"].pop(0)
+    assert settings["hooks"] == readme["hooks"]
+    for event, command in bridge_commands(settings):
+        result = run_hook(command, project / "sub" / "deep", {"session_id": "c1", "hook_event_name": event,
+                                                              "cwd": str(project / "sub" / "deep")})
+        assert (result.returncode, result.stdout, result.stderr) == (0, "", ""), (event, result)
+    assert [e["host"] for e in events(project)] == ["codex"] * 6
+
+
+def test_user_scope_hooks_find_bridge_py_from_any_project_and_stay_silent_without_one(project, home, tmp_path):
+    out = hooks("install", "--host", "claude", "--scope", "user", cwd=project, home=home)
+    assert out.returncode == 0, out.stderr
+    settings = json.loads((home / ".claude" / "settings.json").read_text())
+    assert not (project / ".claude").exists()
+    other = make_git_repo(tmp_path / "other")  # no scripts/bridge.py there
+    for cwd, root in ((project / "sub", project), (other, other)):
+        for event, command in bridge_commands(settings):
+            result = run_hook(command, cwd, {"session_id": "u1", "hook_event_name": event, "cwd": str(cwd)},
+                              CLAUDE_PROJECT_DIR=root)
+            assert result.returncode == 0 and result.stderr == "", result
+    assert len(events(project)) == 6 and not (other / "_bridge").exists()
+
+
+def test_malformed_settings_are_refused_with_file_and_line_never_overwritten(project, home):
+    settings_file = project / ".claude" / "settings.json"
+    settings_file.parent.mkdir()
+    broken = '{\n  "model": "opus",\n  "hooks": {,\n}\n'
+    settings_file.write_text(broken)
+    out = hooks("install", "--host", "claude", cwd=project, home=home)
+    assert out.returncode == 2 and str(settings_file) in out.stderr and "line 3" in out.stderr, out
+    assert "Traceback" not in out.stderr and settings_file.read_text() == broken
+    assert not (project / ".claude" / "settings.json.bridge-backup").exists()
+    settings_file.write_text('{"hooks": []}')
+    out = hooks("install", "--host", "claude", cwd=project, home=home)
+    assert out.returncode == 2 and str(settings_file) in out.stderr and '"hooks"' in out.stderr
+    assert settings_file.read_text() == '{"hooks": []}'
+
+
+def test_symlinked_settings_file_is_refused_and_left_alone(project, home, tmp_path):
+    target = tmp_path / "dotfiles-settings.json"
+    target.write_text('{"model": "opus"}')
+    (project / ".codex").mkdir()
+    (project / ".codex" / "hooks.json").symlink_to(target)
+    out = hooks("install", "--host", "codex", cwd=project, home=home)
+    assert out.returncode == 2 and "symlink" in out.stderr and str(project / ".codex" / "hooks.json") in out.stderr
+    assert (project / ".codex" / "hooks.json").is_symlink() and target.read_text() == '{"model": "opus"}'
+
+
+def test_pi_install_writes_the_readme_extension_and_never_touches_a_foreign_one(project, home):
+    path = project / ".pi" / "extensions" / "bridge.ts"
+    out = hooks("install", "--host", "pi", cwd=project, home=home)
+    assert out.returncode == 0 and path.read_text() == readme_blocks("ts")[0]
+    assert "unchanged" in hooks("install", "--host", "pi", cwd=project, home=home).stdout
+    assert hooks("uninstall", "--host", "pi", cwd=project, home=home).returncode == 0 and not path.exists()
+    path.write_text("// my own extension\n")
+    out = hooks("install", "--host", "pi", cwd=project, home=home)
+    assert out.returncode == 2 and str(path) in out.stderr and path.read_text() == "// my own extension\n"
+
+
+def test_doctor_runs_and_times_each_hook_and_names_a_broken_one(project, home):
+    for host in ("claude", "codex"):
+        assert hooks("install", "--host", host, cwd=project, home=home).returncode == 0
+    out = hooks("doctor", cwd=project / "sub", home=home)
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = [line for line in out.stdout.splitlines() if line.startswith("ok")]
+    assert len(lines) == 3 and all(re.search(r'ms median, python3 -I -S -c "import json" [\d.]+ ms \(x', l)
+                                   for l in lines), out.stdout
+    assert any(e["session_id"] == "bridge-hooks-doctor" for e in events(project))
+    (project / "scripts" / "bridge.py").unlink()  # the hooks can no longer find bridge.py
+    out = hooks("doctor", "--host", "codex", cwd=project, home=home)
+    assert out.returncode == 1 and "broken" in out.stdout and "hooks.json egress emit" in out.stdout
+    assert "wrote nothing to %s" % (project / "_bridge" / "events.jsonl") in out.stdout
+    out = hooks("doctor", "--host", "claude", cwd=project, home=home)
+    assert out.returncode == 1 and "settings.json egress emit" in out.stdout and ": exit 1: " in out.stdout
+
+
+def test_doctor_without_any_hooks_says_so(project, home):
+    out = hooks("doctor", cwd=project, home=home)
+    assert out.returncode == 1 and "hooks install" in out.stdout
