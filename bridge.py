@@ -12221,6 +12221,12 @@ def add_changes_parsers(subparsers):
 
 def _changes_open(args):
     root, config = load_args_config(args)
+    # From a subdirectory git applies a patch relative to the top level (and names its files
+    # that way), so every path would be judged one folder off.
+    top = git_toplevel(root)
+    if top is not None and os.path.realpath(top) != os.path.realpath(root):
+        raise BridgeError("--root %s is not the top of its git repository %s, where git applies "
+                          "patches from: use --root %s" % (root, top, top), EXIT_USAGE)
     return ChangeSets(root, config)
 
 

@@ -1435,3 +1435,22 @@ def test_odd_shapes_in_a_planted_status_are_errors_not_crashes(env, field, value
         assert "internal error" not in res.stderr, (args, res.stderr)
         assert res.returncode in (0, 1), (args, res.stderr)
     assert "return 1" in (env.repo / "src" / "auth.py").read_text()
+
+
+def test_a_root_below_the_top_of_its_git_repository_is_refused(tmp_path):
+    # git applies a patch from a subdirectory relative to the repository's top level (and
+    # `git apply --numstat` names the files that way: proj/changes/x for changes/x), so
+    # bridge.py judged paths one folder off: a patch into the change sets passed `new`.
+    env = Env(tmp_path)
+    os.rename(str(env.repo / ".git"), str(tmp_path / ".git"))
+    git(tmp_path, "add", "-A")
+    git(tmp_path, "commit", "-q", "-m", "the repository is one level up")
+    patch = "--- /dev/null\n+++ b/changes/victim/05-status.json\n@@ -0,0 +1 @@\n+%s\n" % FORGED
+    for args in (("new", "--subject", "Evil"), ("run", "--once"), ("status",)):
+        if args[0] == "new":
+            (tmp_path / "p.json").write_text(json.dumps(plan([task("t1", patch)])))
+            args += ("--plan", str(tmp_path / "p.json"))
+        res = env.cli(*args)
+        assert res.returncode == 2, (args, res.stdout, res.stderr)
+        assert "not the top of its git repository %s" % tmp_path in res.stderr, res.stderr
+    assert not (env.repo / "changes").exists()
