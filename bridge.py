@@ -11156,14 +11156,11 @@ def changeset_resolve_base(sets, snapshot=None, worktree=False):
         raise BridgeError("a worktree base state comes from the MCP server's snapshot.info: set "
                           "changes.mcp.command, or pass --snapshot ID", EXIT_USAGE)
     sets.ensure_excluded()
-    client = sets.client()
-    try:
+    with sets.client() as client:
         client.start()
         if worktree:
             return {"kind": "worktree", "id": sets.worktree_fingerprint(client)}
         return sets.base_state(client)
-    finally:
-        client.close()
 
 
 def approver_name(root):
@@ -12260,15 +12257,13 @@ def cmd_changes_validate(args):
         print("%s: offline checks passed; repository alignment and governance skipped (no "
               "changes.mcp.command)" % cs_id)
         return EXIT_OK
-    client = sets.client()
     try:
-        client.start()
-        outcome, code, reason, details = sets.check_online(client, meta, plan)
+        with sets.client() as client:
+            client.start()
+            outcome, code, reason, details = sets.check_online(client, meta, plan)
     except (McpError, McpServerGone) as exc:
         print(printable("%s: mcp_error: %s" % (cs_id, exc)))
         return EXIT_FAILED
-    finally:
-        client.close()
     if outcome == "reject":
         for problem in details.get("problems") or ["%s: %s" % (code, reason)]:
             print(printable("%s: %s" % (cs_id, problem)))
