@@ -4500,13 +4500,11 @@ def queue_status(root, recent=5):
         path = handoff.path("results", name)
         try:
             record = read_json_file(path, "result")
+            if not isinstance(record, dict):
+                raise BridgeError("%s does not hold a JSON object" % path)
         except BridgeError as exc:
             failures.append({"id": name[:-5], "reason": "unreadable result", "detail": exc.message,
                              "mtime": 0})
-            continue
-        if not isinstance(record, dict):
-            failures.append({"id": name[:-5], "reason": "unreadable result",
-                             "detail": "%s does not hold a JSON object" % path, "mtime": 0})
             continue
         status = record.get("status") if isinstance(record.get("status"), str) else "?"
         by_status[status] = by_status.get(status, 0) + 1
