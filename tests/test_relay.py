@@ -923,6 +923,8 @@ def test_every_file_relay_accepts_pyyaml_loads_before_and_after():
         assert pyyaml_error(text) is None, text
         after = bridge.relay_splice(layout, bridge.relay_entry_text(layout, "cmd_X", fields))
         assert pyyaml_error(after) is None, (text, after)
+        # relay's own output stays in the subset (the next append trusts its digest)
+        bridge.relay_layout("q.yaml", after, ("commands", "queue"))
         items = yaml_entries(after)
         mine = [it for it in items if isinstance(it, dict) and it.get("id") == "cmd_X"]
         assert mine == [dict(fields)], after
@@ -1082,3 +1084,42 @@ def test_arguments_cannot_forge_a_log_line(tmp_path):
     lines = log_lines(root)
     assert len(lines) == 2 and all(LOG_LINE.match(line) for line in lines), lines
     assert "\x1b" not in "".join(lines) and "ok\\x0a[2026-01-01" in lines[0]
+
+
+def test_a_queue_edited_after_relay_wrote_it_is_checked_again(tmp_path):
+    """relay skips the whole-file check only for the exact bytes it wrote last (their
+    digest is kept in the lock file): any edit since, or a lock file that `flock(1)`
+    users truncated, means a full check."""
+    root, queue = make_root(tmp_path, fixture="pyyaml_indentless.yaml",
+                            config={"relay": {"nudge": False}})
+    lock = queue.parent / (QUEUE + ".lock")
+    assert down(root, "miho", "main", "m", "p").stdout == "cmd_049\n"
+    assert down(root, "miho", "main", "m", "p").stdout == "cmd_050\n"     # the record's path
+    broken = queue.read_text(encoding="utf-8") + "  priority: 'never closed\n"
+    queue.write_text(broken, encoding="utf-8")
+    result = down(root, "miho", "main", "m", "p")
+    assert result.returncode == 1 and "the quote opened here is never closed" in result.stderr
+    assert queue.read_text(encoding="utf-8") == broken
+    lock.write_bytes(b"")                                  # as `200>queue.lock` leaves it
+    queue.write_text(broken.rsplit("  priority:", 1)[0], encoding="utf-8")
+    assert down(root, "miho", "main", "m", "p").stdout == "cmd_051\n"
+    if yaml is not None:
+        assert [e["id"] for e in yaml.safe_load(queue.read_text())["commands"]][-3:] == [
+            "cmd_049", "cmd_050", "cmd_051"]
+
+
+@pytest.mark.parametrize("keys,relays", [
+    ("  source: agent_teams\n  status: done\n  source: lord\n", False),
+    ("  status: done\n  source: lord\n  source: agent_teams\n", True),
+    ("  source: agent_teams\n  status: done\n  status: in_progress\n", False),
+])
+def test_up_reads_a_key_given_twice_as_pyyaml_does(tmp_path, keys, relays):
+    """A key given twice in an entry: PyYAML (every other reader) keeps the last value."""
+    text = "commands:\n- id: cmd_001\n" + keys
+    root, _queue = make_root(tmp_path, text=text, config={"relay": {"nudge": False}})
+    if yaml is not None:
+        entry = yaml.safe_load(text)["commands"][0]
+        assert (entry["source"] == "agent_teams" and entry["status"] == "done") == relays
+    result = up(root, "miho", "main", "cmd_001", "done", "s")
+    assert result.returncode == 0, result.stderr
+    assert (result.stdout == "miho隊報告: cmd_001 [done] — s\n") == relays, result.stderr
