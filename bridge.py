@@ -10516,10 +10516,8 @@ class ChangeSets:
         except BridgeError as exc:
             problems.append(("invalid_plan", str(exc)))
         if plan is not None:
-            base_kind = None
-            if meta is not None and isinstance(meta, dict):
-                base_kind = (meta.get("base_state") or {}).get("kind") \
-                    if isinstance(meta.get("base_state"), dict) else None
+            base = meta.get("base_state") if isinstance(meta, dict) else None
+            base_kind = base.get("kind") if isinstance(base, dict) else None
             if (isinstance(meta, dict) and isinstance(meta.get("plan_sha256"), str)):
                 actual = canonical_sha256(plan)
                 if actual != meta["plan_sha256"]:
@@ -10856,7 +10854,11 @@ class ChangeExecutor:
         reason = "internal_error: %s: %s" % (type(exc).__name__, exc)
         self.sets.record(cs_id, "internal_error", reason=reason,
                          traceback=traceback.format_exc()[-4000:])
-        status = self.sets.write_status(cs_id, "failed", "rejected", reason)
+        return self.fail(cs_id, "rejected", reason)
+
+    def fail(self, cs_id, decision, reason, **fields):
+        """Record the change set as failed (05-status.json, the log, stderr); "failed"."""
+        status = self.sets.write_status(cs_id, "failed", decision, reason, **fields)
         self.sets.say("%s: failed: %s" % (cs_id, status["reason"]))
         return "failed"
 
@@ -10912,12 +10914,9 @@ class ChangeExecutor:
         if state == "executing":
             # We hold the worktree lock, so whoever was executing died mid-way.
             task = (status.get("execution") or {}).get("started_task_id")
-            st = sets.write_status(
-                cs_id, "failed", status.get("decision") or "auto",
-                "interrupted: the executor stopped during task %s; the worktree may hold "
-                "part of this change set" % task, prev=status)
-            sets.say("%s: failed: %s" % (cs_id, st["reason"]))
-            return "failed"
+            return self.fail(cs_id, status.get("decision") or "auto",
+                             "interrupted: the executor stopped during task %s; the worktree "
+                             "may hold part of this change set" % task, prev=status)
         return None
 
     def validate_and_run(self, cs_id, status, approved=False):
@@ -10928,12 +10927,9 @@ class ChangeExecutor:
             code, msg = problems[0]
             more = " (+%d more problem(s); see `changes validate %s`)" % (
                 len(problems) - 1, cs_id) if len(problems) > 1 else ""
-            st = sets.write_status(cs_id, "failed", "rejected", "%s: %s%s" % (code, msg, more),
-                                   meta=meta if isinstance(meta, dict)
-                                   and "base_state" in meta else None, prev=status,
-                                   problems=["%s: %s" % p for p in problems])
-            sets.say("%s: failed: %s" % (cs_id, st["reason"]))
-            return "failed"
+            return self.fail(cs_id, "rejected", "%s: %s%s" % (code, msg, more),
+                             meta=meta if isinstance(meta, dict) and "base_state" in meta
+                             else None, prev=status, problems=["%s: %s" % p for p in problems])
         if approved:
             approval = status.get("approval")
             code, why = "forged_approval", sets.approval_problem(cs_id, approval)
@@ -10941,10 +10937,7 @@ class ChangeExecutor:
                 code, why = "plan_tampered", "the plan changed after it was approved"
             if why:
                 sets.record(cs_id, code, reason=why)
-                st = sets.write_status(cs_id, "failed", "rejected", "%s: %s" % (code, why),
-                                       meta=meta, prev=status)
-                sets.say("%s: failed: %s" % (cs_id, st["reason"]))
-                return "failed"
+                return self.fail(cs_id, "rejected", "%s: %s" % (code, why), meta=meta, prev=status)
         client = sets.client()  # a configuration error stops here, before any status moves
         status = sets.write_status(cs_id, "validating", decision,
                                    "validating against the MCP server", meta=meta, prev=status)
@@ -10952,10 +10945,8 @@ class ChangeExecutor:
             client.start()
             outcome, code, reason, details = sets.check_online(client, meta, plan)
             if outcome == "reject":
-                status = sets.write_status(cs_id, "failed", "rejected", "%s: %s" % (code, reason),
-                                           meta=meta, prev=status, validation=details)
-                sets.say("%s: failed: %s" % (cs_id, status["reason"]))
-                return "failed"
+                return self.fail(cs_id, "rejected", "%s: %s" % (code, reason), meta=meta,
+                                 prev=status, validation=details)
             if outcome == "review" and not approved:
                 status = sets.write_status(cs_id, "pending_review", "review_required",
                                            reason, meta=meta, prev=status, validation=details)
@@ -10970,10 +10961,8 @@ class ChangeExecutor:
             else:
                 code = "internal_error"
                 exc = "%s: %s" % (type(exc).__name__, exc)
-            status = sets.write_status(cs_id, "failed", status["decision"],
-                                       "%s: %s" % (code, exc), meta=meta, prev=status)
-            sets.say("%s: failed: %s" % (cs_id, status["reason"]))
-            return "failed"
+            return self.fail(cs_id, status["decision"], "%s: %s" % (code, exc), meta=meta,
+                             prev=status)
         finally:
             client.close()
 
@@ -11053,10 +11042,8 @@ class ChangeExecutor:
 
     def _fail(self, cs_id, meta, status, decision, execution, code, message):
         execution["last_error"] = "%s: %s" % (code, message)
-        status = self.sets.write_status(cs_id, "failed", decision, "%s: %s" % (code, message),
-                                        meta=meta, prev=status, execution=execution)
-        self.sets.say("%s: failed: %s" % (cs_id, status["reason"]))
-        return "failed"
+        return self.fail(cs_id, decision, execution["last_error"], meta=meta, prev=status,
+                         execution=execution)
 
 
 def _rejects_text(rejects):
