@@ -9978,11 +9978,25 @@ class McpClient:
             self._stderr_tail.append(text[:300] + (" ..." if len(text) > 300 else ""))
             del self._stderr_tail[:-20]
 
-    def _send(self, obj):
-        try:
-            self.proc.stdin.write(frame_message(obj, self.framing))
-            self.proc.stdin.flush()
-        except (OSError, ValueError):
+    def _send(self, obj, timeout=None):
+        """Write one message from a helper thread: a server that stops reading its input
+        (alive, the pipe full) is gone after the timeout, never a writer blocked for good."""
+        import threading
+        data, failed, timeout = frame_message(obj, self.framing), [], timeout or self.timeout
+
+        def write():
+            try:
+                write_all(self.proc.stdin.fileno(), data)
+            except (OSError, ValueError) as exc:
+                failed.append(exc)
+        writer = threading.Thread(target=write, daemon=True)
+        writer.start()
+        writer.join(timeout)
+        if writer.is_alive():
+            self._stalled = True
+            raise McpServerGone(self._gone_message(
+                "did not read its input within %.0f s" % timeout), EXIT_FAILED)
+        if failed:
             raise McpServerGone(self._gone_message("cannot write to server"), EXIT_FAILED)
 
     def _gone_message(self, what):
@@ -10009,7 +10023,8 @@ class McpClient:
         import queue
         self._next_id += 1
         rid = self._next_id
-        self._send({"jsonrpc": "2.0", "id": rid, "method": method, "params": params or {}})
+        self._send({"jsonrpc": "2.0", "id": rid, "method": method, "params": params or {}},
+                   timeout)
         deadline = time.monotonic() + (timeout or self.timeout)
         while True:
             left = deadline - time.monotonic()

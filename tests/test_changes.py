@@ -1454,3 +1454,20 @@ def test_a_root_below_the_top_of_its_git_repository_is_refused(tmp_path):
         assert res.returncode == 2, (args, res.stdout, res.stderr)
         assert "not the top of its git repository %s" % tmp_path in res.stderr, res.stderr
     assert not (env.repo / "changes").exists()
+
+
+def test_a_server_that_stops_reading_is_gone_not_a_hang(tmp_path):
+    # A server stuck without reading its input (alive): a request larger than the pipe's
+    # buffer (gov.preflight with the paths of a 3,000-file patch) blocked the executor's
+    # write forever, lock held, no timeout, no status.
+    env = Env(tmp_path, mcp={"timeout_sec": 3})
+    patch = "".join("--- /dev/null\n+++ b/new/%s.txt\n@@ -0,0 +1 @@\n+x\n" % ("f%04d" % i * 8)
+                    for i in range(3000))
+    cs_id = env.new("Many files", [task("t1", patch)])
+    env.configure(["--deaf-after", "snapshot.info"], mcp={"timeout_sec": 3})
+    res = env.run(timeout=40)
+    assert res.returncode == 1, res.stderr
+    status = env.status(cs_id)
+    assert status["state"] == "failed" and status["reason"].startswith("mcp_server_gone:")
+    assert "did not read its input within 3 s" in status["reason"], status["reason"]
+    assert not (env.repo / "new").exists()
