@@ -7621,8 +7621,9 @@ class ProxyFloat(float):
 
 
 class ProxyDigits(str):
-    """An integer longer than Python's digit limit (4300 digits on 3.11), kept as its digits: a
-    distinct id from the string of those digits, and written back as the number (reply_error)."""
+    """A number kept as its text: an integer longer than Python's digit limit (4300 digits on
+    3.11), or one beyond a double's range (1e400, which float() makes infinity). A distinct id
+    from the string of that text, and written back as the number (reply_error)."""
     __slots__ = ()
 
     def __eq__(self, other):
@@ -7633,6 +7634,13 @@ class ProxyDigits(str):
 
     def __hash__(self):
         return hash((ProxyDigits, str(self)))
+
+
+def proxy_float(text):
+    """A number written with a fraction or exponent: a ProxyFloat, or as its text when a double
+    cannot hold it (JSON has no infinity to write it back as)."""
+    number = ProxyFloat(text)
+    return number if abs(number) != float("inf") else ProxyDigits(text)
 
 
 PROXY_IDS = (int, str, ProxyFloat, ProxyDigits)   # JSON-RPC ids we track (others are relayed untracked)
@@ -7670,7 +7678,7 @@ def proxy_decoder():
     The text goes straight to the decoder's scanner, which raises the very errors `json.loads`
     would; the result is taken as is only when nothing but the final newline follows the value.
     Anything else goes the full decode way."""
-    decoder, loads = json.JSONDecoder(parse_float=ProxyFloat), json.loads
+    decoder, loads = json.JSONDecoder(parse_float=proxy_float), json.loads
     scan, decode = decoder.scan_once, decoder.decode
 
     def fast(line):
@@ -7693,7 +7701,7 @@ def proxy_decoder():
             # valid JSON: keep such numbers (only those) as text instead of calling it malformed.
             if "integer string conversion" not in str(exc):
                 raise
-            return loads(line.decode("utf-8"), parse_float=ProxyFloat,
+            return loads(line.decode("utf-8"), parse_float=proxy_float,
                          parse_int=lambda digits: int(digits) if len(digits) <= 4000 else ProxyDigits(digits))
     return parse
 

@@ -1159,6 +1159,15 @@ def test_ids_1_and_1_0_and_a_4500_digit_id_are_three_requests(session):
     s.close()
 
 
+def test_an_id_beyond_a_doubles_range_is_answered_as_written_never_as_infinity(session):
+    s = session()
+    s.send_raw(b'{"jsonrpc":"2.0","id":1e400,"method":"ignore"}\n{"jsonrpc":"2.0","id":-1E999,"method":"ignore"}\n')
+    s.request("tools/call", {"name": "crash", "arguments": {"code": 3}}, mid=2)
+    raw = sorted(s.recv_raw().split(b',"error"')[0] for _ in range(3))
+    assert raw == [b'{"jsonrpc":"2.0","id":-1E999', b'{"jsonrpc":"2.0","id":1e400', b'{"jsonrpc":"2.0","id":2'], raw
+    s.close()
+
+
 def test_control_characters_from_the_server_never_reach_the_terminal(session):
     s = session(harness=True)
     s.call("stderr", text="plain \x1b[2J\x1b]0;pwned\x07 and \u009b31m red\n")
