@@ -215,3 +215,40 @@ def test_doctor_runs_and_times_each_hook_and_names_a_broken_one(project, home):
 def test_doctor_without_any_hooks_says_so(project, home):
     out = hooks("doctor", cwd=project, home=home)
     assert out.returncode == 1 and "hooks install" in out.stdout
+
+
+# ---- payload drift: what hosts send changes between versions; the hooks take every form --------
+
+SUBAGENT_INPUT = {"subagent_type": "ensign", "description": "review", "prompt": "SECRET-PROMPT-TEXT"}
+DRIFT = {
+    # Claude Code renamed its subagent tool from Task to Agent (v2.1.63); both are one PostToolUse
+    "Task tool": ("PostToolUse", {"tool_name": "Task", "tool_input": SUBAGENT_INPUT}, "Task"),
+    "Agent tool": ("PostToolUse", {"tool_name": "Agent", "tool_input": SUBAGENT_INPUT}, "Agent"),
+    # the tool's output under today's name and the older one: never recorded, never a failure
+    "tool_response": ("PostToolUse", {"tool_name": "Bash", "tool_response": {"stdout": "OUTPUT-TEXT " * 5000}}, "Bash"),
+    "tool_output": ("PostToolUse", {"tool_name": "Bash", "tool_output": "OUTPUT-TEXT " * 5000}, "Bash"),
+    # events the seam has no name for (newer hosts add them) are recorded under their own name
+    "unknown event": ("PostToolBatch", {"tool_calls": [{"tool_name": "Read"}]}, ""),
+    # unknown fields of every JSON type, and known ones of the wrong type, are ignored
+    "unknown fields": ("PostToolUse", {"tool_name": "Read", "permission_mode": "plan", "effort": {"level": 3},
+                                       "tool_use_id": None, "extra": [1, [2, {"x": True}]], "agent_type": 7}, "Read"),
+}
+
+
+@pytest.mark.parametrize("variant", list(DRIFT))
+def test_installed_hooks_accept_payload_drift_without_failing_the_host(project, home, variant):
+    assert hooks("install", "--host", "claude", cwd=project, home=home).returncode == 0
+    settings = json.loads((project / ".claude" / "settings.json").read_text())
+    command = settings["hooks"]["PostToolUse"][0]["hooks"][0]["command"]
+    check = settings["hooks"]["Stop"][0]["hooks"][1]["command"]
+    event, fields, tool = DRIFT[variant]
+    data = dict(fields, session_id="s-drift", cwd=str(project), hook_event_name=event,
+                transcript_path="/home/u/.claude/projects/p/s.jsonl")
+    result = run_hook(command, project, data, CLAUDE_PROJECT_DIR=project)
+    assert (result.returncode, result.stdout, result.stderr) == (0, "", ""), result
+    [record] = events(project)
+    assert (record["event"], record["detail"]["tool"], record["session_id"]) == (event, tool, "s-drift")
+    raw = (project / "_bridge" / "events.jsonl").read_text()
+    assert "OUTPUT-TEXT" not in raw and "SECRET-PROMPT-TEXT" not in raw
+    result = run_hook(check, project, dict(data, stop_hook_active=False), CLAUDE_PROJECT_DIR=project)
+    assert (result.returncode, result.stdout, result.stderr) == (0, "{}\n", ""), result
