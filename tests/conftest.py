@@ -30,6 +30,14 @@ def run_bridge(*args, cwd=None, input=None, env=None, timeout=60):
         timeout=timeout, stdin=None if input is not None else subprocess.DEVNULL)
 
 
+def readme_quickstart(name="quickstart"):
+    """The sh script of a README quick start: the ```sh block between `<!-- NAME -->` and
+    `<!-- end NAME -->`, so a test runs it exactly as a reader would copy it."""
+    readme = (REPO / "README.md").read_text()
+    block = readme.split("<!-- %s -->\n" % name, 1)[1].split("<!-- end %s -->" % name, 1)[0]
+    return block.split("```sh\n", 1)[1].rsplit("```", 1)[0]
+
+
 def process_running(pid):
     """True if `pid` exists and is not a zombie waiting for a reaper (for orphan checks)."""
     try:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import BRIDGE, clean_env, make_git_repo, run_bridge
+from conftest import BRIDGE, clean_env, make_git_repo, readme_quickstart, run_bridge
 
 README = (BRIDGE.parent / "README.md").read_text()
 SEAM_SECTION = README[README.index("<!-- section:seam -->"):README.index("<!-- end section:seam -->")]
@@ -210,6 +210,22 @@ def test_doctor_runs_and_times_each_hook_and_names_a_broken_one(project, home):
     assert "wrote nothing to %s" % (project / "_bridge" / "events.jsonl") in out.stdout
     out = hooks("doctor", "--host", "claude", cwd=project, home=home)
     assert out.returncode == 1 and "settings.json egress emit" in out.stdout and ": exit 1: " in out.stdout
+
+
+def test_readme_seam_quick_start_runs_as_written(tmp_path, home):
+    """The README's seam quick start, run with sh in a fresh repository: the hooks land in
+    .claude/settings.json, doctor finds both commands working, drain hands out the intent."""
+    repo = make_git_repo(tmp_path / "mine")
+    out = subprocess.run(["sh", "-ec", readme_quickstart("quickstart seam")], cwd=repo, capture_output=True,
+                         text=True, timeout=300, stdin=subprocess.DEVNULL,
+                         env=clean_env(src=str(BRIDGE.parent), HOME=home))
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.count("\nok ") + out.stdout.startswith("ok ") == 2, out.stdout
+    drained = json.loads(out.stdout.strip().splitlines()[-1])
+    assert (drained["status"], drained["count"], drained["records"][0]["text"]) == ("ok", 1, "hello")
+    settings = json.loads((repo / ".claude" / "settings.json").read_text())
+    assert len(bridge_commands(settings)) == 7 and (repo / ".gitignore").read_text() == "_bridge/\nscripts/__pycache__/\n"
+    assert any(e["session_id"] == "bridge-hooks-doctor" for e in events(repo))
 
 
 def test_doctor_without_any_hooks_says_so(project, home):

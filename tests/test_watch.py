@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from conftest import (BRIDGE, FIXTURES, PYTHON, clean_env, git, make_git_repo, process_running,
-                      run_bridge)
+                      readme_quickstart, run_bridge)
 
 AGENT = [PYTHON, str(FIXTURES / "agent.py"), "--task", "{task_file}", "--prompt-file", "{prompt_file}"]
 SEED_RESULT_KEYS = {"id", "status", "exit_path", "reason", "attempt", "bead", "git", "commands",
@@ -967,9 +967,7 @@ def test_state_folder_swapped_for_a_symlink_mid_task_is_never_written_through(qu
 def test_readme_quick_start_runs_as_written(tmp_path):
     """The README's watch quick start, taken from between its marker comments and run with
     sh in a fresh repository: the first task succeeds (not dirty_repo), the repo stays clean."""
-    readme = (BRIDGE.parent / "README.md").read_text()
-    block = readme.split("<!-- quickstart -->\n", 1)[1].split("<!-- end quickstart -->", 1)[0]
-    script = block.split("```sh\n", 1)[1].rsplit("```", 1)[0]
+    script = readme_quickstart()
     repo = make_git_repo(tmp_path / "mine")
     out = subprocess.run(["sh", "-ec", script], cwd=repo, env=clean_env(src=str(BRIDGE.parent)),
                          capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
