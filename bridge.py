@@ -5625,13 +5625,9 @@ def _floor_slugs(bdir):
         names = os.listdir(bdir)
     except OSError:
         return None
-    slugs = set()
-    for name in names:
-        if name.startswith(".inbox-cursor.") and is_safe_name(name[14:]):
-            slugs.add(name[14:])
-    if not slugs:
-        return None
-    return slugs | set(discover_slugs(bdir))
+    slugs = {name[14:] for name in names
+             if name.startswith(".inbox-cursor.") and is_safe_name(name[14:])}
+    return slugs | set(discover_slugs(bdir)) if slugs else None
 
 
 def _lines_since(path, mark):
