@@ -1019,6 +1019,11 @@ CONFIG_KEYS = (
     ("proxy.health_check_sec", 60.0, float, (0, None)),        # 0: off
     ("proxy.health_timeout_sec", 30.0, float, (0, None)),
     ("proxy.start_timeout_sec", 60.0, float, (0, None)),       # 0: off
+    # proxy --watch: restart the Doctor when one of these files or folders changes
+    ("doctor.watch", [], list, None),
+    ("doctor.watch_exclude", [".git", "__pycache__", "node_modules", "*.pyc", "*.swp", "*.swx", "*~",
+                              ".#*", "4913"], list, None),      # 4913: vim's write test file
+    ("doctor.watch_debounce_ms", 300.0, float, (0, None)),
     # changes
     ("changes.dir", "changes", str, None),                     # relative to the root
     ("changes.mcp.command", None, COMMAND, None),              # the MCP server, e.g. axiomregent
@@ -7650,6 +7655,8 @@ PROXY_REASONS = {
     "hung": "MCP server stopped answering (health-check ping unanswered) and was killed; the request "
             "was not retried",
     "restart": "MCP server restarted (doctor:restart) before answering",
+    "reload": "MCP server reloaded (a watched file changed) and did not answer within "
+              "proxy.close_grace_sec; the request was not retried",
     "graceful": "MCP server restarted on its own request before answering",
     "kill": "MCP server stopped by doctor:kill; send doctor:restart to start it",
     "shutdown": "bridge.py proxy is shutting down",
@@ -7939,6 +7946,79 @@ class Outbox(bytearray):
             raise
 
 
+class ProxyWatch:
+    """`proxy --watch`: polls files and folders for changes from one thread, and calls
+    `notify(files)` once a burst of saves has settled for `debounce` seconds. Stdlib only and
+    the same everywhere: a snapshot of (mtime, size, inode) per file, compared with the last one.
+    A scan is cheap for a source tree, but a large one must not cost a core: the next scan waits
+    100 times as long as this one took (at least `interval`), so watching costs at most about 1%
+    of one core whatever the tree's size. The debounce counts from the newest change's mtime when
+    it is believable (not in the future, not older than the scan before), so a slow scan does not
+    add its delay to the debounce."""
+
+    def __init__(self, paths, exclude, debounce, notify, interval=0.25):
+        self.paths = [os.path.abspath(p) for p in paths]
+        self.exclude, self.debounce, self.notify, self.interval = tuple(exclude), debounce, notify, interval
+        self.stopping = None                       # a threading.Event once started
+
+    def excluded(self, name):
+        import fnmatch
+        return any(fnmatch.fnmatchcase(name, pattern) for pattern in self.exclude)
+
+    def snapshot(self):
+        """{path: (mtime_ns, size, inode)} of every watched file not excluded; a folder is
+        walked without following symlinks, its excluded entries (`.git`, ...) not entered."""
+        files, todo = {}, list(self.paths)
+        while todo:
+            path = todo.pop()
+            try:
+                if not os.path.isdir(path) or os.path.islink(path):
+                    st = os.stat(path)
+                    files[path] = (st.st_mtime_ns, st.st_size, st.st_ino)
+                    continue
+                with os.scandir(path) as entries:
+                    for entry in entries:
+                        if self.excluded(entry.name):
+                            continue
+                        if entry.is_dir(follow_symlinks=False):
+                            todo.append(entry.path)
+                        else:
+                            st = entry.stat()
+                            files[entry.path] = (st.st_mtime_ns, st.st_size, st.st_ino)
+            except OSError:                        # gone (deleted mid-scan), unreadable: absent
+                continue
+        return files
+
+    def start(self):
+        import threading
+        self.stopping = threading.Event()
+        threading.Thread(target=self.run, name="bridge-watch", daemon=True).start()
+
+    def stop(self):
+        if self.stopping is not None:
+            self.stopping.set()
+
+    def run(self):
+        before, changed, fire_at, last_scan = self.snapshot(), set(), None, time.time()
+        wait = self.interval
+        while not self.stopping.wait(wait if fire_at is None else max(0.0, min(wait, fire_at - time.time()))):
+            start, cpu = time.time(), time.process_time()
+            now = self.snapshot()
+            spent = time.process_time() - cpu        # this process's CPU: the scan, and the relay's
+            wait = max(self.interval, min(100 * (time.time() - start), 100 * spent + self.interval))
+            if now != before:
+                new = {p for p in set(now) | set(before) if now.get(p) != before.get(p)}
+                changed |= new
+                newest = max([now[p][0] / 1e9 for p in new if p in now] or [start])
+                saved = newest if last_scan - 1.0 <= newest <= start else start
+                fire_at = max(fire_at or 0.0, saved + self.debounce)
+                before = now
+            last_scan = start
+            if fire_at is not None and time.time() >= fire_at:
+                self.notify(sorted(changed))
+                changed, fire_at = set(), None
+
+
 class Proxy:
     """Supervises the Doctor (the real MCP server) and relays stdio both ways. The README
     section "proxy" describes the rules. Everything runs on one thread, the relay loop in
@@ -7986,6 +8066,7 @@ class Proxy:
         self.events_max = px["events_per_sec_max"]      # mcp:* events published a second at most
         self.health_sec = px["health_check_sec"]        # silence while owing answers before a ping
         self.health_timeout = px["health_timeout_sec"]  # an unanswered ping is a hang after this
+        self.watch = None                               # the ProxyWatch of `--watch`, if any
         self.verbosity = PROXY_LEVELS.get(str(px["log_level"]).lower(), 1)  # least level logged
         self.redactor = get_redactor(cfg, env=env)      # the Doctor's doctor.env secrets too
         # -- the Doctor --
@@ -7998,6 +8079,10 @@ class Proxy:
         self.own_n = 0                                  # numbers bridge.py's own request ids
         self.own_tag = random_hex(8)                    # in them: a client cannot reuse one by chance
         self.stopped = False                            # doctor:kill: down until doctor:restart
+        self.reload = None                              # the reload in flight: {files, gen, until, ...}
+        self.reload_next = None                         # files changed while it was: the next reload
+        self.tools = None                               # {name: input-schema hash}, last seen
+        self.remember = PROXY_STATEFUL                  # client requests whose answers tried() reads
         # -- the client's session, replayed to a restarted Doctor --
         self.init_params = None                         # the client's initialize params
         self.discover = None                            # the client's last server/discover params
@@ -8037,6 +8122,11 @@ class Proxy:
         self.samples = collections.deque([(self.started, 0, 0)])  # (when, messagesIn, messagesOut) each second
         self.st = dict(messagesIn=0, messagesOut=0, bytesIn=0, bytesOut=0, doctorRestarts=0,
                        dropped=0, eventsSkipped=0)      # counters published in bridge:stats
+        doc = cfg["doctor"]
+        if doc["watch"]:
+            self.watch = ProxyWatch(doc["watch"], doc["watch_exclude"], doc["watch_debounce_ms"] / 1000.0,
+                                    self.changed)
+            self.remember = PROXY_STATEFUL + ("tools/list",)   # the tool list before a reload
 
     # ---- logging, events, stats ----
     def log(self, level, text):
@@ -8183,6 +8273,8 @@ class Proxy:
         the waiting control() and publish fresh stats so dashboards show the new state at once."""
         if action == "signal":
             return self.shutdown(params)
+        if action == "reload":
+            return self.start_reload(params)
         self.log("info", "control %s" % action)
         outcome = self.command(action)
         if "result" in outcome:
@@ -8300,6 +8392,9 @@ class Proxy:
             self.emit("doctor:ready", {"generation": child.gen, "pid": child.pid, "signal": how,
                                        "startMs": round((monotonic() - child.started) * 1000, 1)})
             self.publish_stats()                   # dashboards show the new state at once
+            if self.reload is not None and child.gen > self.reload["gen"]:
+                self.reload["tools"] = {}
+                self.own("tools/list")             # what the reload changed: listed()
 
     def stop_child(self, reason, now=False):
         """Close the Doctor's stdin (once what we owe it is written), TERM its group after the
@@ -8335,9 +8430,9 @@ class Proxy:
         self.reap_adopted()
         if reason == "kill":
             self.emit("doctor:stopped", {"generation": child.gen, "exit": child.exit})
-        elif reason in ("restart", "graceful"):
+        elif reason in ("restart", "reload", "graceful"):
             # not a crash, but a server asking again and again must not respawn in a tight loop
-            self.spawn_at = 0.0 if reason == "restart" else monotonic() + self.cooldown
+            self.spawn_at = monotonic() + self.cooldown if reason == "graceful" else 0.0
             self.emit("doctor:restarting", {"generation": child.gen, "reason": reason, "exit": child.exit})
         else:
             self.crashed(child.exit, child.gen, reason)
@@ -8364,6 +8459,72 @@ class Proxy:
             self.log("info", "shutting down (%s)" % reason)
             self.stop_child("shutdown")
             self.fail_held("shutdown")
+
+    # ---- reload (`--watch`) ----
+    def changed(self, files):
+        """From the watch thread: watched files changed (a burst, debounced); reload in the loop."""
+        self.ctl.append(("reload", files, None))
+        self.wake()
+
+    def start_reload(self, files):
+        """Restart the Doctor as doctor:restart does (not a crash), but first give the requests
+        it is working on close_grace_sec to finish, holding new client messages meanwhile. One
+        reload at a time: a change during the grace joins it, a later one makes one more reload
+        once this one is done (listed())."""
+        child = self.child
+        if self.shutting or self.stopped:
+            return self.log("info", "%s changed: not reloaded (%s)" % (
+                files[0], "shutting down" if self.shutting else "stopped by doctor:kill"))
+        if self.reload is not None:
+            if self.draining():
+                self.reload["files"] = sorted(set(self.reload["files"]) | set(files))
+            else:
+                self.reload_next = sorted(set(self.reload_next or ()) | set(files))
+            return
+        now = monotonic()
+        self.reload = {"files": files, "gen": self.gen, "at": now, "until": now + self.close_grace,
+                       "before": self.tools, "tools": {}}
+        self.emit("doctor:reloading", {"generation": self.gen, "file": files[0], "files": files[:20],
+                                       "pending": len(self.pending), "graceSec": self.close_grace})
+        if child is None or child.exit is not None:
+            self.spawn_at = 0.0                    # waiting out a crash's cooldown: start now
+
+    def draining(self):
+        """A reload waits for the old Doctor to finish its requests (start_reload)."""
+        reload, child = self.reload, self.child
+        return reload is not None and child is not None and child.gen == reload["gen"] and \
+            child.exit is None and not child.stop_reason
+
+    def listed(self, msg):
+        """The reloaded Doctor's tools/list answer (a page of it): on to the next page, or
+        publish doctor:reloaded with what changed since the last list seen."""
+        reload, result = self.reload, msg.get("result")
+        if reload is None:
+            return
+        if result.__class__ is not dict or result.get("tools").__class__ is not list:
+            return self.reloaded({"error": msg.get("error") or "tools/list answer without tools"})
+        reload["tools"].update(proxy_tool_hashes(result["tools"]))
+        cursor = result.get("nextCursor")
+        if cursor.__class__ is str and cursor and len(reload["tools"]) < 100000:
+            self.own("tools/list", {"cursor": cursor})
+        else:
+            self.reloaded({})
+
+    def reloaded(self, data):
+        reload, self.reload = self.reload, None
+        before, after = reload["before"], reload["tools"]
+        data.update(generation=self.gen, file=reload["files"][0], files=reload["files"][:20],
+                    reloadMs=round((monotonic() - reload["at"]) * 1000, 1))
+        if "error" not in data:
+            self.tools = after
+            data["tools"] = len(after)
+            if before is not None:                 # else nothing to compare with: no diff
+                data.update(added=sorted(set(after) - set(before)), removed=sorted(set(before) - set(after)),
+                            changed=sorted(n for n in after if n in before and after[n] != before[n]))
+        self.emit("doctor:reloaded", data)
+        if self.reload_next:
+            files, self.reload_next = self.reload_next, None
+            self.start_reload(files)
 
     # ---- error replies for requests the Doctor will never answer ----
     def reply_error(self, mid, reason, method, exit=None, to_doctor=False):
@@ -8428,7 +8589,8 @@ class Proxy:
         loads, pending, out, obs, child = self.parse, self.pending, [], self.obs, self.child
         watch = obs is not None and obs.client_count > 0
         gate = self.paused or self.stopped or self.shutting or child is None or child.exit is not None \
-            or child.stop_reason or child.replay_id is not None
+            or child.stop_reason or child.replay_id is not None or self.reload is not None and self.draining()
+        remember = self.remember
         now, st = monotonic(), self.st
         st["messagesIn"] += len(lines)
         st["bytesIn"] += sum(map(len, lines))
@@ -8451,7 +8613,7 @@ class Proxy:
                         continue
                 elif mid is not None:
                     reqs = ((mid, method),)
-                    if method in PROXY_STATEFUL:
+                    if method in remember:
                         self.tries[mid] = (method, msg.get("params"))
                 elif method == "notifications/cancelled":
                     # A server need not answer a cancelled request (MCP): stop owing it, or a crash
@@ -8478,7 +8640,7 @@ class Proxy:
         """Forward held client messages, in order, once the Doctor can take them."""
         child = self.child
         if self.paused or self.stopped or child is None or child.exit is not None or \
-                child.stop_reason or child.replay_id is not None or not self.held:
+                child.stop_reason or child.replay_id is not None or not self.held or self.draining():
             return
         now, out = monotonic(), []
         for line, reqs, _method, _t in self.held:
@@ -8561,6 +8723,10 @@ class Proxy:
             self.level = params
         elif method == "server/discover":
             self.discover = params
+        elif method == "tools/list":               # a whole list (not one page): the reload's "before"
+            if not (params.__class__ is dict and params.get("cursor")) and not result.get("nextCursor") \
+                    and result.get("tools").__class__ is list:
+                self.tools = proxy_tool_hashes(result["tools"])
         elif params.__class__ is dict and params.get("uri").__class__ is str:
             if method == "resources/subscribe":
                 self.subs[params["uri"]] = params
@@ -8574,6 +8740,8 @@ class Proxy:
             child.replay_id = None
             self.mark_ready("answered server/discover")
             return self.flush_held()
+        if method == "tools/list":
+            return self.listed(msg)
         if method == "ping":                       # even an error answer proves it is alive
             # Concurrent only once a request sent before the ping is answered after it: then the
             # ping was answered while that request was in progress (not merely ignored).
@@ -8744,6 +8912,8 @@ class Proxy:
         try:
             self.start_observability()
             self.spawn()
+            if self.watch is not None:
+                self.watch.start()
             while True:
                 now, child = monotonic(), self.child
                 if child is not None and child.exit is None and (
@@ -8757,6 +8927,8 @@ class Proxy:
                             self.stop_child("stdout_closed" if child.fout is None else "stdin_closed", now=True)
                     elif not child.stop_reason and (self.pending or child.replay_id is not None):
                         self.check_health(now)
+                if self.reload is not None and self.draining() and (not self.pending or now >= self.reload["until"]):
+                    self.stop_child("reload", now=True)    # past the grace: the rest get an error
                 if self.shutting and (self.child is None or self.child.exit is not None):
                     break
                 child = self.child
@@ -8795,6 +8967,8 @@ class Proxy:
                     self.publish_stats()
         finally:
             self.closed = True
+            if self.watch is not None:
+                self.watch.stop()
             while self.ctl:                            # commands that came too late
                 done = self.ctl.popleft()[2]
                 if done is not None:
@@ -8817,7 +8991,7 @@ class Proxy:
         """Fire due deadlines (close stdin, TERM, KILL, held-message timeouts); seconds to sleep."""
         child = self.child
         if not self.held and child is not None and child.exit is None and not child.stop_reason \
-                and child.fout is not None:        # the relay's usual state: only the exit check is due
+                and child.fout is not None and self.reload is None:   # the usual state: only the exit check is due
             return max(0.0, min(now + 1.0, self.next_check) - now)
         import signal
         due = [now + 1.0]
@@ -8835,7 +9009,7 @@ class Proxy:
             elif child.fout is None:               # stdout closed: the exit is imminent, or overdue
                 due.append(now + 0.002 if now - child.eof_at < 0.1 else child.eof_at + self.close_grace)
             else:
-                due.append(self.next_check)
+                due.append(self.reload["until"] if self.draining() else self.next_check)
         elif not self.stopped and not self.shutting:
             due.append(self.spawn_at)
         if self.held:
@@ -8948,6 +9122,13 @@ class Proxy:
             where = "; not written to %s: %s" % (path, exc)
         self.write_stderr(printable("bridge proxy: info: dashboard with this run's token: %s%s" % (
             url, where)).encode("utf-8") + b"\n")
+
+
+def proxy_tool_hashes(tools):
+    """{name: hash of its inputSchema} for a tools/list answer's tools: what a reload compares."""
+    import hashlib
+    return {tool["name"]: hashlib.sha256(json.dumps(tool.get("inputSchema"), sort_keys=True).encode(
+        "utf-8")).hexdigest()[:16] for tool in tools if tool.__class__ is dict and tool.get("name").__class__ is str}
 
 
 def proxy_command(cfg, argv=None):
@@ -12194,6 +12375,9 @@ def add_proxy_parsers(subparsers):
         "run an MCP stdio server under supervision: relay, restart on crash, observe",
         "python3 bridge.py proxy -- npx -y @modelcontextprotocol/server-filesystem .\n"
         "BRIDGE_DOCTOR_CMD='python3 server.py' python3 bridge.py proxy")
+    parser.add_argument("--watch", action="append", default=[], metavar="PATH",
+                        help="restart the server when a file under PATH changes (repeatable; adds to "
+                             "doctor.watch)")
     parser.add_argument("server", nargs=argparse.REMAINDER, metavar="-- SERVER COMMAND...",
                         help="the server's argv (default: doctor.command/args or BRIDGE_DOCTOR_CMD)")
 
@@ -12202,6 +12386,10 @@ def cmd_proxy(args):
     _root, cfg = load_args_config(args)
     server = args.server[1:] if args.server[:1] == ["--"] else args.server
     argv, cwd, env = proxy_command(cfg, server)
+    cfg["doctor"]["watch"] = list(cfg["doctor"]["watch"]) + args.watch
+    for path in cfg["doctor"]["watch"]:
+        if not isinstance(path, str) or not os.path.exists(path):
+            raise BridgeError("proxy: watched path %r (--watch, doctor.watch) does not exist" % (path,))
     return Proxy(argv, cfg, cwd, env).run()
 
 

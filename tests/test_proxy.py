@@ -25,11 +25,11 @@ class Session:
     """A running `bridge.py proxy` with a reader thread on its stdout (so reads can time out)."""
 
     def __init__(self, tmp_path, server_args=(), command=None, harness=False, config=None, env=None,
-                 reader=True):
+                 reader=True, args=()):
         self.tmp, self.log = tmp_path, tmp_path / "server.jsonl"
         self.events, self.control = tmp_path / "events.jsonl", tmp_path / "control.jsonl"
         cmd = [PYTHON, HARNESS, str(self.events), str(self.control)] if harness else [PYTHON, str(BRIDGE)]
-        cmd.append("proxy")
+        cmd += ["proxy"] + list(args)
         if config is not None:
             (tmp_path / "cfg.json").write_text(json.dumps(config))
             cmd += ["--config", str(tmp_path / "cfg.json")]

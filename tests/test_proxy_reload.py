@@ -1,0 +1,137 @@
+"""`bridge.py proxy --watch`: a live session in front of a copy of the fixture MCP server whose
+source file the test edits. Each edit burst restarts the server once (not a crash), the client's
+session goes on, requests in progress get close_grace_sec, and doctor:reloaded carries the
+tool-list diff. Events come from tests/proxy_harness.py's recording stand-in."""
+import shutil
+import time
+
+from conftest import FIXTURES, PYTHON
+from test_proxy import Session
+
+FAST = {"lifecycle": {"cooldown": 20}}
+
+
+def server_copy(tmp_path):
+    folder = tmp_path / "srv"
+    folder.mkdir()
+    shutil.copy(FIXTURES / "mcp_server.py", folder / "server.py")
+    return folder
+
+
+def edit(path, tools):
+    """Rewrite the copy with another EXTRA_TOOLS line (the way an editor saves: whole file)."""
+    text = path.read_text()
+    start = text.index("EXTRA_TOOLS = ")
+    end = text.index("\n", start)
+    path.write_text(text[:start] + "EXTRA_TOOLS = %r" % (tools,) + text[end:])
+
+
+def start(tmp_path, folder, grace=2.0, debounce=150, by_cli=False):
+    config = dict(FAST, proxy={"close_grace_sec": grace}, doctor={"watch_debounce_ms": debounce})
+    args = ["--watch", str(folder)] if by_cli else []
+    if not by_cli:
+        config["doctor"]["watch"] = [str(folder)]
+    s = Session(tmp_path, command=[PYTHON, str(folder / "server.py"), "--log", str(tmp_path / "server.jsonl")],
+                harness=True, config=config, args=args)
+    s.initialize()
+    mid = s.request("tools/list")
+    assert "echo" in [t["name"] for t in s.reply()["result"]["tools"]] and mid
+    return s
+
+
+def test_a_burst_of_saves_reloads_once_and_the_session_goes_on(tmp_path):
+    folder = server_copy(tmp_path)
+    s = start(tmp_path, folder, debounce=1000, by_cli=True)
+    try:
+        first = s.pids()
+        assert len(first) == 1
+        for n in range(5):          # five saves over 0.4 s: several scans see them, one reload follows
+            edit(folder / "server.py", {"added": {"type": "object"}, "crash": None,
+                                        "echo": {"type": "object", "n": n}})
+            time.sleep(0.1 * (n < 4))
+        last_save = time.time()
+        done = s.wait_event("doctor:reloaded")[0]["data"]
+        # the restart waited out the debounce from the last save, not from the first one seen
+        assert s.event_list("doctor:reloading")[0]["ts"] >= (last_save + 1.0 - 0.1) * 1000
+        assert done["file"] == str(folder / "server.py")
+        assert done["added"] == ["added"] and done["removed"] == ["crash"] and done["changed"] == ["echo"]
+        assert done["generation"] == 2
+        # the same client, on the same pipes, is answered by the new server
+        mid = s.call("echo", text="after")
+        got = s.recv()
+        notes = []
+        while "id" not in got:
+            notes.append(got["method"])
+            got = s.recv()
+        assert got["id"] == mid and got["result"]["content"][0]["text"] == "after"
+        assert "notifications/tools/list_changed" in notes
+        mid = s.request("tools/list")
+        names = [t["name"] for t in s.reply()["result"]["tools"]]
+        assert "added" in names and "crash" not in names
+        assert len(s.event_list("doctor:reloading")) == 1 and len(s.event_list("doctor:reloaded")) == 1
+        assert s.event_list("doctor:crashed") == []
+        restarting = s.event_list("doctor:restarting")
+        assert [e["data"]["reason"] for e in restarting] == ["reload"]
+        assert len(s.pids()) == 2 and s.pids()[0] == first[0]
+        # a second edit later is a second reload, compared with the list the first one saw
+        edit(folder / "server.py", {"added": {"type": "object"}})
+        second = s.wait_event("doctor:reloaded", count=2)[1]["data"]
+        assert second["added"] == ["crash"] and second["removed"] == [] and second["changed"] == ["echo"]
+    finally:
+        s.close()
+
+
+def test_excluded_files_do_not_reload(tmp_path):
+    folder = server_copy(tmp_path)
+    (folder / "__pycache__").mkdir()
+    (folder / ".git").mkdir()
+    (folder / "notes.txt").write_text("watched\n")
+    s = start(tmp_path, folder)
+    try:
+        # changes the defaults exclude, made before a watched one: a scan that sees the watched
+        # change has seen these too, so they would be in that reload (or one before it)
+        (folder / "__pycache__" / "server.cpython-311.pyc").write_bytes(b"\0" * 10)
+        (folder / ".git" / "HEAD").write_text("ref: refs/heads/x\n")
+        (folder / "server.py.swp").write_bytes(b"swap")
+        (folder / "server.py~").write_text("backup")
+        (folder / ".#server.py").write_text("lock")
+        (folder / "old.pyc").write_bytes(b"\0")
+        (folder / "notes.txt").write_text("changed\n")
+        done = s.wait_event("doctor:reloaded")[0]["data"]
+        assert done["files"] == [str(folder / "notes.txt")]
+        assert done["added"] == done["removed"] == done["changed"] == []
+        assert len(s.event_list("doctor:reloading")) == 1
+    finally:
+        s.close()
+
+
+def test_requests_in_progress_get_the_grace_then_an_error(tmp_path):
+    folder = server_copy(tmp_path)
+    s = start(tmp_path, folder, grace=5.0)
+    try:
+        slow = s.call("slow", sec=0.5)                      # answered within the grace
+        edit(folder / "server.py", {"added": {"type": "object"}})
+        s.wait_event("doctor:reloading")
+        held = s.call("echo", text="held")                  # sent during the grace: held, then relayed
+        got = s.reply()
+        assert got["id"] == slow and "result" in got, got
+        got = s.reply()
+        assert got["id"] == held and got["result"]["content"][0]["text"] == "held", got
+        s.wait_event("doctor:reloaded")
+    finally:
+        s.close()
+    tmp2 = tmp_path / "past"
+    tmp2.mkdir()
+    folder = server_copy(tmp2)
+    s = start(tmp2, folder, grace=0.3)
+    try:
+        hang = s.call("hang")                               # never answers: past the grace
+        edit(folder / "server.py", {"added": {"type": "object"}})
+        got = s.reply()
+        assert got["id"] == hang and got["error"]["data"]["reason"] == "reload", got
+        s.wait_event("doctor:reloaded")
+        mid = s.call("echo", text="next")
+        assert s.reply()["id"] == mid
+        assert s.event_list("doctor:crashed") == []
+    finally:
+        s.close()
