@@ -2224,10 +2224,10 @@ def _token_end(text, end):
 
 
 def _placeholder_body(body):
-    """True for a token body that is a placeholder: one character makes up 80% of it
+    """True for a token body that is a placeholder: `x`, `X`, `*` or `•` make up 80% of it
     (`ops_eyJxxxx…`, `AKCpXXXX…`, `A3-XXXXXX-XXXXX…`, `fo1_xxxxxxxx`)."""
     body = body.rstrip("=")
-    return len(body) >= 8 and max(body.count(c) for c in set(body)) >= 0.8 * len(body)
+    return len(body) >= 8 and max(body.count(c) for c in "xX*•") >= 0.8 * len(body)
 
 
 def _positions(text, char):
