@@ -6293,17 +6293,15 @@ def _start_resume(argv, cwd, prompt):
     fd, path = tempfile.mkstemp(prefix="spacedock-bridge-wake-", suffix=".txt")
     try:
         try:
-            try:
-                write_all(fd, prompt.encode("utf-8"))
-            except OSError as exc:  # name the prompt file, not the command
-                raise OSError(exc.errno, exc.strerror, path) from None
-            os.lseek(fd, 0, os.SEEK_SET)
-            child = subprocess.Popen(argv, cwd=cwd, stdin=fd, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL, start_new_session=True)
-        finally:
-            os.unlink(path)
+            write_all(fd, prompt.encode("utf-8"))
+        except OSError as exc:  # name the prompt file, not the command
+            raise OSError(exc.errno, exc.strerror, path) from None
+        os.lseek(fd, 0, os.SEEK_SET)
+        child = subprocess.Popen(argv, cwd=cwd, stdin=fd, stdout=subprocess.DEVNULL,
+                                 stderr=subprocess.DEVNULL, start_new_session=True)
     finally:
         os.close(fd)
+        os.unlink(path)
     return child.pid  # not awaited: once this short-lived process exits, init reaps it
 
 
