@@ -12101,17 +12101,18 @@ def merge_hooks(config, plan):
 
 
 def hooks_file(host, scope, root):
-    """(settings file, the folder it is written within) for `host` at `scope`."""
+    """(settings file, the folder it is written within) for `host` at `scope`. Within the
+    repository no folder on the way may be a symlink (agents write there); the user's own
+    folder is trusted as it is (a ~/.claude linked by a dotfile manager too)."""
+    folder, name = {"claude": (".claude", "settings.json"), "codex": (".codex", "hooks.json"),
+                    "pi": (os.path.join(".pi", "extensions"), "bridge.ts")}[host]
+    if scope != "user":
+        return os.path.join(root, folder, name), root
     home = os.path.expanduser("~")
-    if host == "claude":
-        base = home if scope == "user" else root
-        return os.path.join(base, ".claude", "settings.json"), base
-    if host == "codex":
-        base = (os.environ.get("CODEX_HOME") or os.path.join(home, ".codex")) if scope == "user" \
-            else os.path.join(root, ".codex")
-        return os.path.join(base, "hooks.json"), base
-    base = os.path.join(home, ".pi", "agent") if scope == "user" else os.path.join(root, ".pi")
-    return os.path.join(base, "extensions", "bridge.ts"), base
+    folder = {"claude": os.path.join(home, ".claude"),
+              "codex": os.environ.get("CODEX_HOME") or os.path.join(home, ".codex"),
+              "pi": os.path.join(home, ".pi", "agent", "extensions")}[host]
+    return os.path.join(folder, name), folder
 
 
 def read_settings(path):
@@ -12237,7 +12238,6 @@ def hooks_doctor(root, hosts, scope=None, runs=5):
     sample = {"session_id": "bridge-hooks-doctor", "cwd": root, "hook_event_name": "PostToolUse",
               "tool_name": "Bash", "stop_hook_active": False}
     env = dict(os.environ, CLAUDE_PROJECT_DIR=root, BRIDGE_DEBUG="1")
-    env.pop("BRIDGE_CONFIG", None)
 
     def run(command, data=b""):
         return run_command(command, cwd=root, env=env, shell=True, stdin_data=data, timeout=30)

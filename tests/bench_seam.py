@@ -32,15 +32,11 @@ REPO = Path(__file__).resolve().parent.parent
 PY = sys.executable
 RUNS = int(sys.argv[1]) if len(sys.argv) > 1 else 41
 
-# The README's hook commands: bridge.py imported from its cached bytecode, no argparse
-# (Claude Code: after `cd "$CLAUDE_PROJECT_DIR"`; Codex: scripts/bridge.py looked up within the
-# git repository and loaded by its path).
-HOOK_CODE = 'import gc,sys;gc.disable();sys.path[:0]=["scripts"];import bridge;sys.exit(bridge.seam_main())'
-WALK_CODE = ('import gc,os,sys;gc.disable();p=os.getcwd().split("/");a=["/".join(p[:i]) or "/" for i in '
-             'range(len(p),0,-1)];g=[d for d in a if os.path.exists(d+"/.git")][:1];a=a[:a.index(g[0])+1'
-             '] if g else a[:1];f=[d+"/scripts/bridge.py" for d in a if os.path.isfile(d+"/scripts/bridg'
-             'e.py")][:1];f or sys.exit(0);from importlib.machinery import SourceFileLoader as L;m=type('
-             'sys)("bridge");m.__file__=f[0];L("bridge",f[0]).exec_module(m);sys.exit(m.seam_main())')
+# The hook commands `bridge.py hooks install` writes (and the README shows): bridge.py imported
+# from its cached bytecode, no argparse (Claude Code: after `cd "$CLAUDE_PROJECT_DIR"`; Codex:
+# scripts/bridge.py looked up within the git repository and loaded by its path).
+sys.path.insert(0, str(REPO))
+from bridge import HOOK_IMPORT as HOOK_CODE, HOOK_WALK as WALK_CODE  # noqa: E402
 
 
 def hook(*args):

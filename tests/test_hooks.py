@@ -182,6 +182,15 @@ def test_symlinked_settings_file_is_refused_and_left_alone(project, home, tmp_pa
     out = hooks("install", "--host", "codex", cwd=project, home=home)
     assert out.returncode == 2 and "symlink" in out.stderr and str(project / ".codex" / "hooks.json") in out.stderr
     assert (project / ".codex" / "hooks.json").is_symlink() and target.read_text() == '{"model": "opus"}'
+    # a repository folder linked elsewhere is never written through; the user's own linked ~/.claude is
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (project / ".claude").symlink_to(outside)
+    out = hooks("install", "--host", "claude", cwd=project, home=home)
+    assert out.returncode == 2 and "symlink" in out.stderr and list(outside.iterdir()) == []
+    (home / ".claude").symlink_to(outside)
+    assert hooks("install", "--host", "claude", "--scope", "user", cwd=project, home=home).returncode == 0
+    assert len(bridge_commands(json.loads((outside / "settings.json").read_text()))) == 7
 
 
 def test_pi_install_writes_the_readme_extension_and_never_touches_a_foreign_one(project, home):
