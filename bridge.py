@@ -7642,7 +7642,17 @@ def proxy_float(text):
     return number if abs(number) != float("inf") else ProxyDigits(text)
 
 
-PROXY_IDS = (int, str, ProxyFloat, ProxyDigits)   # JSON-RPC ids we track (others are relayed untracked)
+PROXY_IDS = (int, str, ProxyFloat, ProxyDigits)
+
+
+def proxy_short(value, cap=200):
+    """An id or method as an event shows it: whatever the other side chose, up to a 16 MiB
+    line, so a long string is cut (the history holds 200 events and each goes to every
+    dashboard)."""
+    if isinstance(value, str) and len(value) > cap:
+        return "%s...[%d chars]" % (value[:cap], len(value))
+    return value
+   # JSON-RPC ids we track (others are relayed untracked)
 PROXY_LEVELS = {"debug": 0, "info": 1, "warn": 2, "error": 3}
 # client requests whose successful answer sets up session state a restarted Doctor is given again
 PROXY_STATEFUL = ("initialize", "logging/setLevel", "resources/subscribe", "resources/unsubscribe",
@@ -8540,7 +8550,8 @@ class Proxy:
         self.tries.pop(mid, None)
         self.send_client(line)
         if self.obs is not None:                   # never sampled: these are the events worth keeping
-            self.obs.publish("mcp:response", {"id": mid, "method": method, "size": len(line), "error": True,
+            self.obs.publish("mcp:response", {"id": proxy_short(mid), "method": proxy_short(method),
+                                              "size": len(line), "error": True,
                                               "from": "bridge", "reason": reason})
 
     def hold(self, line, reqs, method):
@@ -8564,7 +8575,7 @@ class Proxy:
             self.reply_error(rid, reason, rmethod)
         if not reqs:
             self.st["dropped"] += 1
-            self.emit("bridge:dropped", {"from": "client", "method": method, "size": len(line),
+            self.emit("bridge:dropped", {"from": "client", "method": proxy_short(method), "size": len(line),
                                          "reason": PROXY_REASONS[reason]})
 
     def fail_held(self, reason, older_than=None):
@@ -8620,7 +8631,7 @@ class Proxy:
                     if params.__class__ is dict and params.get("requestId").__class__ in PROXY_IDS:
                         pending.pop(params["requestId"], None)
                 if watch and self.sample():
-                    obs.publish("mcp:request", {"from": "client", "method": method, "id": mid,
+                    obs.publish("mcp:request", {"from": "client", "method": proxy_short(method), "id": proxy_short(mid),
                                                 "size": len(line), "params": self.preview(msg)})
             elif msg.__class__ is list:            # a 2025-03-26 batch: the requests inside are owed
                 reqs = tuple((m["id"], m["method"]) for m in msg if m.__class__ is dict and
@@ -8680,13 +8691,15 @@ class Proxy:
                         self.mark_ready("first answer")
                     if watch and self.sample():
                         obs.publish("mcp:response", {
-                            "id": mid, "method": sent and sent[0], "size": len(line), "error": "error" in msg,
+                            "id": proxy_short(mid), "method": sent and proxy_short(sent[0]), "size": len(line),
+                            "error": "error" in msg,
                             "latencyMs": round((monotonic() - sent[1]) * 1000, 3) if sent else None})
                 elif method is not None:
                     if mid is not None:
                         self.srv_pending.add(mid)
                     if watch and self.sample():
-                        obs.publish("mcp:request", {"from": "doctor", "method": method, "id": mid,
+                        obs.publish("mcp:request", {"from": "doctor", "method": proxy_short(method),
+                                                    "id": proxy_short(mid),
                                                     "size": len(line), "params": self.preview(msg)})
             elif msg.__class__ is list:
                 for m in msg:

@@ -1168,6 +1168,25 @@ def test_an_id_beyond_a_doubles_range_is_answered_as_written_never_as_infinity(s
     s.close()
 
 
+def test_events_show_long_ids_and_methods_cut(session):
+    """A method or id is whatever the other side chose, up to max_line_bytes: the history keeps
+    200 events and every dashboard gets each one, so neither may carry a MiB line whole."""
+    s = session(harness=True)
+    long = "m" * (1 << 20)
+    s.request(long, mid="i" * (1 << 20))                      # the fixture: method not found
+    assert s.reply()["id"] == "i" * (1 << 20)
+    line = json.dumps({"jsonrpc": "2.0", "id": "j" * (1 << 20), "method": long})
+    s.call("raw", line=line + "\n")                         # the server asks the client the same
+    assert s.recv()["method"] == long
+    s.reply()
+    s.close()
+    events = [e for e in s.event_list() if e["type"].startswith("mcp:")]
+    assert len(events) >= 4 and all(len(json.dumps(e)) < 2000 for e in events), [
+        len(json.dumps(e)) for e in events]
+    assert any(str(e["data"]["method"]).startswith("mmm") and "chars]" in e["data"]["method"]
+               for e in events)
+
+
 def test_control_characters_from_the_server_never_reach_the_terminal(session):
     s = session(harness=True)
     s.call("stderr", text="plain \x1b[2J\x1b]0;pwned\x07 and \u009b31m red\n")
