@@ -12141,23 +12141,29 @@ def read_settings(path):
     return config
 
 
-def write_with_backup(path, data, base):
-    """Replace `path` atomically with `data`, after copying what it held to PATH.bridge-backup
-    the first time (a later run keeps that first backup: the file as it was before bridge.py).
-    Returns the backup's path when this call made it, else None."""
-    make_dirs(os.path.dirname(path), base)
+def backup_once(path):
+    """Copy `path` to PATH.bridge-backup unless one is there already, so the backup stays the
+    file as it was before bridge.py first changed it. Returns the backup's path when made now."""
     backup = path + ".bridge-backup"
-    made = os.path.lexists(path) and not os.path.lexists(backup)
-    if made:
-        old = read_input(path, "settings file")
-        fd = create_once(backup)
-        try:
-            write_all(fd, old)
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+    if not os.path.lexists(path) or os.path.lexists(backup):
+        return None
+    old = read_input(path, "settings file")
+    fd = create_once(backup)
+    try:
+        write_all(fd, old)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return backup
+
+
+def write_with_backup(path, data, base):
+    """Replace `path` atomically with `data` (within folder `base`, see hooks_file), after
+    backup_once; returns what backup_once did."""
+    make_dirs(os.path.dirname(path), base)
+    backup = backup_once(path)
     atomic_write(path, data)
-    return backup if made else None
+    return backup
 
 
 def hooks_install(host, scope, root, remove=False):
@@ -12196,8 +12202,9 @@ def pi_extension_install(path, base, remove):
     if remove:
         if current is None:
             return ["%s: unchanged (absent)" % path]
+        kept = current != PI_EXTENSION.encode("utf-8") and backup_once(path)  # edited since
         os.remove(path)
-        return ["%s: removed" % path]
+        return ["%s: removed%s" % (path, " (as it was: %s)" % kept if kept else "")]
     if current == PI_EXTENSION.encode("utf-8"):
         return ["%s: unchanged (the extension is in place)" % path]
     write_with_backup(path, PI_EXTENSION, base)
@@ -12281,18 +12288,19 @@ def hooks_doctor(root, hosts, scope=None, runs=5):
                 data = json.dumps(dict(sample, hook_event_name=on[0])).encode("utf-8")
                 before = count_complete_lines(events) if os.path.isfile(events) else 0
                 first = run(command, data)
-                problem = None if first.ok else "%s: %s" % (first.describe(), first.stderr.strip()[-300:])
+                said = printable(first.stderr.strip()[-300:])
+                problem = None if first.ok else "%s: %s" % (first.describe(), said)
                 if not problem and verb == "egress emit":
                     after = count_complete_lines(events) if os.path.isfile(events) else 0
                     if after <= before:
                         problem = "wrote nothing to %s (%s)" % (
-                            events, first.stderr.strip()[-300:] or "scripts/bridge.py not found from %s" % root)
+                            events, said or "scripts/bridge.py not found from %s" % root)
                 elif not problem:
                     try:
                         if not isinstance(json.loads(first.stdout), dict):
                             raise ValueError("not an object")
                     except ValueError:
-                        problem = "answered %r, not a JSON object" % first.stdout[:200]
+                        problem = "answered %s, not a JSON object" % printable(repr(first.stdout[:200]))
                 if problem:
                     broken.append(name)
                     print("broken  %s: %s" % (name, problem))
@@ -12310,6 +12318,8 @@ def hooks_doctor(root, hosts, scope=None, runs=5):
         print("%d broken: %s" % (len(broken), "; ".join(broken)))
         return EXIT_FAILED
     return EXIT_OK
+
+
 # ---- relay commands ----
 def add_relay_parsers(subparsers):
     """relay down|up."""

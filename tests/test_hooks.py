@@ -199,6 +199,14 @@ def test_pi_install_writes_the_readme_extension_and_never_touches_a_foreign_one(
     assert out.returncode == 0 and path.read_text() == readme_blocks("ts")[0]
     assert "unchanged" in hooks("install", "--host", "pi", cwd=project, home=home).stdout
     assert hooks("uninstall", "--host", "pi", cwd=project, home=home).returncode == 0 and not path.exists()
+    assert not (path.parent / "bridge.ts.bridge-backup").exists()
+    # edited after install: uninstall still removes it, keeping the edit as the backup
+    assert hooks("install", "--host", "pi", cwd=project, home=home).returncode == 0
+    path.write_text(path.read_text() + "// mine\n")
+    out = hooks("uninstall", "--host", "pi", cwd=project, home=home)
+    assert out.returncode == 0 and not path.exists()
+    assert (path.parent / "bridge.ts.bridge-backup").read_text().endswith("// mine\n")
+    (path.parent / "bridge.ts.bridge-backup").unlink()
     path.write_text("// my own extension\n")
     out = hooks("install", "--host", "pi", cwd=project, home=home)
     assert out.returncode == 2 and str(path) in out.stderr and path.read_text() == "// my own extension\n"
