@@ -9158,6 +9158,7 @@ def proxy_command(cfg, argv=None):
     if cwd and not os.path.isdir(cwd):
         raise BridgeError("proxy: doctor.cwd %s is not a directory" % cwd)
     env = dict(os.environ)
+    env.pop("BRIDGE_OBS_TOKEN", None)      # the dashboard's key: the server has no use for it
     env.update({str(k): str(v) for k, v in doc["env"].items()})
     return argv, cwd, env
 

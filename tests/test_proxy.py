@@ -968,6 +968,16 @@ def test_server_from_env_or_config_and_missing_command(session, tmp_path):
     assert out.returncode == 2 and "no server command" in out.stderr
 
 
+def test_the_dashboard_token_is_not_handed_to_the_server(session, tmp_path):
+    seen = tmp_path / "seen.txt"
+    s = session(command=["sh", "-c", 'printf %s "${BRIDGE_OBS_TOKEN-unset}" > "$0"; exec "$@"', str(seen)] + SERVER,
+                env={"BRIDGE_OBS_TOKEN": "tok-Zq81mXv0Lw93Kd7"})
+    s.request("ping", mid=1)
+    assert s.recv()["id"] == 1
+    s.close()
+    assert seen.read_text() == "unset"
+
+
 # ---- end to end with the real observability server (5b) ------------------------------------
 
 def _ws_events(port, timeout=10):
