@@ -2454,17 +2454,20 @@ def kill_process_group(proc, grace=5.0):
 
 def cut_middle(head, tail, cut):
     """(head + a line saying `cut` bytes were cut here + tail, bytes cut) for output
-    whose middle was not kept. Each side is trimmed to a whitespace boundary (looked
-    for within 4 KiB of the cut), so no token is split: a secret's prefix alone would
-    escape redaction."""
+    whose middle was not kept. Each side is trimmed to the nearest character that
+    cannot be part of a token (whitespace, a quote, a comma...), looked for within 4 KiB
+    of the cut, and by those 4 KiB when there is none (minified JSON, base64): so no
+    token is split, as a secret's prefix alone would escape redaction."""
     if cut <= 0:
         return head + tail, 0
-    edge = max(head.rfind(space, max(0, len(head) - 4096)) for space in (b"\n", b" ", b"\t"))
-    if edge >= 0:
-        cut, head = cut + len(head) - edge - 1, head[:edge + 1]
-    starts = [i for i in (tail.find(space, 0, 4096) for space in (b"\n", b" ", b"\t")) if i >= 0]
-    if starts:
-        cut, tail = cut + min(starts), tail[min(starts):]
+    token = rb"[A-Za-z0-9+/=_.~-]"
+    window = head[-4096:]
+    end = re.search(rb"[^A-Za-z0-9+/=_.~-]%s*\Z" % token, window)
+    keep = len(head) - len(window) + (end.start() + 1 if end else 0)
+    cut, head = cut + len(head) - keep, head[:keep]
+    start = re.search(rb"[^A-Za-z0-9+/=_.~-]", tail[:4096])
+    skip = start.start() if start else min(len(tail), 4096)
+    cut, tail = cut + skip, tail[skip:]
     return head + b"\n[... %d bytes cut here: over the capture cap ...]\n" % cut + tail, cut
 
 
@@ -2733,6 +2736,11 @@ class Git:
         files = self._config_files(origins)
         self._config_seen, self._filter_args = (files, self._contents(files)), args
         return args
+
+    def config_files(self):
+        """Every config file git reads here, included ones too (and .git, a folder or a file)."""
+        self.filter_config()
+        return self._config_seen[0]
 
     def git_dir(self):
         """The absolute .git directory (asked once per Git object)."""
@@ -3208,7 +3216,11 @@ def archive_result(handoff, task_id, why):
         record = {"unparseable_result": record}
     record["archived_at"] = now_iso()
     record["archived_because"] = why
-    append_jsonl(handoff.history_path(task_id), record)
+    history = handoff.history_path(task_id)
+    try:
+        append_jsonl(history, record)
+    except OSError as exc:
+        raise BridgeError("cannot write result history %s: %s" % (history, exc.strerror or exc))
     os.unlink(path)
     return True
 
@@ -3320,24 +3332,32 @@ class Fingerprint:
     before the agent runs and compared after it and after each verification command.
 
     - git's own configuration: `config`, `config.worktree`, `hooks/` and `info/` in the
-      git directory. Their bytes are kept, so a change is undone: the agent's version
-      is moved to meta/{id}.tampered/ and the original written back.
+      git directory and every file the config includes from the work tree or the git
+      directory (`config_files`; HEAD, which an onBranch include names, is the agent's
+      to move). Their bytes are kept, so a change is undone: the agent's
+      version is moved to meta/{id}.tampered/ and the original written back.
     - .ai-handoff/ outside this task's own files (its log, patches and prompt, which
       the watcher writes meanwhile), tasks/ (planners add tasks at any time: a task file
       that appears is simply run after this one) and locks/ (heartbeats). Compared by
       lstat signature (type, mode, size, mtime, ctime, inode); a change is named, and
-      anything added is moved to meta/{id}.tampered/.
+      what was added or changed is moved to meta/{id}.tampered/ (a forged result never
+      stands; its original is lost, the agent wrote over it).
     Cheap: no git call, one lstat per entry, small reads of .git files only.
     """
 
     KEEP_MAX = 1 << 20  # .git files larger than this are compared, not restored
 
-    def __init__(self, handoff, git_dir, task_id):
+    def __init__(self, handoff, git_dir, task_id, config_files=()):
         self.handoff, self.task_id = handoff, task_id
         common = _read_small(os.path.join(git_dir, "commondir"))
         common = os.path.normpath(os.path.join(git_dir, common)) if common else git_dir
         self.git_paths = [os.path.join(common, "config"), os.path.join(git_dir, "config.worktree"),
                           os.path.join(common, "hooks"), os.path.join(common, "info")]
+        inside = tuple(os.path.join(top, "") for top in (handoff.root, git_dir, common))
+        for path in map(os.path.normpath, config_files):
+            if path.startswith(inside) and path not in self.git_paths \
+                    and os.path.basename(path) != "HEAD" and not os.path.isdir(path):
+                self.git_paths.append(path)
         own = {handoff.path("logs", task_id + ".log"),
                handoff.path("patches", task_id + "_pre.patch"),
                handoff.path("patches", task_id + "_post.patch"),
@@ -3412,7 +3432,10 @@ class Fingerprint:
                 continue  # inside an added folder: moved with it
             done = []
             try:
-                if change != "removed" and (change == "added" or path in self.kept):
+                # a changed file under .ai-handoff/ (a result, a history) goes too: the
+                # agent's version must not stand as the watcher's record
+                if change != "removed" and (change == "added" or path in self.kept
+                                            or path.startswith(self.handoff.base + os.sep)):
                     where = self.move_aside(path)
                     done.append("the new version moved to %s" % self.handoff.rel(where))
                 if change != "added" and path in self.kept:
@@ -3490,7 +3513,9 @@ class Watcher:
     # -- small helpers --
 
     def say(self, message):
-        warn("watch: " + message)
+        """One line on stderr. It names files and quotes output the agent chose: control
+        characters are spelled out, so no escape sequence reaches the terminal."""
+        warn("watch: " + printable(message))
 
     def redact(self, text):
         return self.redactor.redact(text) if text else text
@@ -3925,11 +3950,14 @@ class Watcher:
         result.setdefault("id", task_id)
         result["timestamp"] = now_iso()
         history = self.handoff.history_path(task_id)
-        if os.path.exists(history):
-            result["previous_results"] = [
-                {k: r.get(k) for k in ("attempt", "status", "reason", "exit_path", "timestamp",
-                                       "archived_because")}
-                for r in result_history(self.handoff, task_id)]
+        if os.path.lexists(history):
+            try:
+                result["previous_results"] = [
+                    {k: r.get(k) for k in ("attempt", "status", "reason", "exit_path",
+                                           "timestamp", "archived_because")}
+                    for r in result_history(self.handoff, task_id)]
+            except BridgeError as exc:  # e.g. a FIFO there: the result is written all the same
+                result["history_error"] = exc.message
             result.setdefault("artifacts", {})["history"] = self.handoff.rel(history)
         try:
             data = json.dumps(self.redactor.redact_obj(result), ensure_ascii=False, indent=2)
@@ -4129,7 +4157,13 @@ class Watcher:
                       finished_at=now_iso())
         result["artifacts"]["logs"] = self.handoff.rel(self.handoff.path("logs", task_id + ".log"))
         try:
-            archive_result(self.handoff, task_id, "superseded by an internal_error")
+            try:
+                archive_result(self.handoff, task_id, "superseded by an internal_error")
+            except (BridgeError, OSError) as again:  # e.g. a FIFO there: moved, never opened
+                where = move_no_clobber(self.handoff.path("results", task_id + ".json"),
+                                        self.handoff.dir("meta"), task_id + ".result-unreadable")
+                result["detail"] += "; the previous result could not be archived (%s): moved " \
+                    "to %s" % (getattr(again, "message", again), self.handoff.rel(where))
             self.write_result(task_id, result)
         except Exception as again:
             problems.append("its result could not be written: %s" % again)
@@ -4224,7 +4258,7 @@ class Watcher:
         env.update(BRIDGE_TASK_ID=task_id, BRIDGE_TASK_FILE=running, BRIDGE_PROMPT_FILE=prompt_path,
                    BRIDGE_ROOT=self.root)
         self.say("%s: running the editing agent (%s)" % (task_id, self.executor[0]))
-        guard = Fingerprint(self.handoff, self.git_dir, task_id)
+        guard = Fingerprint(self.handoff, self.git_dir, task_id, self.git.config_files())
         attributes = attribute_filter_lines(self.audit(git_state["base_commit"])[0]) \
             if snap["dirty"] else set()
         try:
@@ -11589,13 +11623,14 @@ def cmd_status(args):
                          or "none"))
     worker = report["worker"]
     print("watcher: " + ("running, %s" % describe_holder(worker) if worker else "not running"))
+    # results and task names are agent-writable: control characters spelled out (printable)
     if report["recent_failures"]:
         print("recent failures:")
         for item in report["recent_failures"]:
-            print("  %s  %s/%s  %s" % (item.get("id"), item.get("exit_path"), item.get("reason"),
-                                       (item.get("detail") or "")[:160]))
+            print(printable("  %s  %s/%s  %s" % (item.get("id"), item.get("exit_path"),
+                                                 item.get("reason"), str(item.get("detail") or "")[:160])))
     for item in report["skipped_in_tasks"]:
-        print("skipped in tasks/: %s (%s)" % (item["name"], item["reason"]))
+        print(printable("skipped in tasks/: %s (%s)" % (item["name"], item["reason"])))
     return EXIT_OK
 
 

@@ -903,7 +903,14 @@ def test_fifo_where_the_watcher_reads_state_fails_the_task_naming_it(queue, wher
     assert out.returncode == 1, out.stderr
     assert str(path) in out.stderr and "not a regular file" in out.stderr
     assert queue.names("failed") == ["t1.json"] and not (queue.repo / "t1.txt").exists()
+    # a result is still written: the FIFO in its place is moved aside, never opened
+    assert (queue.handoff / "results" / "t1.json").is_file(), out.stderr
+    result = queue.result("t1")
+    assert result["reason"] == "internal_error" and str(path) in result["detail"], result
     if where == "results":
+        assert "t1.result-unreadable" in queue.names("meta")
+    else:
+        assert "not a regular file" in result["history_error"]
         out = queue.bridge("submit", "--retry", queue.handoff / "failed" / "t1.json", timeout=20)
         assert out.returncode == 2 and str(path) in out.stderr
     assert queue.watch(timeout=20).returncode == 0  # the worker lock was released
