@@ -3364,6 +3364,7 @@ class Fingerprint:
                handoff.path("meta", task_id + ".prompt.md")}
         self.skip = own | {handoff.dir("tasks"), handoff.dir("locks")}
         self.aside = handoff.path("meta", task_id + ".tampered")
+        self.running = os.path.join(handoff.base, "running", task_id + ".json")
         self.before = self.signatures()
         self.kept = {}
         for path, sig in self.before.items():
@@ -3433,9 +3434,10 @@ class Fingerprint:
             done = []
             try:
                 # a changed file under .ai-handoff/ (a result, a history) goes too: the
-                # agent's version must not stand as the watcher's record
-                if change != "removed" and (change == "added" or path in self.kept
-                                            or path.startswith(self.handoff.base + os.sep)):
+                # agent's version must not stand as the watcher's record (this task's own
+                # file in running/ stays: it is filed away with the result)
+                if change != "removed" and (change == "added" or path in self.kept or (
+                        path.startswith(self.handoff.base + os.sep) and path != self.running)):
                     where = self.move_aside(path)
                     done.append("the new version moved to %s" % self.handoff.rel(where))
                 if change != "added" and path in self.kept:
