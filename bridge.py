@@ -7433,8 +7433,12 @@ def relay_wrote_last(lock_fd, raw):
 
 def relay_record_write(lock_fd, raw):
     """Keep the digest of the bytes just written in the lock file (see above). A record
-    that cannot be written is no error: the next append checks the whole file."""
+    that cannot be written is no error: the next append checks the whole file. A lock
+    file with another name (a hard link planted in its place, perhaps to a file outside
+    the repository) is only ever locked, never written."""
     try:
+        if os.fstat(lock_fd).st_nlink != 1:
+            return
         os.ftruncate(lock_fd, 0)
         os.pwrite(lock_fd, _relay_digest(raw), 0)
     except OSError:

@@ -1123,3 +1123,16 @@ def test_up_reads_a_key_given_twice_as_pyyaml_does(tmp_path, keys, relays):
     result = up(root, "miho", "main", "cmd_001", "done", "s")
     assert result.returncode == 0, result.stderr
     assert (result.stdout == "miho隊報告: cmd_001 [done] — s\n") == relays, result.stderr
+
+
+def test_a_hard_linked_lock_file_is_never_written(tmp_path):
+    """relay keeps a digest in the lock file; a lock planted as a hard link to another
+    file (here one outside the repository) must only be locked, never rewritten."""
+    root, queue = make_root(tmp_path, fixture="legacy_queue.yaml", config={"relay": {"nudge": False}})
+    precious = tmp_path / "precious.txt"
+    precious.write_text("keep me\n")
+    os.link(precious, queue.parent / (QUEUE + ".lock"))
+    for expected in ("cmd_006\n", "cmd_007\n"):
+        result = down(root, "miho", "main", "m", "p")
+        assert result.returncode == 0 and result.stdout == expected, result.stderr
+    assert precious.read_text() == "keep me\n"
