@@ -157,6 +157,12 @@ def test_user_scope_hooks_find_bridge_py_from_any_project_and_stay_silent_withou
                               CLAUDE_PROJECT_DIR=root)
             assert result.returncode == 0 and result.stderr == "", result
     assert len(events(project)) == 6 and not (other / "_bridge").exists()
+    for host, path in (("codex", home / ".codex" / "hooks.json"),  # $CODEX_HOME
+                       ("pi", home / ".pi" / "agent" / "extensions" / "bridge.ts")):
+        assert hooks("install", "--host", host, "--scope", "user", cwd=project, home=home).returncode == 0
+        assert path.is_file() and (host == "pi" or len(bridge_commands(json.loads(path.read_text()))) == 6)
+    out = hooks("doctor", "--scope", "user", cwd=project, home=home)
+    assert out.returncode == 0 and [l[:2] for l in out.stdout.splitlines()] == ["ok"] * 4, out.stdout
 
 
 def test_malformed_settings_are_refused_with_file_and_line_never_overwritten(project, home):
