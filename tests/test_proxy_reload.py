@@ -2,13 +2,26 @@
 source file the test edits. Each edit burst restarts the server once (not a crash), the client's
 session goes on, requests in progress get close_grace_sec, and doctor:reloaded carries the
 tool-list diff. Events come from tests/proxy_harness.py's recording stand-in."""
+import importlib.util
+import os
+import queue
 import shutil
+import sys
 import time
 
-from conftest import FIXTURES, PYTHON
+import pytest
+
+from conftest import BRIDGE, FIXTURES, PYTHON
 from test_proxy import Session
 
 FAST = {"lifecycle": {"cooldown": 20}}
+
+
+def load_bridge():
+    spec = importlib.util.spec_from_file_location("bridge_reload", str(BRIDGE))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def server_copy(tmp_path):
@@ -26,14 +39,17 @@ def edit(path, tools):
     path.write_text(text[:start] + "EXTRA_TOOLS = %r" % (tools,) + text[end:])
 
 
-def start(tmp_path, folder, grace=2.0, debounce=150, by_cli=False):
+def start(tmp_path, folder, grace=2.0, debounce=150, by_cli=False, server=None):
     config = dict(FAST, proxy={"close_grace_sec": grace}, doctor={"watch_debounce_ms": debounce})
     args = ["--watch", str(folder)] if by_cli else []
     if not by_cli:
         config["doctor"]["watch"] = [str(folder)]
-    s = Session(tmp_path, command=[PYTHON, str(folder / "server.py"), "--log", str(tmp_path / "server.jsonl")],
+    s = Session(tmp_path, command=[PYTHON, str(server or folder / "server.py"), "--log", str(tmp_path / "server.jsonl")],
                 harness=True, config=config, args=args)
     s.initialize()
+    deadline = time.time() + 10                             # the watch has its first look
+    while "bridge proxy: info: watch: " not in s.err() and time.time() < deadline:
+        time.sleep(0.02)
     mid = s.request("tools/list")
     assert "echo" in [t["name"] for t in s.reply()["result"]["tools"]] and mid
     return s
@@ -135,3 +151,53 @@ def test_requests_in_progress_get_the_grace_then_an_error(tmp_path):
         assert s.event_list("doctor:crashed") == []
     finally:
         s.close()
+
+
+def test_a_watched_file_saved_by_rename_reloads_each_time(tmp_path):
+    """Editors save by writing a new file and renaming it over the old one: the second save
+    must be seen as well as the first (an inotify watch on the replaced file is gone)."""
+    folder = server_copy(tmp_path)
+    target = folder / "server.py"
+    s = start(tmp_path, target, by_cli=True, server=target)
+    try:
+        for n, tools in enumerate(({"one": {"type": "object"}}, {"two": {"type": "object"}})):
+            new = folder / ".server.py.new"
+            text = target.read_text()
+            at = text.index("EXTRA_TOOLS = ")
+            new.write_text(text[:at] + "EXTRA_TOOLS = %r" % (tools,) + text[text.index("\n", at):])
+            os.replace(str(new), str(target))
+            done = s.wait_event("doctor:reloaded", count=n + 1)[n]["data"]
+            assert done["added"] == list(tools) and done["files"] == [str(target)], done
+        mid = s.call("echo", text="still")
+        assert s.reply()["id"] == mid
+    finally:
+        s.close()
+
+
+@pytest.mark.parametrize("how", ["inotify", "polling"])
+def test_watch_sees_new_folders_and_deletions_but_not_excluded_names(tmp_path, how, monkeypatch):
+    """ProxyWatch itself, both ways it watches (inotify is Linux only)."""
+    bridge = load_bridge()
+    if how == "polling":
+        monkeypatch.setattr(bridge.ProxyWatch, "inotify", lambda self: (None, None))
+    elif not sys.platform.startswith("linux"):
+        pytest.skip("inotify is Linux only")
+    (tmp_path / "a.py").write_text("a")
+    got = queue.Queue()
+    watch = bridge.ProxyWatch([str(tmp_path)], bridge.CONFIG_DEFAULTS["doctor"]["watch_exclude"], 0.05, got.put)
+    watch.start()
+    try:
+        assert watch.watching.wait(10) and watch.how == how
+        (tmp_path / "node_modules").mkdir()
+        (tmp_path / "node_modules" / "x.js").write_text("x")
+        (tmp_path / "pkg").mkdir()
+        (tmp_path / "pkg" / "b.py").write_text("b")
+        files = set(got.get(timeout=10))
+        assert str(tmp_path / "pkg" / "b.py") in files or str(tmp_path / "pkg") in files
+        assert not [f for f in files if "node_modules" in f]
+        (tmp_path / "pkg" / "c.py").write_text("c")              # in the new folder: watched too
+        assert str(tmp_path / "pkg" / "c.py") in got.get(timeout=10)
+        (tmp_path / "a.py").unlink()
+        assert str(tmp_path / "a.py") in got.get(timeout=10)
+    finally:
+        watch.stop()
