@@ -281,8 +281,8 @@ def check_json_depth(data, limit=JSON_MAX_DEPTH):
     """ValueError when the JSON text `data` (str or bytes) nests deeper than `limit`.
 
     Counted without recursion: strings are dropped, then each pass removes the innermost
-    bracket pairs, one level at a time. Text with fewer opening brackets than the limit
-    (every ordinary record) is not scanned at all."""
+    bracket pairs, one level at a time; brackets never closed count too. Text with fewer
+    opening brackets than the limit (every ordinary record) is not scanned at all."""
     b = isinstance(data, bytes)
     if data.count(b"[" if b else "[") + data.count(b"{" if b else "{") <= limit:
         return
@@ -291,11 +291,13 @@ def check_json_depth(data, limit=JSON_MAX_DEPTH):
     rest = re.sub(other, data[:0], re.sub(string, data[:0], data, flags=re.S))
     rest = rest.decode("ascii") if b else rest
     rest = rest.replace("{", "[").replace("}", "]")
-    for _ in range(limit):
-        if "[]" not in rest:
-            return
+    depth = 0
+    while "[]" in rest and depth <= limit:
         rest = rest.replace("[]", "")
-    if "[]" in rest:
+        depth += 1
+    # What is left is unbalanced (not JSON), but the decoder descends into every bracket
+    # left open before it finds that out: those count as well.
+    if depth + rest.count("[") > limit:
         raise ValueError("JSON nested deeper than %d levels" % limit)
 
 
@@ -1073,9 +1075,11 @@ def _parse_bool(text):
 
 def check_number(name, value, limits, source=None):
     """`value` when it lies within `limits` (least, greatest or None); else a BridgeError
-    (exit 2) naming `name` and, when given, where the value came from. Refuses nan."""
+    (exit 2) naming `name` and, when given, where the value came from. Refuses nan and
+    infinity (JSON's 1e400): no duration or count is infinite, and time.sleep(inf) fails."""
+    import math
     low, high = limits
-    if not (low <= value and (high is None or value <= high)):
+    if not (math.isfinite(value) and low <= value and (high is None or value <= high)):
         where = "between %s and %s" % (low, high) if high is not None else ">= %s" % low
         raise BridgeError("%s%s must be a number %s, got %s" % (
             source + ": " if source else "", name, where, json.dumps(value)))
@@ -1136,7 +1140,7 @@ def load_config(root=None, path=None, env=None):
     given, source = {}, "defaults"
     if path is None and root is not None:
         candidate = os.path.join(os.fspath(root), CONFIG_FILE_NAME)
-        path = candidate if os.path.exists(candidate) else None
+        path = candidate if os.path.lexists(candidate) else None  # a dangling link is refused
     if path is not None:
         source = os.fspath(path)
         given = read_json_file(source, "config file")

@@ -641,3 +641,43 @@ def test_config_file_fifo_or_symlink_is_an_error_naming_it(tmp_path, kind):
     for args in (("redact", "--root", root), ("redact", "--config", config)):
         out = run_bridge(*args, input="x", timeout=20)
         assert out.returncode == 2 and str(config) in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize("text", ["[" * 100000, "[" * 100000 + "1", '{"a":' * 100000,
+                                  "[" * 200 + "[" * 200 + "]" * 200])
+def test_unclosed_deep_json_is_a_value_error(tmp_path, text):
+    """Brackets left open count towards the nesting limit too: the decoder descends into
+    each before it finds the text unterminated (a RecursionError, not a ValueError)."""
+    with pytest.raises(ValueError, match="nested deeper than 256"):
+        bridge.parse_json(text)
+    (tmp_path / "bridge.config.json").write_text(text)
+    out = run_bridge("redact", "--root", tmp_path, input="x")
+    assert out.returncode == 2 and "bridge.config.json" in out.stderr and "nested deeper" in out.stderr, out.stderr
+
+
+def test_a_dangling_symlink_config_is_an_error_naming_it(tmp_path):
+    """A bridge.config.json that is a link to nowhere is refused like any symlinked config,
+    never taken for no config at all (the defaults would silently apply)."""
+    (tmp_path / "bridge.config.json").symlink_to(tmp_path / "nowhere.json")
+    out = run_bridge("redact", "--root", tmp_path, input="x")
+    assert out.returncode == 2 and str(tmp_path / "bridge.config.json") in out.stderr \
+        and "symlink" in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize("text, message", [
+    ('{"relay": {"lock_retry_sleep_sec": 1e400}}', "relay.lock_retry_sleep_sec must be a number >= 0, got Infinity"),
+    ('{"lifecycle": {"cooldown": Infinity}}', "lifecycle.cooldown must be a number >= 0, got Infinity"),
+])
+def test_an_infinite_number_in_config_is_refused(tmp_path, text, message):
+    """1e400 reads as infinity: no duration or count is infinite (time.sleep(inf) is an
+    OverflowError at the first retry), so it is refused with the key and file, exit 2."""
+    path = tmp_path / "bridge.config.json"
+    path.write_text(text)
+    out = run_bridge("status", "--root", tmp_path, cwd=tmp_path)
+    assert out.returncode == 2 and out.stderr == "bridge: error: %s: %s\n" % (path, message), out.stderr
+
+
+def test_an_infinite_number_from_the_environment_is_refused(tmp_path):
+    out = run_bridge("status", "--root", tmp_path, cwd=tmp_path, env=clean_env(BRIDGE_RESTART_WINDOW="inf"))
+    assert out.returncode == 2 and "environment variable BRIDGE_RESTART_WINDOW: lifecycle.restartWindow" \
+        in out.stderr and "Infinity" in out.stderr, out.stderr

@@ -2062,3 +2062,16 @@ def test_symlinked_heartbeat_to_outside_is_never_read(repo, tmp_path):
     (repo / "_bridge" / "fo.alpha.json").symlink_to(outside)
     assert seam("inbox", "check", "--host", "claude", cwd=repo,
                 input=payload("claude_stop.json", repo))[1] == {}
+
+
+def test_an_unclosed_deep_inbox_line_is_one_malformed_line(repo):
+    """A line of 100,000 opening brackets (never closed) nests past the JSON limit: it is a
+    malformed line that consumes its number, and the intent after it is still delivered.
+    Before, only closed pairs were counted, the decoder hit the recursion limit, and every
+    drain ended in an internal error (no answer), so nothing after that line was delivered."""
+    write_inbox(repo, "[" * 100000, INBOX3[0])
+    code, out, err = seam("inbox", "drain", "--slug", "alpha", cwd=repo)
+    assert code == 0 and out["status"] == "ok", (out, err)
+    assert [r["id"] for r in out["records"]] == ["i1"] and out["high_water"] == 2
+    code, out, _ = seam("inbox", "check", "--slug", "alpha", cwd=repo, input="{}")
+    assert code == 0 and out["decision"] == "block"
