@@ -3369,6 +3369,7 @@ class Fingerprint:
         self.skip = own | {handoff.dir("tasks"), handoff.dir("locks")}
         self.aside = handoff.path("meta", task_id + ".tampered")
         self.running = os.path.join(handoff.base, "running", task_id + ".json")
+        self.base_tip = None  # the base branch's commit (the watcher checks the branches)
         self.before = self.signatures()
         self.kept = {}
         for path, sig in self.before.items():
@@ -4265,6 +4266,7 @@ class Watcher:
                    BRIDGE_ROOT=self.root)
         self.say("%s: running the editing agent (%s)" % (task_id, self.executor[0]))
         guard = Fingerprint(self.handoff, self.git_dir, task_id, self.git.config_files())
+        guard.base_tip = snap["head"]  # the base branch's tip, taken before the checkout
         attributes = attribute_filter_lines(self.audit(git_state["base_commit"])[0]) \
             if snap["dirty"] else set()
         try:
@@ -4372,12 +4374,30 @@ class Watcher:
         result["git"]["diff_stat_" + which] = stat
 
     def tamper_check(self, guard, result, who):
-        """agent_tampered when `who` changed what it must not (see Fingerprint)."""
+        """agent_tampered when `who` changed what it must not (see Fingerprint), or moved
+        HEAD off the task's branch or the base branch's tip (with one git call)."""
         changes = guard.changes()
         if changes:
             self.tampered(result, guard.restore(changes), "%s changed %s" % (
                 who, ", ".join(guard.display(path) for path, _ in changes[:5])
                 + (" and %d more" % (len(changes) - 5) if len(changes) > 5 else "")))
+        git_state = result["git"]
+        branch, base = git_state["branch"], git_state["base_branch"]
+        tips = {}
+        refs = ["refs/heads/" + name for name in (branch, base) if name]
+        for line in self.git.run("for-each-ref", "--format=%(HEAD) %(objectname) %(refname)",
+                                 *refs).stdout.splitlines():
+            tip, ref = line[2:].split(" ", 1)  # %(HEAD) is "*" or " "
+            tips[ref[len("refs/heads/"):]] = (line[0] == "*", tip)
+        notes = []
+        if not tips.get(branch, (False,))[0]:
+            notes.append("HEAD left the task's branch %s (for %s)" % (branch, next(
+                (name for name, (star, _) in tips.items() if star), "another branch or commit")))
+        if base and base != branch and tips.get(base, (0, None))[1] != guard.base_tip:
+            notes.append("the base branch %s moved from %s to %s" % (
+                base, guard.base_tip, tips.get(base, (0, "nowhere"))[1]))
+        if notes:  # nothing is reset or force-moved back: named only
+            self.tampered(result, notes, "%s %s" % (who, "; ".join(notes)))
 
     def tampered(self, result, notes, detail):
         result["tampered"] = notes

@@ -89,3 +89,30 @@ def test_a_result_the_agent_forges_does_not_stand(queue):
     assert not other.exists() or json.loads(other.read_text())["status"] != "success"
     aside = queue.handoff / "meta" / "t1.tampered" / ".ai-handoff" / "results" / "other.json"
     assert json.loads(aside.read_text())["status"] == "success"
+
+
+def shell_agent(tmp_path, body):
+    script = tmp_path / "agent.sh"
+    script.write_text("#!/bin/sh\nset -e\n" + body)
+    script.chmod(0o755)
+    return {"command": [str(script)]}
+
+
+@pytest.mark.parametrize("how", ["checkout", "update-ref"])
+def test_work_never_lands_on_the_protected_base_behind_the_watchers_back(git_repo, tmp_path, how):
+    """The agent commits onto main itself (update-ref), or checks main out and leaves its
+    edits for the watcher to commit there: either way main, a protected branch, would get
+    work no one reviewed while the result said success on feat/ai/<id>."""
+    body = {"checkout": "echo x > p.txt\ngit checkout -q main\n",
+            "update-ref": "echo x > p.txt\ngit add p.txt\n"
+                          "git -c user.name=a -c user.email=a@b commit -qm sneaky\n"
+                          "git update-ref refs/heads/main HEAD\n"}[how]
+    queue = Queue(git_repo, tmp_path, executor=shell_agent(tmp_path, body))
+    before = git(queue.repo, "rev-parse", "main").strip()
+    queue.put(queue.task("p1"))
+    out = queue.watch()
+    r = queue.result("p1")
+    assert r["status"] == "failed" and r["reason"] == "agent_tampered", (out.stderr, r)
+    assert "main" in r["detail"]
+    if how == "checkout":
+        assert git(queue.repo, "rev-parse", "main").strip() == before
