@@ -280,24 +280,21 @@ def read_json_file(path, what="file", limit=INPUT_MAX_BYTES, missing=_Missing):
 def check_json_depth(data, limit=JSON_MAX_DEPTH):
     """ValueError when the JSON text `data` (str or bytes) nests deeper than `limit`.
 
-    Counted without recursion: strings are dropped, then each pass removes the innermost
-    bracket pairs, one level at a time; brackets never closed count too. Text with fewer
-    opening brackets than the limit (every ordinary record) is not scanned at all."""
+    Counted without recursion, in one pass: strings and everything but brackets are
+    dropped, and the depth after each bracket is the running sum of +1 for an opening one
+    and -1 for a closing one (so brackets never closed count too: the decoder descends
+    into each before it finds the text unterminated). Text with fewer opening brackets
+    than the limit (every ordinary record) is not scanned at all."""
     b = isinstance(data, bytes)
     if data.count(b"[" if b else "[") + data.count(b"{" if b else "{") <= limit:
         return
+    from itertools import accumulate, count
+    from operator import sub
     string, other = (rb'"[^"\\]*(?:\\.[^"\\]*)*"?', rb"[^][{}]+") if b else \
         (r'"[^"\\]*(?:\\.[^"\\]*)*"?', r"[^][{}]+")
     rest = re.sub(other, data[:0], re.sub(string, data[:0], data, flags=re.S))
-    rest = rest.decode("ascii") if b else rest
-    rest = rest.replace("{", "[").replace("}", "]")
-    depth = 0
-    while "[]" in rest and depth <= limit:
-        rest = rest.replace("[]", "")
-        depth += 1
-    # What is left is unbalanced (not JSON), but the decoder descends into every bracket
-    # left open before it finds that out: those count as well.
-    if depth + rest.count("[") > limit:
+    steps = (rest if b else rest.encode("ascii")).translate(bytes.maketrans(b"[{]}", b"\2\2\0\0"))
+    if max(map(sub, accumulate(steps), count(1)), default=0) > limit:  # sum(step - 1)
         raise ValueError("JSON nested deeper than %d levels" % limit)
 
 
