@@ -1023,6 +1023,7 @@ CONFIG_KEYS = (
     ("doctor.watch_exclude", [".git", "__pycache__", "node_modules", "*.pyc", "*.swp", "*.swx", "*~",
                               ".#*", "4913"], list, None),      # 4913: vim's write test file
     ("doctor.watch_debounce_ms", 300.0, float, (0, None)),
+    ("doctor.restart_tool", False, bool, None),                # offer bridge_restart_server
     # changes
     ("changes.dir", "changes", str, None),                     # relative to the root
     ("changes.mcp.command", None, COMMAND, None),              # the MCP server, e.g. axiomregent
@@ -7662,6 +7663,10 @@ def relay_up(root, config, captain_id, session, cmd_id, status, summary, force=F
 # writes itself (error replies, the replayed handshake) cannot interleave with relayed ones.
 # Lines are forwarded as the bytes received; a parsed copy only feeds the bookkeeping.
 
+PROXY_RESTART_TOOL = {"name": "bridge_restart_server", "inputSchema": {"type": "object", "properties": {}},
+                      "description": "Restart this MCP server (bridge.py proxy) to load its changed code; "
+                                     "answers once the new server is ready, with the tools added, "
+                                     "removed and changed."}
 PROXY_ERROR_CODE = -32000             # the MCP SDKs' "connection closed": clients already know it
 PROXY_HIGH_WATER = 4 << 20            # stop reading a source while its destination holds this much
 PROXY_RATE_WINDOW = 5.0               # seconds the message rates in bridge:stats are taken over
@@ -8250,6 +8255,7 @@ class Proxy:
         self.reload_next = None                         # files changed while it was: the next reload
         self.tools = None                               # {name: input-schema hash}, last seen
         self.remember = PROXY_STATEFUL                  # client requests whose answers tried() reads
+        self.restart_tool = cfg["doctor"]["restart_tool"]   # offer and serve bridge_restart_server
         # -- the client's session, replayed to a restarted Doctor --
         self.init_params = None                         # the client's initialize params
         self.discover = None                            # the client's last server/discover params
@@ -8293,6 +8299,7 @@ class Proxy:
         if doc["watch"]:
             self.watch = ProxyWatch(doc["watch"], doc["watch_exclude"], doc["watch_debounce_ms"] / 1000.0,
                                     self.changed, log=lambda text: self.log("info", text))
+        if doc["watch"] or self.restart_tool:
             self.remember = PROXY_STATEFUL + ("tools/list",)   # the tool list before a reload
 
     # ---- logging, events, stats ----
@@ -8656,6 +8663,25 @@ class Proxy:
         if child is None or child.exit is not None:
             self.spawn_at = 0.0                    # waiting out a crash's cooldown: start now
 
+    def restart_call(self, mid):
+        """A call of bridge_restart_server: a reload (as a changed file makes) answered once the
+        new server has listed its tools (reloaded()); a reload in flight serves it too."""
+        if self.shutting or self.stopped:
+            return self.reply_error(mid, "shutdown" if self.shutting else "kill", "tools/call")
+        if self.reload is None:
+            self.start_reload([PROXY_RESTART_TOOL["name"]])
+        self.reload["callers"] = self.reload.get("callers", []) + [mid]
+
+    def offer_restart_tool(self, msg, line):
+        """The one message bridge.py rewrites (doctor.restart_tool): the last page of a tools/list
+        answer gets bridge_restart_server added. Anything unexpected is relayed as it came."""
+        result = msg.get("result")
+        if result.__class__ is not dict or result.get("tools").__class__ is not list or \
+                result.get("nextCursor"):
+            return line
+        result["tools"] = result["tools"] + [PROXY_RESTART_TOOL]
+        return json_compact(msg).encode("utf-8") + b"\n"
+
     def draining(self):
         """A reload waits for the old Doctor to finish its requests (start_reload)."""
         reload, child = self.reload, self.child
@@ -8689,6 +8715,12 @@ class Proxy:
                 data.update(added=sorted(set(after) - set(before)), removed=sorted(set(before) - set(after)),
                             changed=sorted(n for n in after if n in before and after[n] != before[n]))
         self.emit("doctor:reloaded", data)
+        for mid in reload.get("callers", ()):
+            text = "restarted: generation %d in %d ms; %s" % (self.gen, data["reloadMs"], "tools/list failed: %s" % (
+                json_compact(data["error"]),) if "error" in data else "tools added: %s; removed: %s; changed: %s" % tuple(
+                    ", ".join(data.get(key) or ["none"]) for key in ("added", "removed", "changed")))
+            self.send_client(json_compact({"jsonrpc": "2.0", "id": mid, "result": {
+                "content": [{"type": "text", "text": text}], "isError": "error" in data}}).encode("utf-8") + b"\n")
         if self.reload_next:
             files, self.reload_next = self.reload_next, None
             self.start_reload(files)
@@ -8780,6 +8812,10 @@ class Proxy:
                         self.log("info", "dropped the answer to request %r of a dead Doctor" % (mid,))
                         continue
                 elif mid is not None:
+                    if self.restart_tool and method == "tools/call" and msg.get("params").__class__ is dict \
+                            and msg["params"].get("name") == PROXY_RESTART_TOOL["name"]:
+                        self.restart_call(mid)     # bridge.py's own tool: never relayed
+                        continue
                     reqs = ((mid, method),)
                     if method in remember:
                         self.tries[mid] = (method, msg.get("params"))
@@ -8846,6 +8882,8 @@ class Proxy:
                         child.concurrent, child.witness = True, None
                     if tries and mid in tries:
                         self.tried(tries.pop(mid), sent, msg)
+                    if self.restart_tool and sent and sent[0] == "tools/list":
+                        line = self.offer_restart_tool(msg, line)
                     if not child.ready:
                         self.mark_ready("first answer")
                     if watch and self.sample():
@@ -9927,6 +9965,12 @@ const SAY = {
                          " (" + d.reason + ")" + (d.stderrTail && d.stderrTail.length ?
                          ", stderr: " + d.stderrTail[d.stderrTail.length - 1] : ""),
   "doctor:stopped": d => "generation " + d.generation + " stopped: " + exited(d.exit),
+  "doctor:reloading": d => "reloading generation " + d.generation + ": " + d.file + " changed" +
+                           (d.pending ? ", " + d.pending + " requests get " + d.graceSec + " s" : ""),
+  "doctor:reloaded": d => "reloaded as generation " + d.generation + " (" + d.file + ", " + d.reloadMs +
+                          " ms): " + (d.error ? "tools/list failed: " + show(d.error) : !d.added ?
+                          d.tools + " tools, no earlier list to compare" : ["added", "removed", "changed"]
+                          .map(k => "tools " + k + " " + (d[k].join(" ") || "none")).join(", ")),
   "bridge:stats": d => "generation " + d.generation + " " + d.state + (d.paused ? " (paused)" : "") +
                        ", messages from / to client " + d.messagesIn + " / " + d.messagesOut +
                        ", pending " + d.pending + ", held " + d.held + ", restarts " +

@@ -201,3 +201,39 @@ def test_watch_sees_new_folders_and_deletions_but_not_excluded_names(tmp_path, h
         assert str(tmp_path / "a.py") in got.get(timeout=10)
     finally:
         watch.stop()
+
+
+def test_restart_tool_is_offered_only_when_enabled_and_restarts(tmp_path):
+    folder = server_copy(tmp_path)
+    config = dict(FAST, doctor={"restart_tool": True})
+    s = Session(tmp_path, command=[PYTHON, str(folder / "server.py"), "--log", str(tmp_path / "server.jsonl")],
+                harness=True, config=config)
+    try:
+        s.initialize()
+        s.request("tools/list")
+        tools = s.reply()["result"]["tools"]
+        assert tools[-1]["name"] == "bridge_restart_server" and "echo" in [t["name"] for t in tools]
+        edit(folder / "server.py", {"added": {"type": "object"}})        # not watched: no reload
+        mid = s.call("bridge_restart_server")
+        got = s.reply()
+        assert got["id"] == mid and got["result"]["isError"] is False, got
+        assert "tools added: added; removed: none; changed: none" in got["result"]["content"][0]["text"]
+        assert len(s.pids()) == 2
+        assert not [line for line in s.received() if "bridge_restart_server" in line]   # never relayed
+        done = s.event_list("doctor:reloaded")[0]["data"]
+        assert done["file"] == "bridge_restart_server" and done["added"] == ["added"]
+        assert s.event_list("doctor:crashed") == []
+    finally:
+        s.close()
+    plain = tmp_path / "plain"
+    plain.mkdir()
+    s = Session(plain, harness=True, config=FAST)
+    try:
+        s.initialize()
+        s.request("tools/list")
+        assert "bridge_restart_server" not in [t["name"] for t in s.reply()["result"]["tools"]]
+        mid = s.call("bridge_restart_server")                  # relayed: the server does not know it
+        assert s.reply()["id"] == mid
+        assert [line for line in s.received() if "bridge_restart_server" in line]
+    finally:
+        s.close()
