@@ -30,7 +30,7 @@ def run_bridge(*args, cwd=None, input=None, env=None, timeout=60):
         timeout=timeout, stdin=None if input is not None else subprocess.DEVNULL)
 
 
-def readme_quickstart(name="quickstart"):
+def readme_quickstart(name):
     """The sh script of a README quick start: the ```sh block between `<!-- NAME -->` and
     `<!-- end NAME -->`, so a test runs it exactly as a reader would copy it."""
     readme = (REPO / "README.md").read_text()

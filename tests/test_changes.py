@@ -13,7 +13,7 @@ import time
 import pytest
 
 from conftest import (BRIDGE, FIXTURES, PYTHON, clean_env, git, make_git_repo,
-                      process_running, run_bridge)
+                      process_running, readme_quickstart, run_bridge)
 
 SERVER = str(FIXTURES / "mcp_axiomregent.py")
 
@@ -1399,7 +1399,8 @@ def test_readme_workflow_works_when_followed_literally(tmp_path):
     example = section.split("<!-- changes plan example -->\n```json\n", 1)[1].split("```")[0]
     config = json.loads(re.search(r"#   (\{\"changes\".*\})\n", section).group(1))
     commands = re.findall(r"^python3 scripts/bridge.py (changes .*?)(?:  +#.*)?$",
-                          section.split("```sh\n", 1)[1].split("```")[0].replace("\\\n", ""),
+                          section.split("### Workflow", 1)[1].split("```sh\n", 1)[1].split("```")[0]
+                          .replace("\\\n", ""),
                           re.M)
     env = Env(tmp_path)
     config["changes"]["mcp"]["command"] = [PYTHON, SERVER]
@@ -1471,3 +1472,18 @@ def test_a_server_that_stops_reading_is_gone_not_a_hang(tmp_path):
     assert status["state"] == "failed" and status["reason"].startswith("mcp_server_gone:")
     assert "did not read its input within 3 s" in status["reason"], status["reason"]
     assert not (env.repo / "new").exists()
+
+
+def test_readme_changes_quick_start_runs_as_written(tmp_path):
+    """The README's changes quick start, run with sh from the clone: a throwaway repository, the
+    axiomregent stand-in, one Tier-1 patch validated, applied and reported completed."""
+    out = subprocess.run(["sh", "-ec", readme_quickstart("quickstart changes")], cwd=BRIDGE.parent,
+                         env=clean_env(TMPDIR=tmp_path, XDG_CONFIG_HOME=tmp_path / "xdg"),
+                         capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
+    assert out.returncode == 0, out.stdout + out.stderr
+    cs_id = out.stdout.splitlines()[0]
+    assert cs_id.startswith("say-world--") and "%s completed\n" % cs_id in out.stdout, out.stdout
+    assert out.stdout.endswith("hello\nworld\n"), out.stdout
+    (repo,) = [p for p in tmp_path.iterdir() if (p / ".git").is_dir()]
+    status = json.loads((repo / "changes" / cs_id / "05-status.json").read_bytes())
+    assert (status["state"], status["decision"]) == ("completed", "auto"), status

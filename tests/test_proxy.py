@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from conftest import BRIDGE, FIXTURES, PYTHON, clean_env, process_running
+from conftest import BRIDGE, FIXTURES, PYTHON, clean_env, process_running, readme_quickstart
 
 SERVER = [PYTHON, str(FIXTURES / "mcp_server.py")]
 HARNESS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "proxy_harness.py")
@@ -1265,3 +1265,20 @@ def test_stats_rates_are_over_a_fixed_window_not_since_the_last_stats(session):
         assert stats["messagesInPerSec"] == pytest.approx(40 / stats["rateWindowSec"], rel=0.1)
     assert second["messagesInPerSec"] == pytest.approx(first["messagesInPerSec"], rel=0.5)
     s.close()
+
+
+def test_readme_proxy_quick_start_runs_as_written(tmp_path):
+    """The README's proxy quick start, run with sh from the clone: the fixture server's answers to
+    initialize and tools/list come out on stdout, the dashboard URL with this run's token on
+    stderr, and the proxy exits by itself at the end of its input, removing its URL file."""
+    out = subprocess.run(["sh", "-ec", readme_quickstart("quickstart proxy")], cwd=BRIDGE.parent,
+                         env=clean_env(BRIDGE_OBS_PORT=0, XDG_CONFIG_HOME=tmp_path),
+                         capture_output=True, text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert out.returncode == 0, out.stdout + out.stderr
+    answers = [json.loads(line) for line in out.stdout.splitlines()]
+    assert [a["id"] for a in answers] == [1, 2], out.stdout
+    assert answers[0]["result"]["serverInfo"]["name"] == "fixture"
+    assert "echo" in [tool["name"] for tool in answers[1]["result"]["tools"]]
+    url = re.search(r"dashboard with this run's token: (http://127\.0\.0\.1:\d+/\?token=\S+)", out.stderr)
+    assert url, out.stderr
+    assert list((tmp_path / "bridge").glob("proxy-*.url")) == []

@@ -17,7 +17,7 @@ import time
 
 import pytest
 
-from conftest import BRIDGE, FIXTURES, PYTHON, clean_env, run_bridge
+from conftest import BRIDGE, FIXTURES, PYTHON, clean_env, readme_quickstart, run_bridge
 
 RELAY_FIX = FIXTURES / "relay"
 QUEUE = "captain_to_vice_captain.yaml"
@@ -1136,3 +1136,20 @@ def test_a_hard_linked_lock_file_is_never_written(tmp_path):
         result = down(root, "miho", "main", "m", "p")
         assert result.returncode == 0 and result.stdout == expected, result.stderr
     assert precious.read_text() == "keep me\n"
+
+
+def test_readme_relay_quick_start_runs_as_written(tmp_path):
+    """The README's relay quick start, run with sh from the clone as a reader would paste it:
+    down appends cmd_049 after the fixture's cmd_048 and nudges, up holds back a pending entry
+    and prints the report line once the entry is done."""
+    out = subprocess.run(["sh", "-ec", readme_quickstart("quickstart relay")], cwd=BRIDGE.parent,
+                         env=clean_env(TMPDIR=tmp_path), capture_output=True, text=True,
+                         timeout=120, stdin=subprocess.DEVNULL)
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = out.stdout.splitlines()
+    assert lines[0] == "cmd_049" and lines[-1] == "miho隊報告: cmd_049 [done] — self-watch added.", out.stdout
+    assert out.stdout.count("miho隊報告") == 1 and "NO RELAY: cmd_049" in out.stderr, out.stderr
+    assert "新規指令 cmd_049 を受信。処理されたし。" in out.stdout
+    (queue,) = tmp_path.glob("*/queue/captain_to_vice_captain.yaml")
+    entry = find_entry(queue.read_text(), "cmd_049")[0]
+    assert (entry["status"], entry["source"], entry["priority"]) == ("done", "agent_teams", "high"), entry

@@ -974,7 +974,7 @@ def test_state_folder_swapped_for_a_symlink_mid_task_is_never_written_through(qu
 def test_readme_quick_start_runs_as_written(tmp_path):
     """The README's watch quick start, taken from between its marker comments and run with
     sh in a fresh repository: the first task succeeds (not dirty_repo), the repo stays clean."""
-    script = readme_quickstart()
+    script = readme_quickstart("quickstart watch")
     repo = make_git_repo(tmp_path / "mine")
     out = subprocess.run(["sh", "-ec", script], cwd=repo, env=clean_env(src=str(BRIDGE.parent)),
                          capture_output=True, text=True, timeout=120, stdin=subprocess.DEVNULL)
