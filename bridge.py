@@ -2797,8 +2797,15 @@ class Git:
         temp_index = os.path.join(git_dir, "bridge-index.%d.%s" % (os.getpid(), random_hex()))
         real_index = os.path.join(git_dir, "index")
         try:
-            if os.path.exists(real_index):
-                shutil.copyfile(real_index, temp_index)  # keeps git's stat cache: fast add -A
+            # A copy of the index keeps git's stat cache (a fast add -A). It is only a cache:
+            # anything but a regular file there (a link to /dev/zero an agent planted would
+            # be copied until the disk is full) is not copied, and add -A starts empty.
+            try:
+                with open_input(real_index) as source, os.fdopen(create_once(temp_index), "wb") as copy:
+                    shutil.copyfileobj(source, copy)
+            except OSError:
+                if os.path.lexists(temp_index):
+                    os.unlink(temp_index)
             env = {"GIT_INDEX_FILE": temp_index}
             # Exclusions go on the diff only: an exclude pathspec naming an ignored
             # path (e.g. .ai-handoff/ in info/exclude) makes `git add` exit 1.

@@ -442,7 +442,9 @@ OPEN_ALLOWED = {
     ("cmd_redact", "os.devnull"),               # stdout redirected after a broken pipe
     ("proxy_leftovers", "'/proc/%s/stat' % name"),  # the process table, read by the proxy
 }
-_OPENERS = {"open", "read_text", "read_bytes", "write_text", "write_bytes"}
+# shutil's copies open both paths themselves and follow a symlink (to /dev/zero, say).
+_OPENERS = {"open", "read_text", "read_bytes", "write_text", "write_bytes", "copyfile", "copy2",
+            "copytree"}
 
 
 def stray_opens(source):
@@ -492,6 +494,7 @@ def test_no_open_outside_the_kernel():
     "    import io\n    return io.open(path).read()\n",
     "    from pathlib import Path\n    return Path(path).open().read()\n",
     "    from pathlib import Path\n    return Path(path).read_text()\n",
+    "    import shutil\n    shutil.copyfile(path, path + '.bak')\n",
 ])
 def test_a_new_stray_open_is_caught(stray):
     """The detector flags an open added to a bridge section (here, the end of WATCH)."""
@@ -681,3 +684,27 @@ def test_an_infinite_number_from_the_environment_is_refused(tmp_path):
     out = run_bridge("status", "--root", tmp_path, cwd=tmp_path, env=clean_env(BRIDGE_RESTART_WINDOW="inf"))
     assert out.returncode == 2 and "environment variable BRIDGE_RESTART_WINDOW: lifecycle.restartWindow" \
         in out.stderr and "Infinity" in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize("planted", ["/dev/zero", "fifo"])
+def test_worktree_diff_never_copies_a_planted_index(git_repo, planted):
+    """An agent that replaces .git/index with a link to /dev/zero (or a FIFO) must not make
+    the watcher's diff copy it: shutil.copyfile followed the link and wrote until the disk
+    was full. The index is only a cache for `git add -A`: without a regular one the diff is
+    made from an empty index, the same diff. (Run with a 64 MiB file size limit.)"""
+    base = bridge.Git(git_repo).head()
+    (git_repo / "new.txt").write_text("untracked\n")
+    index = git_repo / ".git" / "index"
+    index.unlink()
+    if planted == "fifo":
+        os.mkfifo(index)
+    else:
+        index.symlink_to(planted)
+    script = ("import resource, signal, sys; sys.path.insert(0, %r); import bridge\n"
+              "signal.signal(signal.SIGXFSZ, signal.SIG_IGN)\n"
+              "resource.setrlimit(resource.RLIMIT_FSIZE, (64 << 20, 64 << 20))\n"
+              "print(bridge.Git(%r).worktree_diff(%r, (), '--stat'))\n"
+              % (str(BRIDGE.parent), str(git_repo), base))
+    out = subprocess.run([PYTHON, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and "new.txt" in out.stdout, out.stderr[-2000:]
+    assert [p.name for p in (git_repo / ".git").iterdir() if p.name.startswith("bridge-index")] == []
