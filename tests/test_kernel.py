@@ -708,3 +708,23 @@ def test_worktree_diff_never_copies_a_planted_index(git_repo, planted):
     out = subprocess.run([PYTHON, "-c", script], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and "new.txt" in out.stdout, out.stderr[-2000:]
     assert [p.name for p in (git_repo / ".git").iterdir() if p.name.startswith("bridge-index")] == []
+
+
+def test_every_readme_quick_start_is_run_by_a_test_and_linked_from_the_top():
+    """A quick start no test runs drifts from the code unnoticed: each `<!-- quickstart NAME -->`
+    block in the README must be run by a test, and the five-minute start links each one's heading."""
+    import re
+    readme = (BRIDGE.parent / "README.md").read_text()
+    names = re.findall(r"^<!-- quickstart (\w+) -->$", readme, re.M)
+    assert sorted(names) == ["changes", "proxy", "relay", "seam", "watch"]
+    tests = "".join(p.read_text() for p in BRIDGE.parent.joinpath("tests").glob("test_*.py"))
+    assert [n for n in names if 'readme_quickstart("quickstart %s")' % n not in tests] == []
+    # GitHub's anchor for a heading: lower case, punctuation dropped, spaces as hyphens
+    anchors = {re.sub(r"[^\w\- ]", "", h.lower()).replace(" ", "-")
+               for h in re.findall(r"^#+ (.*)$", readme, re.M)}
+    top = readme.split("## Five-minute start\n", 1)[1].split("\n## ", 1)[0]
+    links = re.findall(r"\[Quick start\]\(#([^)]+)\)", top)
+    assert len(links) == 5 and [a for a in links if a not in anchors] == []
+    for name in names:  # each linked heading is the one right above its quick start
+        heading = readme.split("<!-- quickstart %s -->" % name, 1)[0].rsplit("\n### ", 1)[1].split("\n", 1)[0]
+        assert re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-") in links, (name, heading)
