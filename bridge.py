@@ -8659,6 +8659,9 @@ class Proxy:
         if self.reload is not None:
             if self.draining():
                 self.reload["files"] = sorted(set(self.reload["files"]) | set(files))
+            elif self.listing():                   # a server that never answers must not stall reloads
+                self.reloaded({"error": "no answer to tools/list before the next change"})
+                self.start_reload(files)
             else:
                 self.reload_next = sorted(set(self.reload_next or ()) | set(files))
             return
@@ -8689,6 +8692,12 @@ class Proxy:
         result["tools"] = result["tools"] + [PROXY_RESTART_TOOL]
         return json_compact(msg).encode("utf-8") + b"\n"
 
+    def listing(self):
+        """A reload waits only for the new Doctor's tools/list answer (listed())."""
+        reload, child = self.reload, self.child
+        return reload is not None and child is not None and child.gen > reload["gen"] and child.ready and \
+            child.exit is None
+
     def draining(self):
         """A reload waits for the old Doctor to finish its requests (start_reload)."""
         reload, child = self.reload, self.child
@@ -8699,7 +8708,7 @@ class Proxy:
         """The reloaded Doctor's tools/list answer (a page of it): on to the next page, or
         publish doctor:reloaded with what changed since the last list seen."""
         reload, result = self.reload, msg.get("result")
-        if reload is None:
+        if not self.listing():                     # late: that reload has ended
             return
         if result.__class__ is not dict or result.get("tools").__class__ is not list:
             return self.reloaded({"error": msg.get("error") or "tools/list answer without tools"})

@@ -237,3 +237,23 @@ def test_restart_tool_is_offered_only_when_enabled_and_restarts(tmp_path):
         assert [line for line in s.received() if "bridge_restart_server" in line]
     finally:
         s.close()
+
+
+def test_a_server_that_never_lists_its_tools_does_not_stall_later_reloads(tmp_path):
+    folder = server_copy(tmp_path)
+    s = start(tmp_path, folder)
+    try:
+        # the next generation leaves tools/list unanswered (a method it ignores)
+        text = (folder / "server.py").read_text().replace("if mid is None:  ",
+                                                          "if mid is None or method == 'tools/list':  ")
+        (folder / "server.py").write_text(text)
+        s.wait_event("doctor:ready", count=2)
+        edit(folder / "server.py", {"added": {"type": "object"}})
+        first = s.wait_event("doctor:reloaded")[0]["data"]
+        assert "tools/list" in first["error"] and first["generation"] == 2
+        s.wait_event("doctor:ready", count=3)
+        assert len(s.event_list("doctor:reloading")) == 2
+        mid = s.call("echo", text="on")
+        assert s.reply()["id"] == mid
+    finally:
+        s.close()
