@@ -4436,8 +4436,8 @@ class Watcher:
             error = self.beads.block(bead_id, "%s: %s" % (result["reason"], result["detail"])[:500])
             if error:
                 result["bead"]["error"] = error
-        if result["status"] == "blocked" or result["reason"] == "interrupted":
-            return
+        if result["status"] == "blocked" or result["reason"] in ("interrupted", "agent_tampered"):
+            return  # after tampering git itself may point elsewhere (.git swapped): hands off
         git_state = result["git"]
         if result.get("executor") is None and git_state.get("branch_created"):
             # Failed before the agent ran (e.g. bead_failed): nothing to inspect, so

@@ -116,3 +116,20 @@ def test_work_never_lands_on_the_protected_base_behind_the_watchers_back(git_rep
     assert "main" in r["detail"]
     if how == "checkout":
         assert git(queue.repo, "rev-parse", "main").strip() == before
+
+
+def test_a_git_dir_swapped_by_the_agent_never_gets_the_watcher_writing_elsewhere(git_repo, tmp_path):
+    """.git replaced by a `gitdir:` file pointing at a repository whose core.worktree is
+    another folder: after the tamper check nothing bridge.py runs writes there."""
+    elsewhere, evil = tmp_path / "elsewhere", tmp_path / "evil.git"
+    elsewhere.mkdir()
+    git(tmp_path, "clone", "-q", "--bare", str(git_repo), str(evil))
+    git(evil, "config", "core.bare", "false")
+    git(evil, "config", "core.worktree", str(elsewhere))
+    body = "echo x > p.txt\nmv .git %s\nprintf 'gitdir: %s\\n' > .git\n" % (tmp_path / "moved.git", evil)
+    queue = Queue(git_repo, tmp_path, executor=shell_agent(tmp_path, body), continue_on_failure=True)
+    queue.put(queue.task("g1"))
+    out = queue.watch()
+    r = queue.result("g1")
+    assert r["reason"] == "agent_tampered", (out.stderr, r)
+    assert list(elsewhere.iterdir()) == [], out.stderr
