@@ -257,3 +257,28 @@ def test_a_server_that_never_lists_its_tools_does_not_stall_later_reloads(tmp_pa
         assert s.reply()["id"] == mid
     finally:
         s.close()
+
+
+def test_a_client_without_initialize_is_reloaded_through_the_discover_probe(tmp_path):
+    """A 2026-07-28 client sends no initialize: the new server is probed with server/discover,
+    then listed; the client's next request is answered by it."""
+    folder = server_copy(tmp_path)
+    config = dict(FAST, doctor={"watch": [str(folder)], "watch_debounce_ms": 100})
+    s = Session(tmp_path, command=[PYTHON, str(folder / "server.py"), "--log", str(tmp_path / "server.jsonl")],
+                harness=True, config=config)
+    try:
+        mid = s.request("server/discover", {"supportedVersions": ["2026-07-28"]})
+        assert s.reply()["id"] == mid
+        s.request("tools/list")
+        s.reply()
+        deadline = time.time() + 10
+        while "bridge proxy: info: watch: " not in s.err() and time.time() < deadline:
+            time.sleep(0.02)
+        edit(folder / "server.py", {"added": {"type": "object"}})
+        done = s.wait_event("doctor:reloaded")[0]["data"]
+        assert done["added"] == ["added"] and done["generation"] == 2
+        assert s.wait_event("doctor:ready", count=2)[1]["data"]["signal"] == "answered server/discover"
+        mid = s.call("echo", text="2026")
+        assert s.reply()["id"] == mid
+    finally:
+        s.close()
