@@ -12632,6 +12632,9 @@ def cmd_proxy(args):
     for path in cfg["doctor"]["watch"]:
         if not isinstance(path, str) or not os.path.exists(path):
             raise BridgeError("proxy: watched path %r (--watch, doctor.watch) does not exist" % (path,))
+    for glob in cfg["doctor"]["watch_exclude"]:
+        if not isinstance(glob, str):
+            raise BridgeError("proxy: doctor.watch_exclude holds %r: each must be a string (a glob)" % (glob,))
     return Proxy(argv, cfg, cwd, env).run()
 
 

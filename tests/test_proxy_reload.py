@@ -282,3 +282,14 @@ def test_a_client_without_initialize_is_reloaded_through_the_discover_probe(tmp_
         assert s.reply()["id"] == mid
     finally:
         s.close()
+
+
+def test_bad_watch_settings_exit_2_naming_them(tmp_path):
+    from conftest import clean_env, run_bridge
+    (tmp_path / "cfg.json").write_text('{"doctor": {"watch_exclude": [".git", 3]}}')
+    env = clean_env(BRIDGE_OBS_ENABLED="false")
+    got = run_bridge("proxy", "--config", tmp_path / "cfg.json", "--watch", tmp_path, "--", PYTHON, "-c", "0",
+                     env=env, cwd=tmp_path)
+    assert got.returncode == 2 and "doctor.watch_exclude" in got.stderr and "3" in got.stderr, got.stderr
+    got = run_bridge("proxy", "--watch", tmp_path / "missing", "--", PYTHON, "-c", "0", env=env, cwd=tmp_path)
+    assert got.returncode == 2 and "missing" in got.stderr and "does not exist" in got.stderr, got.stderr
