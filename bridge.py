@@ -5061,12 +5061,19 @@ def _session_from_env(host, env=None):
     return env.get("SD_SESSION_ID") or (env.get(name, "") if name else "")
 
 
-def _seam_redactor(root):
-    """The kernel redactor with this root's redaction_patterns (never fails the verb)."""
+def seam_config(root):
+    """load_config(root), a config error being a usage error of the verb (exit 2). Never
+    replaced by the defaults: they lack the user's redaction_patterns, so the verbs that
+    write text would write the very secrets those name."""
     try:
-        return get_redactor(load_config(root))
-    except BridgeError:
-        return get_redactor(None)
+        return load_config(root)
+    except BridgeError as exc:
+        raise SeamUsage(exc.message)
+
+
+def _seam_redactor(root):
+    """The kernel redactor with this root's redaction_patterns."""
+    return get_redactor(seam_config(root))
 
 
 # ---- egress: events.jsonl and session markers --------------------------------------
@@ -6220,7 +6227,7 @@ def wake_codex(root, members=None, codex_bin=None):
     remembered in .wake-resumes.codex, and a session whose resume still runs is not
     resumed again. Never moves a cursor: delivery is the FO's drain + ack.
     """
-    config = load_config(root)
+    config = seam_config(root)
     bdir = bridge_dir(root)
     if not os.path.isfile(os.path.join(bdir, "inbox.jsonl")):
         return {"status": "noop", "message": "no pending inbox records"}

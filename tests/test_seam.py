@@ -2075,3 +2075,30 @@ def test_an_unclosed_deep_inbox_line_is_one_malformed_line(repo):
     assert [r["id"] for r in out["records"]] == ["i1"] and out["high_water"] == 2
     code, out, _ = seam("inbox", "check", "--slug", "alpha", cwd=repo, input="{}")
     assert code == 0 and out["decision"] == "block"
+
+
+def test_a_config_error_stops_the_verbs_that_write_text(repo):
+    """A config that cannot be read (here a watch key out of range) used to fall back to the
+    default redactor without a word: the user's own redaction pattern was dropped and the
+    secret it names was written to _bridge/. Now each verb that writes free text refuses,
+    naming the file and the key: initiate/alert/feed answer so and exit 0 (they never block
+    the agent), ack and wake exit 2 as any config error, egress emit records nothing."""
+    config = repo / "bridge.config.json"
+    config.write_text(json.dumps({"redaction_patterns": ["ACME-[0-9]{6}"], "poll_sec": 0}))
+    why = "%s: poll_sec must be a number between 0.05 and 3600, got 0" % config
+    write_inbox(repo, INBOX3[0])
+    secret = "key ACME-123456 rotated"
+    for argv, answer, exit_code in [
+            (["feed", "--verb", "advance", "--text", secret], {"appended": False}, 0),
+            (["initiate", "--kind", "status", "--id", "s1", "--headline", secret], {"queued": False}, 0),
+            (["alert", "permission", "--reason", secret], {"queued": False}, 0),
+            (["inbox", "ack", "--slug", "alpha", "--line", "1", "--kind", "tell", "--status", "answered",
+              "--id", "i1", "--text", secret], {"appended": False}, 2),
+            (["wake", "--host", "codex"], {"status": "failed"}, 2)]:
+        code, out, _ = seam(*argv, cwd=repo)
+        assert code == exit_code and out.get("error") == why, (argv, out)
+        assert {k: out[k] for k in answer} == answer
+    emit("claude", payload("claude_post_tool_use_read_ensign.json", repo, tool_name=secret), cwd=repo)
+    for path in (repo / "_bridge").iterdir():
+        assert "ACME-123456" not in path.read_text(errors="replace"), path
+    assert not (repo / "_bridge" / "events.jsonl").exists()
