@@ -6022,11 +6022,12 @@ def _heartbeat_session(bdir, slug):
 
 
 def _markers(bdir):
-    """[(mtime, path, marker dict)] of sessions/*.json, in name order."""
+    """[(mtime, path, marker dict)] of sessions/*.json, in name order. A symlinked sessions/
+    is not read, as it is not written (write_marker)."""
     sessions = os.path.join(bdir, "sessions")
     out = []
     try:
-        names = sorted(os.listdir(sessions))
+        names = [] if os.path.islink(sessions) else sorted(os.listdir(sessions))
     except OSError:
         return out
     for name in names:

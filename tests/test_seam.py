@@ -2102,3 +2102,23 @@ def test_a_config_error_stops_the_verbs_that_write_text(repo):
     for path in (repo / "_bridge").iterdir():
         assert "ACME-123456" not in path.read_text(errors="replace"), path
     assert not (repo / "_bridge" / "events.jsonl").exists()
+
+
+def test_a_symlinked_sessions_folder_is_never_read(repo, tmp_path):
+    """_bridge/sessions linked to a folder elsewhere is not read, as it is not written: a
+    marker there does not make the Stop check block a session (nor name the session wake
+    resumes)."""
+    outside = tmp_path / "elsewhere"
+    outside.mkdir()
+    (outside / "claude-s1.json").write_text(json.dumps(
+        {"actor_id": "claude-s1", "host": "claude", "session_id": "s1", "workflow": "alpha",
+         "entity": "e1"}) + "\n")
+    bdir = write_inbox(repo, INBOX3[0])
+    (bdir / "sessions").symlink_to(outside)
+    code, out, _ = seam("inbox", "check", cwd=repo, input=json.dumps({"session_id": "s1"}))
+    assert code == 0 and out == {}
+    (bdir / "sessions").unlink()
+    (bdir / "sessions").mkdir()
+    (bdir / "sessions" / "claude-s1.json").write_text((outside / "claude-s1.json").read_text())
+    code, out, _ = seam("inbox", "check", cwd=repo, input=json.dumps({"session_id": "s1"}))
+    assert code == 0 and out["decision"] == "block"  # the same marker inside is read
