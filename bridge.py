@@ -3356,7 +3356,7 @@ class Fingerprint:
 
     KEEP_MAX = 1 << 20  # .git files larger than this are compared, not restored
 
-    def __init__(self, handoff, git_dir, task_id, config_files=()):
+    def __init__(self, handoff, git_dir, task_id, config_files=(), branches=()):
         self.handoff, self.task_id = handoff, task_id
         common = _read_small(os.path.join(git_dir, "commondir"))
         common = os.path.normpath(os.path.join(git_dir, common)) if common else git_dir
@@ -3375,6 +3375,13 @@ class Fingerprint:
         self.aside = handoff.path("meta", task_id + ".tampered")
         self.running = os.path.join(handoff.base, "running", task_id + ".json")
         self.base_tip = None  # the base branch's commit (the watcher checks the branches)
+        # where git keeps HEAD and the branches: git moves a ref by writing a new file and
+        # renaming it into place (or a new reftable), so while none of these changed
+        # signature no branch moved and the watcher need not ask git
+        self.ref_paths = [os.path.join(git_dir, "HEAD"), os.path.join(common, "packed-refs"),
+                          os.path.join(common, "reftable", "tables.list")] + [
+            os.path.join(common, "refs", "heads", *name.split("/")) for name in branches if name]
+        self.refs_before = self.ref_signatures()
         self.before = self.signatures()
         self.kept = {}
         for path, sig in self.before.items():
@@ -3415,6 +3422,18 @@ class Fingerprint:
                 if stat.S_ISDIR(st.st_mode):
                     folders.append(entry.path)
         return found
+
+    def ref_signatures(self):
+        found = {}
+        for path in self.ref_paths:
+            try:
+                found[path] = self._signature(os.lstat(path))
+            except OSError as exc:
+                found[path] = ("error", exc.errno)
+        return found
+
+    def refs_may_have_moved(self):
+        return self.ref_signatures() != self.refs_before
 
     @staticmethod
     def _signature(st):
@@ -4270,7 +4289,8 @@ class Watcher:
         env.update(BRIDGE_TASK_ID=task_id, BRIDGE_TASK_FILE=running, BRIDGE_PROMPT_FILE=prompt_path,
                    BRIDGE_ROOT=self.root)
         self.say("%s: running the editing agent (%s)" % (task_id, self.executor[0]))
-        guard = Fingerprint(self.handoff, self.git_dir, task_id, self.git.config_files())
+        guard = Fingerprint(self.handoff, self.git_dir, task_id, self.git.config_files(),
+                            (git_state["branch"], git_state["base_branch"]))
         guard.base_tip = snap["head"]  # the base branch's tip, taken before the checkout
         attributes = attribute_filter_lines(self.audit(git_state["base_commit"])[0]) \
             if snap["dirty"] else set()
@@ -4380,12 +4400,15 @@ class Watcher:
 
     def tamper_check(self, guard, result, who):
         """agent_tampered when `who` changed what it must not (see Fingerprint), or moved
-        HEAD off the task's branch or the base branch's tip (with one git call)."""
+        HEAD off the task's branch or the base branch's tip (one git call, made only when
+        the files git keeps refs in changed)."""
         changes = guard.changes()
         if changes:
             self.tampered(result, guard.restore(changes), "%s changed %s" % (
                 who, ", ".join(guard.display(path) for path, _ in changes[:5])
                 + (" and %d more" % (len(changes) - 5) if len(changes) > 5 else "")))
+        if not guard.refs_may_have_moved():
+            return
         git_state = result["git"]
         branch, base = git_state["branch"], git_state["base_branch"]
         tips = {}
