@@ -5004,12 +5004,22 @@ def write_state(path, obj):
     atomic_write(path, go_line(obj), mode=0o644)
 
 
+def go_count(text):
+    """`text` read as Go's strconv.Atoi reads a count, or None: ASCII digits only, at most
+    2^63-1. (Python's int() also takes other scripts' digits and "_", and refuses to convert
+    more than 4,300 digits with a ValueError.)"""
+    if not (text.isascii() and text.isdigit()) or len(text.lstrip("0")) > 19:
+        return None
+    value = int(text)
+    return value if value < 1 << 63 else None
+
+
 def read_cursor(bdir, slug):
     """The committed cursor of `slug`: a decimal count of processed inbox lines.
 
-    Missing, unreadable, negative or non-numeric means 0. When the slug has no
-    cursor file yet, the legacy shared `.inbox-cursor` is read instead (drain
-    and commit then adopt it into the slug's file). A symlink is never followed:
+    Missing, unreadable, negative, non-numeric or past Go's int64 means 0. When the
+    slug has no cursor file yet, the legacy shared `.inbox-cursor` is read instead
+    (drain and commit then adopt it into the slug's file). A symlink is never followed:
     it reads as missing.
     """
     if not is_safe_name(slug):
@@ -5017,9 +5027,7 @@ def read_cursor(bdir, slug):
     text = _read_small(os.path.join(bdir, ".inbox-cursor." + slug))
     if text is None:
         text = _read_small(os.path.join(bdir, ".inbox-cursor"))
-    if text and text.isascii() and text.isdigit():
-        return int(text)
-    return 0
+    return go_count(text or "") or 0
 
 
 def cursor_lock(bdir, slug, timeout=10.0):
@@ -5859,9 +5867,9 @@ def inbox_ack(root, opts):
         raise SeamUsage("invalid or missing --slug")
     host = id_flag(opts, "host").lower()
     line_text = opts.get("line", "")
-    if not (line_text.isascii() and line_text.isdigit() and int(line_text) > 0):
+    line = go_count(line_text)
+    if not line:
         raise SeamUsage("--line must be a positive integer, got %r" % line_text)
-    line = int(line_text)
     kind = opts.get("kind", "")
     if kind not in ACK_KINDS:
         raise SeamUsage("unknown --kind (want tell|conn|decision|permission-decision)")
@@ -5932,10 +5940,10 @@ def inbox_commit(root, slug, cursor_text):
     """Advance `slug`'s cursor to N, never backwards and never past the inbox's end."""
     if not is_safe_name(slug):
         raise SeamUsage("invalid or missing --slug")
-    if not (cursor_text.isascii() and cursor_text.isdigit()):
+    wanted = go_count(cursor_text)
+    if wanted is None:
         raise SeamUsage("negative --cursor" if cursor_text.startswith("-") or not cursor_text
                           else "--cursor must be a line count, got %r" % cursor_text)
-    wanted = int(cursor_text)
     bdir = bridge_dir(root, create=True)
     lock = cursor_lock(bdir, slug)
     if lock is None:

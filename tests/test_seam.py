@@ -2122,3 +2122,23 @@ def test_a_symlinked_sessions_folder_is_never_read(repo, tmp_path):
     (bdir / "sessions" / "claude-s1.json").write_text((outside / "claude-s1.json").read_text())
     code, out, _ = seam("inbox", "check", cwd=repo, input=json.dumps({"session_id": "s1"}))
     assert code == 0 and out["decision"] == "block"  # the same marker inside is read
+
+
+@pytest.mark.parametrize("digits", ["9" * 5000, "99999999999999999999"])
+def test_a_cursor_beyond_a_go_int_reads_as_zero(repo, digits):
+    """A cursor file too large for Go's Atoi reads as 0, as in Go (unparseable). Python's
+    int() refuses more than 4,300 digits with a ValueError: drain and commit were internal
+    errors with no answer, and the Stop check answered {} for queued intent."""
+    bdir = write_inbox(repo, INBOX3[0])
+    (bdir / ".inbox-cursor.alpha").write_text(digits + "\n")
+    code, out, _ = seam("inbox", "drain", "--slug", "alpha", cwd=repo)
+    assert code == 0 and out["cursor"] == 0 and [r["id"] for r in out["records"]] == ["i1"]
+    code, out, _ = seam("inbox", "check", "--slug", "alpha", cwd=repo, input="{}")
+    assert out["decision"] == "block"
+    code, out, _ = seam("inbox", "commit", "--slug", "alpha", "--cursor", "1", cwd=repo)
+    assert code == 0 and out == {"cursor": 1}
+    for argv in (["inbox", "commit", "--slug", "alpha", "--cursor", digits],
+                 ["inbox", "ack", "--slug", "alpha", "--line", digits, "--kind", "tell",
+                  "--status", "answered", "--id", "i1"]):
+        code, out, err = seam(*argv, cwd=repo)
+        assert code == 2 and "must be" in out["error"] and err == "", (argv, out, err)
