@@ -308,7 +308,7 @@ def parse_json(data, **hooks):
 
 def _fsync_dir(directory):
     try:
-        fd = os.open(directory, os.O_RDONLY)
+        fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY)  # never a FIFO swapped in: no block
     except OSError:
         return
     try:

@@ -551,6 +551,17 @@ def test_append_and_lock_refuse_fifo(tmp_path):
         bridge.open_lock(fifo)
 
 
+def test_fsync_of_a_folder_swapped_for_a_fifo_never_blocks(tmp_path):
+    """The folder fsync after a rename opens the folder: a FIFO put in its place meanwhile
+    is skipped (O_DIRECTORY), not waited on for a writer that never comes."""
+    fifo = tmp_path / "state"
+    os.mkfifo(fifo)
+    code = "import importlib.util as u,sys;s=u.spec_from_file_location('b',sys.argv[1]);" \
+           "m=u.module_from_spec(s);s.loader.exec_module(m);m._fsync_dir(sys.argv[2])"
+    done = subprocess.run([sys.executable, "-c", code, str(BRIDGE), str(fifo)], timeout=20)
+    assert done.returncode == 0
+
+
 def test_open_lock_and_create_once_never_follow_a_symlink(tmp_path):
     outside = tmp_path / "outside"
     link = tmp_path / "x.lock"
