@@ -156,9 +156,11 @@ def user_config_file(name):
 
 
 def warn(message):
-    """One line on stderr, prefixed so it is clear who is talking."""
+    """One line on stderr, prefixed so it is clear who is talking. Control characters but
+    the newlines of a multi-line message are spelled out: a message may quote a name an agent
+    chose, and that must not drive the user's terminal."""
     try:
-        sys.stderr.write("bridge: %s\n" % message)
+        sys.stderr.write("bridge: %s\n" % "\n".join(map(printable, str(message).split("\n"))))
         sys.stderr.flush()
     except (OSError, ValueError):
         pass  # stderr closed: there is nowhere left to say it

@@ -739,3 +739,13 @@ def test_every_readme_quick_start_is_run_by_a_test_and_linked_from_the_top():
     for name in names:  # each linked heading is the one right above its quick start
         heading = readme.split("<!-- quickstart %s -->" % name, 1)[0].rsplit("\n### ", 1)[1].split("\n", 1)[0]
         assert re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-") in links, (name, heading)
+
+
+def test_error_messages_quoting_a_name_never_drive_the_terminal(tmp_path):
+    """An error names the path it is about, and an agent may choose that path: escape
+    sequences in it are spelled out, so they cannot retitle, clear or rewrite the terminal."""
+    name = tmp_path / "cfg\x1b]0;pwned\x07\x1b[2J.json"
+    out = run_bridge("status", "--root", tmp_path, "--config", name)
+    assert out.returncode == 2, out.stderr
+    assert "\x1b" not in out.stderr and "\x07" not in out.stderr
+    assert "cfg\\x1b]0;pwned\\x07\\x1b[2J.json" in out.stderr, out.stderr
