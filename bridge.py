@@ -1332,6 +1332,8 @@ _LITERAL_RULES = (
     (r"dapi(?<![A-Za-z0-9]dapi)[a-f0-9]{32}(?:-\d)?(?![A-Za-z0-9])", 0),
     (r"4b1d(?<![A-Za-z0-9]4b1d)[A-Za-z0-9]{38}(?![A-Za-z0-9])", 0),
     (r"cmVmd(?<![A-Za-z0-9]cmVmd)[A-Za-z0-9]{59}(?![A-Za-z0-9])", 0),
+    # GitHub Actions' command that declares a secret (negative back: the value follows)
+    (r"::add-mask::(?=[^\s$%{<\"'])[^\s\"']{1,4096}", -12),
 )
 # Base64 blobs that start with the encoding of a private key header or a token prefix
 # (ghp_, github_pat_, glpat-, AKIA, ASIA, eyJ): decoded, and redacted whole when the
@@ -1448,8 +1450,8 @@ _CLI_FLAGS = {
 }
 _NETRC_GATE = rb"password[ \t]{1,8}(?=[^\s:=])"
 # A secret piped or fed to a login that reads it from stdin: `echo X | docker login
-# --password-stdin`, `gh auth login --with-token <<< X`.
-_STDIN_GATE = r"--(?:password-stdin|with-token)"
+# --password-stdin`, `gh auth login --with-token <<< X`, `echo X | sudo -S`.
+_STDIN_GATE = r"-(?:-password-stdin|-with-token|S\b(?<=sudo -S))"
 _STDIN_VALUE = (r"(?:\b(?:echo|printf)(?:[ \t]+-[a-z]{1,3})*[ \t]+(?:'([^'\n]{1,512})'|\"([^\"\n]{1,512})\""
                 r"|([^\s|'\"]{1,512}))[ \t]*\||<<<[ \t]*(?:'([^'\n]{1,512})'|\"([^\"\n]{1,512})\"|([^\s'\"]{1,512})))")
 # `npm config set //registry/:_authToken VALUE`, `git config [--global] x.token VALUE`: a
@@ -1813,9 +1815,9 @@ class Redactor:
                 if start and (text[start - 1].isalnum() or text[start - 1] in "+/") \
                         or _placeholder_body(token[4:]):
                     continue                       # inside base64; AKCpXXXX... placeholders
-                if token[1] in "KSBC3" and token[:2] != "AC" and len(token) == 20 \
-                        and not any(c.isdigit() for c in token[4:]):
-                    continue                       # AWS-shaped word: no digit
+                if token[1] in "KSBC3" and token[:2] != "AC" and len(token) == 20 and (
+                        not any(c.isdigit() for c in token[4:]) or token.endswith("EXAMPLE")):
+                    continue                       # AWS-shaped word (no digit), AWS's doc example
                 if token[:2] in ("SK", "AC") and (token[2:].isdigit() or token[2:].isalpha()):
                     continue
                 spans.append((start, _token_end(text, m.end())))
@@ -2151,7 +2153,7 @@ class Redactor:
                     if value and not _is_placeholder(value.group(value.lastindex)):
                         spans.append(value.span(value.lastindex))
         done = 0
-        for g in rx["stdin_gate"].finditer(text) if not short or "--" in text else ():
+        for g in rx["stdin_gate"].finditer(text) if not short or "--" in text or "sudo" in text else ():
             if g.start() < done:
                 continue                                # its line was looked at
             start = max(_line_start(text, g.start(), "\n"), done)
@@ -2284,10 +2286,10 @@ def _edge_words(text, cut_start, cut_end):
         m = re.match(r"[^\s\"'<>]{1,4096}", text)
         if m:
             spans.append(m.span())
-    if cut_end:
-        m = re.search(r"[^\s\"'<>]{1,4096}\Z", text)
-        if m and m.group() != REDACTED:
-            spans.append(m.span())
+    if cut_end:                    # matched on the reversed tail: a search for \Z is quadratic
+        m = re.match(r"[^\s\"'<>]{1,4096}", text[-4096:][::-1])
+        if m and m.group() != REDACTED[::-1]:
+            spans.append((len(text) - m.end(), len(text)))
     return spans
 
 
@@ -2297,7 +2299,7 @@ class RedactStream:
 
     A piece is held back until its line is complete, so a secret split across pieces is
     seen whole; a private key block is held until its END line (64 KiB at most), and a
-    line without end is passed on in 64 KiB steps, cut at a space. The line before each
+    line without end is passed on in 64 KiB steps, cut between words. The line before each
     piece stays as context (a lone secret after a command that prints one).
     close(cut=True) says the stream was cut short there: its last word goes too.
     Works on str, or on bytes (UTF-8, undecodable bytes kept).
@@ -2317,22 +2319,26 @@ class RedactStream:
         if self.binary:
             data = bytes(data).decode("utf-8", "surrogateescape")
         self.pending += data
-        cut = self._cut()
-        return self._emit(cut)
+        return self._emit(*self._cut())
 
     def close(self, cut=False):
         return self._emit(len(self.pending), cut_end=cut)
 
     def _cut(self):
+        """Where the text safe to pass on ends, and whether that cuts a word."""
         text = self.pending
         cut = text.rfind("\n") + 1
         begin = text.rfind("-----BEGIN", 0, cut)
         if begin >= 0 and text.find("-----END", begin, cut) < 0 and len(text) - begin < self.HOLD:
             cut = text.rfind("\n", 0, begin) + 1
-        if not cut and len(text) >= self.HOLD:       # a line without end: cut at a space
-            cut = max(text.rfind(" ", 0, len(text) - 4096), text.rfind("\t", 0, len(text) - 4096)) + 1
-            cut = cut or len(text) - 4096
-        return cut
+        if not cut and len(text) >= self.HOLD:
+            # A line without end is cut between words: after a space, quote or comma (no
+            # token holds one; minified JSON has no spaces). A run with none is cut hard,
+            # and the word at the cut goes: it may be the start of a token.
+            limit = len(text) - 4096
+            cut = max(text.rfind(c, 0, limit) for c in " \t\"',") + 1
+            return (cut, False) if cut else (limit, True)
+        return cut, False
 
     def _emit(self, cut, cut_end=False):
         if not cut and not cut_end:
