@@ -2267,6 +2267,11 @@ def _replace_spans(text, spans):
     for start, end in spans:
         if end <= last:
             continue
+        while end - start >= 2048:         # a rule's bound, not the value's end: no raw tail
+            more = re.match(r"[^\s\"'<>]{1,4096}", text[end:end + 4096])
+            if not more or text.startswith("-----", end):      # a PEM block's END line
+                break
+            end += more.end()
         if start < last:
             start = last
         if start > last or not out:

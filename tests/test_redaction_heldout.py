@@ -200,6 +200,9 @@ def positives():
     add("OPENAI_API_KEY: '@S@'", "sk-" + r(48))
     add("  secretAccessKey: @S@", r(40, AL + "+/"))
     add("<entry key=\"db.password\">@S@</entry>", r(16))
+    add("token=@S@", r(9000))                          # a value over a rule's 4 KiB bound
+    add('{"access_token": "@S@"}', r(6000, AL + "-_."))
+    add("Authorization: Bearer @S@", r(5000, AL + "-_.~+/"))
     add("Authorization: Bearer @S@", "eyJhbGciOiJSUzI1NiIsImtpZCI6" + r(40) + "." + r(100) + "." + r(200, AL + "-_"))
     return P
 
