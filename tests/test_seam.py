@@ -1877,8 +1877,11 @@ def test_no_secret_reaches_disk_through_any_seam_field(repo):
     run("alert", "permission", "--reason", "r", "--prefix-rule", "curl,-H,Authorization: Bearer " + GHP,
         "--command", "deploy --token " + ENV_SECRET)
     run("feed", "--verb", "dispatch", "--text", "t " + GHP, "--entity", ENV_SECRET + "!")
+    # an access key id of AWS's shape (AWS's own documentation id, ...EXAMPLE, is no secret and
+    # stays, as gitleaks allows it)
+    AWS_KEY_ID = "AKIA" + "QZ7RWNX4TL2KD5HM"
     hook = {"cwd": str(repo), "hook_event_name": "Stop password=hunter2hunter2", "session_id": GHP,
-            "agent_id": "AKIAIOSFODNN7EXAMPLE", "tool_name": "Bash sk-proj-" + "a1B2c3D4" * 6,
+            "agent_id": AWS_KEY_ID, "tool_name": "Bash sk-proj-" + "a1B2c3D4" * 6,
             "actor_id": ENV_SECRET}
     assert run("egress", "emit", "--host", "claude", input=json.dumps(hook)).stdout == ""
     hook.update(host="codex " + GHP)
@@ -1887,7 +1890,7 @@ def test_no_secret_reaches_disk_through_any_seam_field(repo):
     for path in (repo / "_bridge").rglob("*"):
         if path.is_file():
             data = path.read_text()
-            assert "hunter2hunter2" not in data and "AKIAIOSFODNN7EXAMPLE" not in data, path
+            assert "hunter2hunter2" not in data and AWS_KEY_ID not in data, path
             assert "a1B2c3D4" * 6 not in data, path
     (event,) = records(repo / "_bridge/events.jsonl")  # the payload host was not an id: no event
     assert (event["session_id"], event["agent_id"], event["actor_id"]) == ("", "", "")
