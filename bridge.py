@@ -11852,8 +11852,8 @@ def cmd_watch(args):
 def cmd_status(args):
     root, _config = load_args_config(args)
     report = queue_status(root)
-    if args.json:
-        print(json.dumps(report, indent=2, ensure_ascii=False))
+    if args.json:  # ASCII only: an agent-written name or reason cannot drive the terminal
+        print(json.dumps(report, indent=2))
         return EXIT_OK
     print("queued %(queued)d  running %(running)d  pending %(pending)d  failed/ %(failed)d" % report)
     print("results: " + (", ".join("%s %d" % item for item in sorted(report["results"].items()))
@@ -12843,7 +12843,7 @@ def cmd_changes_status(args):
             status = {"change_set_id": cs_id, "state": state, "decision": decision,
                       "reason": reason}
         if args.json:
-            print(json.dumps(status, ensure_ascii=False, sort_keys=True, indent=2))
+            print(json.dumps(status, sort_keys=True, indent=2))  # ASCII: the agent's text inert
         else:  # the status file is the agent's to write too: its text is printed inert
             for key in ("change_set_id", "state", "decision", "reason"):
                 print(printable("%-14s %s" % (key + ":", status.get(key))))
@@ -12863,7 +12863,7 @@ def cmd_changes_status(args):
     if args.json:
         print(json.dumps({"change_sets": rows, "executor": {
             "lock": holder[0], "holder": holder[1] if holder[0] == "held" else None}},
-            ensure_ascii=False, sort_keys=True, indent=2))
+            sort_keys=True, indent=2))
         return EXIT_OK
     if not rows:
         print("no change sets in %s" % sets.dir)

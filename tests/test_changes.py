@@ -801,6 +801,12 @@ def test_status_json_lists_everything(env):
     one = json.loads(env.cli("status", cs_id, "--json").stdout)
     assert one["state"] == "completed" and one["execution"]["completed_task_ids"] == ["t1"]
     assert env.cli("status", "nope").returncode == 2
+    # the status file is the planning agent's to write too: --json prints it ASCII-only
+    status_file = env.repo / "changes" / cs_id / "05-status.json"
+    status_file.write_text(json.dumps(dict(json.loads(status_file.read_text()), reason="x\u009b2J\u0085")))
+    for args in (("status", cs_id, "--json"), ("status", "--json")):
+        out = env.cli(*args).stdout
+        assert out.isascii() and "x\\u009b2J\\u0085" in out, out
 
 
 PATCH_FORMS = {  # name -> (patch, the paths git apply -p1 reads or writes)

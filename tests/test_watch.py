@@ -5,6 +5,7 @@ The editing agent is fixtures/agent.py (what it does comes from the task's
 """
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -805,6 +806,22 @@ def test_status_reports_counts_and_recent_failures(queue):
     assert {"id": "junk", "reason": "unreadable result",
             "detail": str(queue.handoff / "results" / "junk.json") + " does not hold a JSON object"} \
         in report["recent_failures"]
+
+
+def test_status_json_spells_out_c1_control_characters(queue):
+    """Results and task file names are agent-writable: `status --json` prints them ASCII-only,
+    so a C1 control (U+009B is a terminal's CSI) never reaches the terminal raw."""
+    (queue.handoff / "results" / "c1.json").write_text(json.dumps(
+        {"id": "c1\u009b2J", "status": "failed", "exit_path": "failed",
+         "reason": "why\u0085\u009d0;pwned\u0007", "detail": "d\u0090"}))
+    (queue.handoff / "tasks" / "bad\u009bname.txt").write_text("{}")
+    out = queue.bridge("status", "--json")
+    assert out.returncode == 0, out.stderr
+    assert re.search("[\x00-\x08\x0b-\x1f\x7f-\x9f]", out.stdout) is None and out.stdout.isascii(), out.stdout
+    report = json.loads(out.stdout)
+    assert report["recent_failures"][0]["id"] == "c1\u009b2J"
+    assert report["recent_failures"][0]["reason"] == "why\u0085\u009d0;pwned\u0007"
+    assert "\\u009b" in out.stdout
 
 
 def test_log_size_cap_must_be_at_least_one_kb(queue, tmp_path):
