@@ -155,6 +155,16 @@ def user_config_file(name):
     return os.path.join(base, "bridge", name)
 
 
+def outside_repository(path, root, what, fix):
+    """`path`, or a BridgeError (exit 2) naming it when it is (or resolves to a place) inside
+    the repository at `root`, where an agent can read it: keys and tokens live outside."""
+    real, top = os.path.realpath(path), os.path.realpath(root)
+    if real == top or real.startswith(top.rstrip(os.sep) + os.sep):
+        raise BridgeError("%s %s is inside the repository, where an agent can read it: %s"
+                          % (what, path, fix), EXIT_USAGE)
+    return path
+
+
 def warn(message):
     """One line on stderr, prefixed so it is clear who is talking. Control characters but
     the newlines of a multi-line message are spelled out: a message may quote a name an agent
@@ -10900,12 +10910,8 @@ class ChangeSets:
         if not os.path.isabs(path):  # relative to what? the repository is the wrong answer
             raise BridgeError("changes.approval_key must be an absolute path (or start with ~), "
                               "not %r" % path, EXIT_USAGE)
-        real, root = os.path.realpath(path), os.path.realpath(self.root)
-        if real == root or real.startswith(root.rstrip(os.sep) + os.sep):
-            raise BridgeError("the approval key %s is inside the repository, where an agent can "
-                              "read it: set changes.approval_key to a path outside" % path,
-                              EXIT_USAGE)
-        return path
+        return outside_repository(path, self.root, "the approval key",
+                                  "set changes.approval_key to a path outside")
 
     def approval_key(self, create=False):
         """The key that signs approvals (32 random bytes, hex), or None when there is none.
@@ -12677,7 +12683,11 @@ def add_proxy_parsers(subparsers):
 
 
 def cmd_proxy(args):
-    _root, cfg = load_args_config(args)
+    root, cfg = load_args_config(args)
+    obs = cfg["observability"]
+    if obs["enabled"] and obs["token"] is None:  # share_token writes the drawn token there
+        outside_repository(os.path.dirname(user_config_file("proxy.url")), root,
+                           "the dashboard token's folder", "point XDG_CONFIG_HOME outside it")
     server = args.server[1:] if args.server[:1] == ["--"] else args.server
     argv, cwd, env = proxy_command(cfg, server)
     cfg["doctor"]["watch"] = list(cfg["doctor"]["watch"]) + args.watch

@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from conftest import BRIDGE, FIXTURES, PYTHON, clean_env, process_running, readme_quickstart
+from conftest import BRIDGE, FIXTURES, PYTHON, clean_env, make_git_repo, process_running, readme_quickstart
 
 SERVER = [PYTHON, str(FIXTURES / "mcp_server.py")]
 HARNESS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "proxy_harness.py")
@@ -1265,6 +1265,19 @@ def test_stats_rates_are_over_a_fixed_window_not_since_the_last_stats(session):
         assert stats["messagesInPerSec"] == pytest.approx(40 / stats["rateWindowSec"], rel=0.1)
     assert second["messagesInPerSec"] == pytest.approx(first["messagesInPerSec"], rel=0.5)
     s.close()
+
+
+def test_dashboard_token_file_inside_the_repository_is_refused(tmp_path):
+    """XDG_CONFIG_HOME inside the repository would put this run's dashboard token where an agent
+    reads it: the proxy refuses to start (exit 2, naming the folder) and writes nothing."""
+    repo = make_git_repo(tmp_path / "repo")
+    config = repo / ".config"
+    out = subprocess.run([PYTHON, str(BRIDGE), "proxy", "--"] + SERVER, cwd=repo, input="",
+                         env=clean_env(BRIDGE_OBS_PORT=0, XDG_CONFIG_HOME=config),
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and str(config / "bridge") in out.stderr, out.stderr
+    assert "inside the repository" in out.stderr and "Traceback" not in out.stderr
+    assert not config.exists()
 
 
 def test_readme_proxy_quick_start_runs_as_written(tmp_path):
