@@ -11740,8 +11740,17 @@ def poll_seconds(text):
         raise argparse.ArgumentTypeError(exc.message)
 
 
-def add_command(subparsers, name, func, help, example, description=None):
-    """Register a subcommand with the options every command takes and an example."""
+def row(*values, **options):
+    """One row of the command table (build_parser): the values and options of a call to
+    add_command, or of an argument to argparse's add_argument."""
+    return values, options
+
+
+def add_command(subparsers, name, func, help, example, *arguments, description=None,
+                config=True):
+    """Register a subcommand: the options every command takes (--root, and --config unless
+    config=False), then its `arguments` (row()s; a list of them is a mutually exclusive
+    group), its help and an example."""
     import argparse
     parser = subparsers.add_parser(
         name, help=help, description=description or help,
@@ -11749,10 +11758,29 @@ def add_command(subparsers, name, func, help, example, description=None):
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--root", metavar="DIR",
                         help="repository root (default: git top level of the current directory)")
-    parser.add_argument("--config", metavar="FILE",
-                        help="config file (default: ROOT/bridge.config.json)")
+    if config:
+        parser.add_argument("--config", metavar="FILE",
+                            help="config file (default: ROOT/bridge.config.json)")
+    for argument in arguments:
+        group = parser.add_mutually_exclusive_group() if isinstance(argument, list) else parser
+        for names, options in argument if isinstance(argument, list) else [argument]:
+            group.add_argument(*names, **options)
     parser.set_defaults(func=func)
     return parser
+
+
+def add_group(subparsers, name, help, description, examples, metavar, verbs, required=False):
+    """A command with verbs (`hooks install`): each of `verbs` is a row() of add_command.
+    Without a verb it prints its help and exits 2 (argparse's usage error when `required`)."""
+    import argparse
+    top = subparsers.add_parser(
+        name, help=help, description=description, epilog="examples:\n  " + "\n  ".join(examples),
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = top.add_subparsers(dest=name + "_verb", metavar=metavar)
+    sub.required = required
+    top.set_defaults(func=lambda args: (top.print_help(sys.stderr), EXIT_USAGE)[1])
+    for values, options in verbs:
+        add_command(sub, *values, **options)
 
 
 def load_args_config(args):
@@ -11762,19 +11790,6 @@ def load_args_config(args):
 
 
 # ---- kernel commands ----
-def add_kernel_parsers(subparsers):
-    """Commands that expose kernel pieces directly (redact)."""
-    add_command(
-        subparsers, "redact", cmd_redact,
-        help="copy stdin to stdout with secrets replaced by [REDACTED]",
-        description="Copy stdin to stdout with the redaction every part of bridge.py uses: "
-                    "known token formats, values after secret-named keys, secret-named "
-                    "environment variables (and their encoded forms) and the config's "
-                    "redaction_patterns. Output is written as input arrives (per read of "
-                    "complete lines), so it works in pipelines and hooks.",
-        example="some-tool 2>&1 | python3 scripts/bridge.py redact > tool.log")
-
-
 def cmd_redact(args):
     _root, config = load_args_config(args)
     stream = get_redactor(config).stream()
@@ -11796,45 +11811,6 @@ def cmd_redact(args):
 
 
 # ---- watch commands ----
-def add_watch_parsers(subparsers):
-    """init, submit, watch, status, approve, unlock."""
-    add_command(subparsers, "init", cmd_init,
-                "create .ai-handoff/ and make git ignore it locally",
-                "python3 scripts/bridge.py init            # in the repository")
-    parser = add_command(subparsers, "submit", cmd_submit,
-                         "validate a task and queue it atomically in .ai-handoff/tasks/",
-                         "python3 scripts/bridge.py submit task.json\n"
-                         "python3 scripts/bridge.py submit --retry .ai-handoff/failed/ID.json")
-    parser.add_argument("task", metavar="TASK.json", help="the task file ('-' reads stdin)")
-    parser.add_argument("--retry", action="store_true",
-                        help="the task already has a result: archive it and queue the next attempt")
-    parser = add_command(subparsers, "watch", cmd_watch,
-                         "run the watcher: take queued tasks through the Bridge Protocol",
-                         "python3 scripts/bridge.py watch --once     # process the queue, then exit\n"
-                         "python3 scripts/bridge.py watch --poll 2   # keep watching",
-                         "run the watcher: take queued tasks through the Bridge Protocol\n\n"
-                         "exit codes: 0 all done, 1 the queue stopped on a failure, 2 usage or "
-                         "configuration,\n3 another watcher holds the lock, 4 a task of this run "
-                         "needs a person (blocked,\nrefused, failed, waiting for approval), 128+N "
-                         "signal N interrupted a task (re-queued)")
-    parser.add_argument("--once", action="store_true", help="process what is queued, then exit")
-    parser.add_argument("--poll", type=poll_seconds, metavar="SECONDS",
-                        help="polling interval when idle (default: poll_sec, 1 s)")
-    parser = add_command(subparsers, "status", cmd_status,
-                         "counts per state and the most recent failures with their reasons",
-                         "python3 scripts/bridge.py status --json")
-    parser.add_argument("--json", action="store_true", help="machine-readable output")
-    parser = add_command(subparsers, "approve", cmd_approve,
-                         "release a task waiting in pending/ so the next watcher run executes it",
-                         "python3 scripts/bridge.py approve 2026-11-22_01_add-greeting")
-    parser.add_argument("id", help="the task id")
-    parser = add_command(subparsers, "unlock", cmd_unlock,
-                         "clear the worker lock when it is provably stale (or --force)",
-                         "python3 scripts/bridge.py unlock")
-    parser.add_argument("--force", action="store_true",
-                        help="clear it even when its holder may still run (dangerous)")
-
-
 def cmd_init(args):
     root = find_root(args.root)
     for line in handoff_init(root) or ["%s/ already set up" % HANDOFF_DIR]:
@@ -12180,18 +12156,6 @@ def cmd_seam(args):
     return seam_main([args.seam_verb] + list(args.seam_args))
 
 
-def add_seam_parsers(subparsers):
-    """egress, inbox, initiate, alert, feed, wake."""
-    for verb in SEAM_VERBS:
-        rows = [row for name, row in SEAM_COMMANDS.items() if name.split()[0] == verb]
-        usage = "\n  ".join("bridge.py " + row["usage"] for row in rows)
-        # prefix_chars that no flag uses: every word after the verb reaches seam_main
-        parser = subparsers.add_parser(verb, help=rows[0]["help"], add_help=False, prefix_chars="\x01",
-                                       usage=usage)
-        parser.add_argument("seam_args", nargs="*")
-        parser.set_defaults(func=cmd_seam, seam_verb=verb)
-
-
 # ---- hooks commands (install, uninstall, doctor) ----
 # `hooks install` writes the hook configuration the README documents, so nobody pastes a
 # one-line Python program by hand. Both forms load scripts/bridge.py from its cached
@@ -12503,31 +12467,6 @@ def cmd_hooks(args):
     return EXIT_OK
 
 
-def add_hooks_parsers(subparsers):
-    """hooks install|uninstall|doctor."""
-    import argparse
-    hooks = subparsers.add_parser(
-        "hooks", help="install, remove or check the seam's hooks in Claude Code, Codex or Pi",
-        description="Write the _bridge/ seam's hooks into a host's settings (keeping every hook "
-                    "already there), remove exactly those, or check and time them.",
-        epilog="examples:\n  python3 scripts/bridge.py hooks install --host claude\n"
-               "  python3 scripts/bridge.py hooks doctor",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
-    verbs = hooks.add_subparsers(dest="hooks_verb", metavar="VERB")
-    verbs.required = True
-    for verb, text in (("install", "write the hooks (idempotent; a backup the first time)"),
-                       ("uninstall", "remove exactly the bridge.py hooks"),
-                       ("doctor", "run every bridge.py hook once with a sample payload, and time it")):
-        parser = verbs.add_parser(verb, help=text, description=text)
-        parser.add_argument("--host", choices=("claude", "codex", "pi"), required=verb != "doctor")
-        parser.add_argument("--scope", choices=("project", "user"),
-                            help="the repository's settings (default) or the user's" +
-                                 (" (doctor: both)" if verb == "doctor" else ""))
-        parser.add_argument("--root", metavar="DIR",
-                            help="repository root (default: git top level of the current directory)")
-        parser.set_defaults(func=cmd_hooks)
-
-
 def hooks_doctor(root, hosts, scope=None, runs=5):
     """Run each distinct bridge.py hook command in `hosts`' settings (both scopes unless
     `scope`) from `root` with a sample payload: it must exit 0, and egress emit must append
@@ -12600,46 +12539,6 @@ def hooks_doctor(root, hosts, scope=None, runs=5):
 
 
 # ---- relay commands ----
-def add_relay_parsers(subparsers):
-    """relay down|up."""
-    import argparse
-    relay = subparsers.add_parser(
-        "relay", help="the Agent Teams <-> YAML queue relay (down|up)",
-        description="Hand commands down to the YAML work queue and report results up.",
-        epilog="examples:\n  python3 scripts/bridge.py relay down miho main-cluster \"Fix the watcher.\" gup-v2\n"
-               "  python3 scripts/bridge.py relay up miho main-cluster cmd_049 done \"Fixed.\"\n"
-               "Run `bridge.py relay down --help` or `relay up --help` for the arguments.",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
-    verbs = relay.add_subparsers(dest="relay_verb", metavar="VERB")
-    down = add_command(
-        verbs, "down", cmd_relay_down,
-        help="append a command to the queue as cmd_NNN and nudge the vice captain",
-        example="python3 scripts/bridge.py relay down miho main-cluster \\\n"
-                "    \"GuP-v2 の inbox_watcher.sh を改修せよ。\" gup-v2-self-watch high \\\n"
-                "    \"self-watch が実装されること\ntestで確認されること\"\n"
-                "# a message starting with '-': put -- before the arguments")
-    down.add_argument("captain_id")
-    down.add_argument("cluster_session")
-    down.add_argument("message")
-    down.add_argument("project")
-    down.add_argument("priority", nargs="?", default="", help="high, medium (default) or low")
-    down.add_argument("acceptance_criteria", nargs="?", default="",
-                      help="one criterion per line")
-    up = add_command(
-        verbs, "up", cmd_relay_up,
-        help="print the report line for Agent Teams (unless the entry must not be relayed)",
-        example="python3 scripts/bridge.py relay up miho main-cluster cmd_049 done \\\n"
-                "    \"self-watch 機能実装完了。\"")
-    up.add_argument("captain_id")
-    up.add_argument("cluster_session")
-    up.add_argument("cmd_id")
-    up.add_argument("status", help="one of " + ", ".join(RELAY_STATUSES))
-    up.add_argument("summary")
-    up.add_argument("--force", action="store_true",
-                    help="relay even when a no-relay condition holds")
-    relay.set_defaults(func=lambda args: (relay.print_help(sys.stderr), EXIT_USAGE)[1])
-
-
 def _relay_ids(args):
     for value, what in ((args.captain_id, "captain_id"), (args.cluster_session, "cluster_session")):
         if not value:
@@ -12667,21 +12566,6 @@ def cmd_relay_up(args):
 
 
 # ---- proxy commands ----
-def add_proxy_parsers(subparsers):
-    """proxy -- SERVER COMMAND."""
-    import argparse
-    parser = add_command(
-        subparsers, "proxy", cmd_proxy,
-        "run an MCP stdio server under supervision: relay, restart on crash, observe",
-        "python3 bridge.py proxy -- npx -y @modelcontextprotocol/server-filesystem .\n"
-        "BRIDGE_DOCTOR_CMD='python3 server.py' python3 bridge.py proxy")
-    parser.add_argument("--watch", action="append", default=[], metavar="PATH",
-                        help="restart the server when a file under PATH changes (repeatable; adds to "
-                             "doctor.watch)")
-    parser.add_argument("server", nargs=argparse.REMAINDER, metavar="-- SERVER COMMAND...",
-                        help="the server's argv (default: doctor.command/args or BRIDGE_DOCTOR_CMD)")
-
-
 def cmd_proxy(args):
     root, cfg = load_args_config(args)
     obs = cfg["observability"]
@@ -12701,60 +12585,6 @@ def cmd_proxy(args):
 
 
 # ---- changes commands ----
-def add_changes_parsers(subparsers):
-    """changes id|new|validate|run|status|approve."""
-    import argparse
-    top = subparsers.add_parser(
-        "changes", help="deterministic change sets, validated and executed through an MCP server",
-        description="Change sets under changes/<id>/: a planning agent proposes, the "
-                    "executor validates against the MCP server and applies, or gates for review.",
-        epilog="example:\n  python3 bridge.py changes new --subject 'Fix login' --plan plan.json\n"
-               "  python3 bridge.py changes run --once",
-        formatter_class=argparse.RawDescriptionHelpFormatter)
-    sub = top.add_subparsers(dest="changes_command", metavar="ACTION")
-    top.set_defaults(func=lambda args: (top.print_help(sys.stderr), EXIT_USAGE)[1])
-
-    p = add_command(sub, "id", cmd_changes_id, "print the changeset_id_v1 id for a subject",
-                    "python3 bridge.py changes id --subject 'Refactor login flow' --snapshot snap1")
-    p.add_argument("--subject", required=True, help="brief description of the intent")
-    g = p.add_mutually_exclusive_group()
-    g.add_argument("--snapshot", metavar="ID", help="anchor to this MCP snapshot id")
-    g.add_argument("--worktree", action="store_true",
-                   help="anchor to the worktree fingerprint (snapshot.info; the default)")
-
-    p = add_command(sub, "new", cmd_changes_new, "create changes/<id>/ from a plan",
-                    "python3 bridge.py changes new --subject 'Fix typo' --plan plan.json "
-                    "--architecture notes.md")
-    p.add_argument("--subject", required=True, help="brief description of the intent")
-    p.add_argument("--plan", required=True, metavar="PLAN.json", help="a plan_v1 document")
-    p.add_argument("--architecture", metavar="FILE.md", help="copied to 01-architecture.md")
-    g = p.add_mutually_exclusive_group()
-    g.add_argument("--snapshot", metavar="ID", help="anchor to this MCP snapshot id")
-    g.add_argument("--worktree", action="store_true",
-                   help="anchor to the worktree fingerprint (snapshot.info; the default)")
-
-    p = add_command(sub, "validate", cmd_changes_validate,
-                    "check a change set (offline, then through the MCP server if configured)",
-                    "python3 bridge.py changes validate fix-typo--0123456789ab")
-    p.add_argument("id", metavar="ID")
-
-    p = add_command(sub, "run", cmd_changes_run, "the executor: validate, gate and apply",
-                    "python3 bridge.py changes run --once")
-    p.add_argument("--once", action="store_true", help="one pass over changes/, then exit")
-    p.add_argument("--poll", type=poll_seconds, metavar="SECONDS",
-                   help="seconds between passes (default changes.poll_sec)")
-
-    p = add_command(sub, "status", cmd_changes_status, "states and decisions of change sets",
-                    "python3 bridge.py changes status --json")
-    p.add_argument("id", nargs="?", metavar="ID")
-    p.add_argument("--json", action="store_true", help="machine-readable output")
-
-    p = add_command(sub, "approve", cmd_changes_approve,
-                    "Tier-2 human approval of a change set waiting for review",
-                    "python3 bridge.py changes approve fix-login--0123456789ab")
-    p.add_argument("id", metavar="ID")
-
-
 def _changes_open(args):
     root, config = load_args_config(args)
     # From a subdirectory git applies a patch relative to the top level (and names its files
@@ -12909,6 +12739,8 @@ def cmd_changes_approve(args):
 
 
 def build_parser():
+    """The argparse tree: one row() per command (name, function, help, example, arguments).
+    The seam verbs parse their own flags (seam_main); argparse only lists them."""
     import argparse
     parser = argparse.ArgumentParser(
         prog="bridge.py",
@@ -12917,9 +12749,134 @@ def build_parser():
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version="bridge.py " + __version__)
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    for add in (add_kernel_parsers, add_watch_parsers, add_seam_parsers, add_hooks_parsers,
-                add_relay_parsers, add_proxy_parsers, add_changes_parsers):
-        add(subparsers)
+    as_json = row("--json", action="store_true", help="machine-readable output")
+    subject = row("--subject", required=True, help="brief description of the intent")
+    anchor = [row("--snapshot", metavar="ID", help="anchor to this MCP snapshot id"),
+              row("--worktree", action="store_true",
+                  help="anchor to the worktree fingerprint (snapshot.info; the default)")]
+    ids = (row("captain_id"), row("cluster_session"))
+    commands = [
+        row("redact", cmd_redact, "copy stdin to stdout with secrets replaced by [REDACTED]",
+            "some-tool 2>&1 | python3 scripts/bridge.py redact > tool.log",
+            description="Copy stdin to stdout with the redaction every part of bridge.py uses: "
+                        "known token formats, values after secret-named keys, secret-named "
+                        "environment variables (and their encoded forms) and the config's "
+                        "redaction_patterns. Output is written as input arrives (per read of "
+                        "complete lines), so it works in pipelines and hooks."),
+        row("init", cmd_init, "create .ai-handoff/ and make git ignore it locally",
+            "python3 scripts/bridge.py init            # in the repository"),
+        row("submit", cmd_submit, "validate a task and queue it atomically in .ai-handoff/tasks/",
+            "python3 scripts/bridge.py submit task.json\n"
+            "python3 scripts/bridge.py submit --retry .ai-handoff/failed/ID.json",
+            row("task", metavar="TASK.json", help="the task file ('-' reads stdin)"),
+            row("--retry", action="store_true",
+                help="the task already has a result: archive it and queue the next attempt")),
+        row("watch", cmd_watch, "run the watcher: take queued tasks through the Bridge Protocol",
+            "python3 scripts/bridge.py watch --once     # process the queue, then exit\n"
+            "python3 scripts/bridge.py watch --poll 2   # keep watching",
+            row("--once", action="store_true", help="process what is queued, then exit"),
+            row("--poll", type=poll_seconds, metavar="SECONDS",
+                help="polling interval when idle (default: poll_sec, 1 s)"),
+            description="run the watcher: take queued tasks through the Bridge Protocol\n\n"
+                        "exit codes: 0 all done, 1 the queue stopped on a failure, 2 usage or "
+                        "configuration,\n3 another watcher holds the lock, 4 a task of this run "
+                        "needs a person (blocked,\nrefused, failed, waiting for approval), 128+N "
+                        "signal N interrupted a task (re-queued)"),
+        row("status", cmd_status, "counts per state and the most recent failures with their reasons",
+            "python3 scripts/bridge.py status --json", as_json),
+        row("approve", cmd_approve,
+            "release a task waiting in pending/ so the next watcher run executes it",
+            "python3 scripts/bridge.py approve 2026-11-22_01_add-greeting",
+            row("id", help="the task id")),
+        row("unlock", cmd_unlock, "clear the worker lock when it is provably stale (or --force)",
+            "python3 scripts/bridge.py unlock",
+            row("--force", action="store_true",
+                help="clear it even when its holder may still run (dangerous)")),
+        None,  # the seam verbs
+        row("hooks", "install, remove or check the seam's hooks in Claude Code, Codex or Pi",
+            "Write the _bridge/ seam's hooks into a host's settings (keeping every hook already "
+            "there), remove exactly those, or check and time them.",
+            ["python3 scripts/bridge.py hooks install --host claude",
+             "python3 scripts/bridge.py hooks doctor"], "VERB", required=True, verbs=[
+            row(verb, cmd_hooks, text, "python3 scripts/bridge.py hooks %s%s" % (
+                verb, " --host claude" if verb != "doctor" else ""),
+                row("--host", choices=("claude", "codex", "pi"), required=verb != "doctor"),
+                row("--scope", choices=("project", "user"),
+                    help="the repository's settings (default) or the user's" +
+                         (" (doctor: both)" if verb == "doctor" else "")), config=False)
+            for verb, text in (
+                ("install", "write the hooks (idempotent; a backup the first time)"),
+                ("uninstall", "remove exactly the bridge.py hooks"),
+                ("doctor", "run every bridge.py hook once with a sample payload, and time it"))]),
+        row("relay", "the Agent Teams <-> YAML queue relay (down|up)",
+            "Hand commands down to the YAML work queue and report results up. Run `bridge.py "
+            "relay down --help` or `relay up --help` for the arguments.",
+            ["python3 scripts/bridge.py relay down miho main-cluster \"Fix the watcher.\" gup-v2",
+             "python3 scripts/bridge.py relay up miho main-cluster cmd_049 done \"Fixed.\""],
+            "VERB", verbs=[
+            row("down", cmd_relay_down,
+                "append a command to the queue as cmd_NNN and nudge the vice captain",
+                "python3 scripts/bridge.py relay down miho main-cluster \\\n"
+                "    \"GuP-v2 の inbox_watcher.sh を改修せよ。\" gup-v2-self-watch high \\\n"
+                "    \"self-watch が実装されること\ntestで確認されること\"\n"
+                "# a message starting with '-': put -- before the arguments",
+                *ids, row("message"), row("project"),
+                row("priority", nargs="?", default="", help="high, medium (default) or low"),
+                row("acceptance_criteria", nargs="?", default="", help="one criterion per line")),
+            row("up", cmd_relay_up,
+                "print the report line for Agent Teams (unless the entry must not be relayed)",
+                "python3 scripts/bridge.py relay up miho main-cluster cmd_049 done \\\n"
+                "    \"self-watch 機能実装完了。\"",
+                *ids, row("cmd_id"), row("status", help="one of " + ", ".join(RELAY_STATUSES)),
+                row("summary"),
+                row("--force", action="store_true", help="relay even when a no-relay condition holds"))]),
+        row("proxy", cmd_proxy,
+            "run an MCP stdio server under supervision: relay, restart on crash, observe",
+            "python3 bridge.py proxy -- npx -y @modelcontextprotocol/server-filesystem .\n"
+            "BRIDGE_DOCTOR_CMD='python3 server.py' python3 bridge.py proxy",
+            row("--watch", action="append", default=[], metavar="PATH",
+                help="restart the server when a file under PATH changes (repeatable; adds to "
+                     "doctor.watch)"),
+            row("server", nargs=argparse.REMAINDER, metavar="-- SERVER COMMAND...",
+                help="the server's argv (default: doctor.command/args or BRIDGE_DOCTOR_CMD)")),
+        row("changes", "deterministic change sets, validated and executed through an MCP server",
+            "Change sets under changes/<id>/: a planning agent proposes, the executor validates "
+            "against the MCP server and applies, or gates for review.",
+            ["python3 bridge.py changes new --subject 'Fix login' --plan plan.json",
+             "python3 bridge.py changes run --once"], "ACTION", verbs=[
+            row("id", cmd_changes_id, "print the changeset_id_v1 id for a subject",
+                "python3 bridge.py changes id --subject 'Refactor login flow' --snapshot snap1",
+                subject, anchor),
+            row("new", cmd_changes_new, "create changes/<id>/ from a plan",
+                "python3 bridge.py changes new --subject 'Fix typo' --plan plan.json "
+                "--architecture notes.md", subject,
+                row("--plan", required=True, metavar="PLAN.json", help="a plan_v1 document"),
+                row("--architecture", metavar="FILE.md", help="copied to 01-architecture.md"), anchor),
+            row("validate", cmd_changes_validate,
+                "check a change set (offline, then through the MCP server if configured)",
+                "python3 bridge.py changes validate fix-typo--0123456789ab", row("id", metavar="ID")),
+            row("run", cmd_changes_run, "the executor: validate, gate and apply",
+                "python3 bridge.py changes run --once",
+                row("--once", action="store_true", help="one pass over changes/, then exit"),
+                row("--poll", type=poll_seconds, metavar="SECONDS",
+                    help="seconds between passes (default changes.poll_sec)")),
+            row("status", cmd_changes_status, "states and decisions of change sets",
+                "python3 bridge.py changes status --json", row("id", nargs="?", metavar="ID"), as_json),
+            row("approve", cmd_changes_approve, "Tier-2 human approval of a change set waiting for review",
+                "python3 bridge.py changes approve fix-login--0123456789ab", row("id", metavar="ID"))]),
+    ]
+    for entry in commands:
+        if entry is not None:
+            values, options = entry
+            (add_group if "verbs" in options else add_command)(subparsers, *values, **options)
+            continue
+        for verb in SEAM_VERBS:
+            rows = [seam for name, seam in SEAM_COMMANDS.items() if name.split()[0] == verb]
+            # prefix_chars that no flag uses: every word after the verb reaches seam_main
+            seam = subparsers.add_parser(verb, help=rows[0]["help"], add_help=False, prefix_chars="\x01",
+                                         usage="\n  ".join("bridge.py " + r["usage"] for r in rows))
+            seam.add_argument("seam_args", nargs="*")
+            seam.set_defaults(func=cmd_seam, seam_verb=verb)
     return parser
 
 
