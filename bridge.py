@@ -723,23 +723,18 @@ class FileLock:
     crashed holder releases it automatically, and writes JSON metadata into the
     file: its identity, when it took the lock and a heartbeat. The file is never
     deleted while held (deleting an flock'd file breaks mutual exclusion); release
-    records `released_at` instead.
-
-    Where the filesystem has no flock (some NFS setups), the lock falls back to
-    creating the file with O_EXCL; a leftover file is then broken only when its
-    holder is provably dead or its heartbeat is older than `ttl_sec`.
+    records `released_at` instead. A filesystem without flock (some NFS setups) is an
+    error: every append in bridge.py takes flock too, so there is nothing to fall back to.
 
     After a successful acquire(), `recovered` holds the metadata of a previous
     holder that never released (it crashed); after a failed one, `holder` holds
     the current holder's metadata.
     """
 
-    def __init__(self, path, ttl_sec=7200, meta=None):
+    def __init__(self, path, meta=None):
         self.path = os.fspath(path)
-        self.ttl_sec = ttl_sec
         self.extra = dict(meta or {})
         self.fd = None
-        self.mode = None
         self.meta = None
         self.holder = None
         self.recovered = None
@@ -770,15 +765,12 @@ class FileLock:
             return "unknown", meta
         finally:
             os.close(fd)
-        if meta and not meta.get("released_at") and meta.get("mode") == "exclusive-create":
-            return ("free" if holder_is_dead(meta) else "unknown"), meta
         return "free", meta
 
     # -- holding a lock --
 
     def acquire(self):
         """Take the lock without waiting. True on success, False when someone holds it."""
-        import errno
         import fcntl
         os.makedirs(os.path.dirname(self.path) or ".", exist_ok=True)
         for _ in range(5):
@@ -794,9 +786,7 @@ class FileLock:
                 return False
             except OSError as exc:
                 os.close(fd)
-                if exc.errno in (errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL):
-                    return self._acquire_exclusive_create()
-                raise
+                raise BridgeError("cannot lock %s: %s" % (self.path, exc.strerror or exc))
             try:
                 same_file = os.fstat(fd).st_ino == os.stat(self.path).st_ino
             except FileNotFoundError:
@@ -806,55 +796,10 @@ class FileLock:
                 continue
             previous = _parse_lock_meta(os.pread(fd, 65536, 0).decode("utf-8", "replace").strip())
             self.recovered = previous if previous and not previous.get("released_at") else None
-            self.fd, self.mode = fd, "flock"
+            self.fd = fd
             self._write_meta(fresh=True)
             return True
         raise BridgeError("lock %s keeps being replaced; giving up" % self.path, EXIT_LOCKED)
-
-    def _acquire_exclusive_create(self):
-        for _ in range(3):
-            try:
-                fd = create_once(self.path)
-            except FileExistsError:
-                meta = self.read(self.path)
-                if not self._breakable(meta):
-                    self.holder = meta
-                    return False
-                self._break(meta)
-                continue
-            self.fd, self.mode = fd, "exclusive-create"
-            self._write_meta(fresh=True)
-            return True
-        self.holder = self.read(self.path)
-        return False
-
-    def _breakable(self, meta):
-        if not meta or meta.get("released_at"):
-            return True
-        if holder_is_dead(meta):
-            self.recovered = meta
-            return True
-        beat = meta.get("heartbeat_ts") or meta.get("created_ts")
-        if isinstance(beat, (int, float)) and time.time() - beat > self.ttl_sec:
-            self.recovered = meta
-            return True
-        return False
-
-    def _break(self, meta):
-        """Rename the stale file aside, and delete it only if it did not change meanwhile."""
-        aside = "%s.stale.%s" % (self.path, random_hex())
-        try:
-            os.rename(self.path, aside)
-        except FileNotFoundError:
-            return
-        if self.read(aside) == meta:
-            os.unlink(aside)
-        else:  # someone else re-took it between our read and rename: put it back
-            try:
-                os.link(aside, self.path)
-            except OSError:
-                pass
-            os.unlink(aside)
 
     def _write_meta(self, fresh=False):
         now = time.time()
@@ -862,7 +807,7 @@ class FileLock:
             self.meta = dict(self.extra)
             self.meta.update(process_identity())
             self.meta.update({"created_at": now_iso(now), "created_ts": round(now, 3),
-                              "mode": self.mode, "version": __version__})
+                              "mode": "flock", "version": __version__})
         self.meta["heartbeat_at"] = now_iso(now)
         self.meta["heartbeat_ts"] = round(now, 3)
         data = (json.dumps(self.meta, ensure_ascii=False) + "\n").encode("utf-8")
@@ -880,15 +825,10 @@ class FileLock:
             return
         import fcntl
         try:
-            if self.mode == "exclusive-create":
-                os.close(self.fd)
-                if self.read(self.path) == self.meta:
-                    os.unlink(self.path)
-            else:
-                self.meta["released_at"] = now_iso()
-                self._write_meta()
-                fcntl.flock(self.fd, fcntl.LOCK_UN)
-                os.close(self.fd)
+            self.meta["released_at"] = now_iso()
+            self._write_meta()
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+            os.close(self.fd)
         finally:
             self.fd = None
 
@@ -1045,7 +985,6 @@ CONFIG_KEYS = (
     ("changes.mcp.env", {}, dict, None),                       # extra environment for the server
     ("changes.critical_features", [], list, None),             # their impact always asks for review
     ("changes.poll_sec", 2.0, float, POLL_RANGE),              # `changes run` without --once
-    ("changes.lock_ttl_sec", 7200, int, (1, None)),            # worktree.lock heartbeat age: stale
     ("changes.approval_key", None, str, None),                 # null: ~/.config/bridge/approval.key
 )
 CONFIG_SPEC = {key: (default, kind, limits) for key, default, kind, limits in CONFIG_KEYS}
@@ -3591,7 +3530,7 @@ class Watcher:
         if not self.git.run("rev-parse", "--is-inside-work-tree", check=False).ok:
             raise BridgeError("%s is not a git work tree; the watcher needs git" % self.root)
         ttl = self.config["worker_lock_ttl_sec"]
-        self.worker = FileLock(self.handoff.path("locks", WORKER_LOCK), ttl_sec=ttl,
+        self.worker = FileLock(self.handoff.path("locks", WORKER_LOCK),
                                meta={"role": "worker", "root": self.root})
         if not self.worker.acquire():
             raise BridgeError("another watcher holds %s: %s" % (
@@ -11302,8 +11241,7 @@ class ChangeExecutor:
         self.skipped = set()  # unreadable statuses already reported by this process
 
     def acquire(self):
-        cfg = self.sets.cfg
-        self.lock = FileLock(self.sets.own_file(self.sets.lock_path), ttl_sec=cfg["lock_ttl_sec"],
+        self.lock = FileLock(self.sets.own_file(self.sets.lock_path),
                              meta={"command": "changes run", "root": self.sets.root})
         if not self.lock.acquire():
             raise BridgeError("another executor holds %s: %s" % (

@@ -589,7 +589,6 @@ def test_make_dirs_refuses_a_symlinked_folder_on_the_way(tmp_path):
 @pytest.mark.parametrize("config, message", [
     ({"bead": {"timeout_sec": 0}}, "bead.timeout_sec must be a number >= 0.1, got 0"),
     ({"changes": {"mcp": {"timeout_sec": 0}}}, "changes.mcp.timeout_sec must be a number >= 0.1, got 0"),
-    ({"changes": {"lock_ttl_sec": 0}}, "changes.lock_ttl_sec must be a number >= 1, got 0"),
     ({"progress_sec": 0}, "progress_sec must be a number >= 0.1, got 0"),
     ({"relay": {"lock_attempts": 0}}, "relay.lock_attempts must be a number >= 1, got 0"),
     ({"poll_sec": None}, "poll_sec must be a number, got null"),
