@@ -12229,27 +12229,45 @@ def hook_plan(host, scope):
     return plan
 
 
-def bridge_hook_verb(hook):
-    """The seam verb a hook entry runs when it is a bridge.py hook (any version of the README's
-    commands, or `python3 scripts/bridge.py egress emit ...`), else None: how install,
-    uninstall and doctor tell their entries from the user's."""
+def install_commands(host):
+    """{command line: seam verb} of every hook command `hooks install` writes for `host`, at
+    either scope. Only these are bridge.py's: install updates, uninstall removes and doctor
+    runs a command only when it is one of them byte for byte. Settings files are
+    agent-writable, and a command that merely mentions bridge.py may do anything else too."""
+    return {hook_command(host, verb, walk): verb for _event, verb in HOOK_PLAN[host]
+            for walk in ((False, True) if host == "claude" else (True,))}
+
+
+def hook_command_of(hook):
+    """A hook entry's command (a str), else None."""
     command = hook.get("command") if isinstance(hook, dict) else None
-    if not isinstance(command, str) or not ("seam_main" in command or "bridge.py" in command):
-        return None
-    return next((verb for verb in HOOK_VERBS if verb in command), None)
+    return command if isinstance(command, str) else None
 
 
-def merge_hooks(config, plan):
-    """(new settings, changes): `config` with exactly `plan`'s bridge.py hooks. Ours already
-    there are updated in place (the user's extra keys on them kept), missing ones added to
-    the group that holds ours for the event (else a new group), ours the plan has no place
-    for removed; every other hook, group, event and key stays as it was. plan={} uninstalls."""
+def looks_like_bridge(command):
+    """True for a command that mentions bridge.py (or seam_main) and a seam verb but is not
+    one install writes: it is left alone, never run, and named (shown JSON-escaped)."""
+    return bool(command) and ("seam_main" in command or "bridge.py" in command) and \
+        any(verb in command for verb in HOOK_VERBS)
+
+
+def not_ours(command):
+    return "not a command hooks install writes: %s" % json.dumps(command)
+
+
+def merge_hooks(config, plan, ours):
+    """(new settings, changes, notes): `config` with exactly `plan`'s bridge.py hooks, ours
+    being the commands in `ours` (install_commands). Ours already there are updated in place
+    (the user's extra keys on them kept), missing ones added to the group that holds ours
+    for the event (else a new group), ours the plan has no place for removed; every other
+    hook, group, event and key stays as it was, and `notes` names those that look like
+    bridge.py's without being ours. plan={} uninstalls."""
     import copy
     config = copy.deepcopy(config)
     table = config.get("hooks", {})
     if not isinstance(table, dict):
         raise BridgeError("\"hooks\" is not a JSON object")
-    changes = []
+    changes, notes = [], []
     for event in list(table) + [event for event in plan if event not in table]:
         groups = table.get(event, [])
         if not isinstance(groups, list):
@@ -12261,9 +12279,11 @@ def merge_hooks(config, plan):
                 continue
             kept = []
             for hook in group["hooks"]:
-                verb = bridge_hook_verb(hook)
-                match = next((h for h in todo if verb and bridge_hook_verb(h) == verb), None)
+                verb = ours.get(hook_command_of(hook))
+                match = next((h for h in todo if verb and ours[h["command"]] == verb), None)
                 if verb is None:
+                    if looks_like_bridge(hook_command_of(hook)):
+                        notes.append("%s: left as it is: %s" % (event, not_ours(hook["command"])))
                     kept.append(hook)
                 elif match is not None:
                     todo.remove(match)
@@ -12282,7 +12302,7 @@ def merge_hooks(config, plan):
                 home = dict(wanted, hooks=[])
                 groups.append(home)
             home["hooks"].extend(todo)
-            changes.extend("added %s: %s" % (event, bridge_hook_verb(h)) for h in todo)
+            changes.extend("added %s: %s" % (event, ours[h["command"]]) for h in todo)
         if groups:
             table[event] = groups
         elif event in table and emptied:
@@ -12291,7 +12311,7 @@ def merge_hooks(config, plan):
         config["hooks"] = table
     elif changes:  # uninstall emptied it
         config.pop("hooks", None)
-    return config, changes
+    return config, changes, notes
 
 
 def hooks_file(host, scope, root):
@@ -12354,15 +12374,18 @@ def hooks_install(host, scope, root, remove=False):
     if host == "pi":
         return pi_extension_install(path, base, remove)
     try:
-        config, changes = merge_hooks(read_settings(path), {} if remove else hook_plan(host, scope))
+        config, changes, notes = merge_hooks(read_settings(path), {} if remove else hook_plan(host, scope),
+                                             install_commands(host))
     except BridgeError as exc:
         if path in exc.message:
             raise
         raise BridgeError("settings file %s: %s; not changed" % (path, exc.message))
+    notes = [printable("%s %s" % (path, note)) for note in notes]
     if not changes:
-        return ["%s: unchanged (the bridge.py hooks are %s)" % (path, "absent" if remove else "in place")]
+        return ["%s: unchanged (the bridge.py hooks are %s)" % (
+            path, "absent" if remove else "in place")] + notes
     backup = write_with_backup(path, json.dumps(config, ensure_ascii=False, indent=2) + "\n", base)
-    lines = ["%s: %s" % (path, "; ".join(changes))]
+    lines = ["%s: %s" % (path, "; ".join(changes))] + notes
     if backup:
         lines.append("the previous file is kept as %s" % backup)
     if host == "codex" and not remove:
@@ -12409,7 +12432,8 @@ def hooks_doctor(root, hosts, scope=None, runs=5):
     """Run each distinct bridge.py hook command in `hosts`' settings (both scopes unless
     `scope`) from `root` with a sample payload: it must exit 0, and egress emit must append
     the sample to ROOT/_bridge/events.jsonl (inbox check must answer a JSON object). Prints
-    each one's median time over `runs` next to python3's own start; exit 1 if one is broken."""
+    each one's median time over `runs` next to python3's own start; exit 1 if one is broken
+    or looks like bridge.py's without being a command install writes (never run)."""
     import statistics
     sample = {"session_id": "bridge-hooks-doctor", "cwd": root, "hook_event_name": "PostToolUse",
               "tool_name": "Bash", "stop_hook_active": False}
@@ -12431,15 +12455,23 @@ def hooks_doctor(root, hosts, scope=None, runs=5):
                     if not same:
                         broken.append(path)
                 continue
-            commands = {}
+            # Only the commands install writes for this host, scope and event are run (the
+            # settings file is agent-writable); any other bridge.py-looking one is named.
+            plan, ours, commands = hook_plan(host, where), install_commands(host), {}
             for event, groups in read_settings(path).get("hooks", {}).items():
+                wanted = [h["command"] for h in plan.get(event, {}).get("hooks", ())]
                 for group in groups if isinstance(groups, list) else ():
                     for hook in group.get("hooks", ()) if isinstance(group, dict) else ():
-                        if bridge_hook_verb(hook):
-                            commands.setdefault(hook["command"], []).append(event)
+                        command = hook_command_of(hook)
+                        if command in wanted:
+                            commands.setdefault(command, []).append(event)
+                        elif command in ours or looks_like_bridge(command):
+                            found += 1
+                            broken.append("%s %s (not run)" % (path, event))
+                            print(printable("not run %s %s: %s" % (path, event, not_ours(command))))
             for command, on in commands.items():
                 found += 1
-                verb = bridge_hook_verb({"command": command})
+                verb = ours[command]
                 name = "%s %s (%s)" % (path, verb, ", ".join(on))
                 data = json.dumps(dict(sample, hook_event_name=on[0])).encode("utf-8")
                 before = count_complete_lines(events) if os.path.isfile(events) else 0

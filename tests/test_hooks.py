@@ -233,6 +233,60 @@ def test_doctor_runs_and_times_each_hook_and_names_a_broken_one(project, home):
     assert "wrote nothing to %s" % (project / "_bridge" / "events.jsonl") in out.stdout
     out = hooks("doctor", "--host", "claude", cwd=project, home=home)
     assert out.returncode == 1 and "settings.json egress emit" in out.stdout and ": exit 1: " in out.stdout
+    # a bridge.py that fails as it loads: every installed command, unchanged, is broken
+    (project / "scripts" / "bridge.py").write_text("import sys\nsys.stderr.write('bad bridge')\nsys.exit(3)\n")
+    out = hooks("doctor", cwd=project, home=home)
+    assert out.returncode == 1 and out.stdout.count(": exit 3: bad bridge") == 3, out.stdout
+
+
+def test_doctor_runs_only_the_commands_install_writes_and_names_the_others(project, home):
+    """Settings files are agent-writable: a command that mentions bridge.py and a seam verb but is
+    not byte for byte one install writes for that host, scope and event is never run, only named
+    (JSON-escaped, so its control characters stay inert); the installed ones still run."""
+    for host in ("claude", "codex"):
+        assert hooks("install", "--host", host, cwd=project, home=home).returncode == 0
+    claude_file, codex_file = project / ".claude" / "settings.json", project / ".codex" / "hooks.json"
+    claude, codex = json.loads(claude_file.read_text()), json.loads(codex_file.read_text())
+    check = claude["hooks"]["Stop"][0]["hooks"][1]["command"]
+    claude["hooks"]["PostToolUse"][0]["hooks"].append(
+        {"type": "command", "command": "python3 scripts/bridge.py egress emit; touch PWNED1 \x1b]0;x\x07"})
+    claude["hooks"]["Notification"][0]["hooks"].append({"type": "command", "command": check})  # wrong event
+    codex["hooks"]["Stop"][0]["hooks"][0]["command"] += "; touch PWNED2"
+    claude_file.write_text(json.dumps(claude))
+    codex_file.write_text(json.dumps(codex))
+    out = hooks("doctor", cwd=project, home=home)
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert not list(project.glob("PWNED*")) and not list((project / "sub").glob("PWNED*"))
+    assert "\x1b" not in out.stdout and "\x07" not in out.stdout
+    assert '"python3 scripts/bridge.py egress emit; touch PWNED1 \\u001b]0;x\\u0007"' in out.stdout, out.stdout
+    not_run = [line for line in out.stdout.splitlines() if line.startswith("not run")]
+    assert len(not_run) == 3 and all("not a command hooks install writes: " in l for l in not_run), out.stdout
+    assert any(str(codex_file) + " Stop" in l and "PWNED2" in l for l in not_run)
+    assert any(str(claude_file) + " Notification" in l and "inbox check" in l for l in not_run)
+    # the commands install wrote still run: claude's two and codex's one (its Stop is not among them)
+    assert len([line for line in out.stdout.splitlines() if line.startswith("ok")]) == 3, out.stdout
+
+
+def test_install_and_uninstall_leave_a_users_own_bridge_py_hooks_and_name_them(project, home):
+    settings_file = project / ".claude" / "settings.json"
+    settings_file.parent.mkdir()
+    mine = {"hooks": {
+        "Stop": [{"hooks": [{"type": "command", "command": "./notify.sh && python3 scripts/bridge.py inbox check --slug me"}]}],
+        "PostToolUse": [{"matcher": "Bash", "hooks": [{"type": "command",
+                                                       "command": "python3 scripts/bridge.py egress emit --host claude"}]}]}}
+    settings_file.write_text(json.dumps(mine))
+    out = hooks("install", "--host", "claude", cwd=project, home=home)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.count("left as it is: not a command hooks install writes") == 2, out.stdout
+    assert "added Stop: inbox check" in out.stdout and "added PostToolUse: egress emit" in out.stdout
+    settings = json.loads(settings_file.read_text())
+    assert mine["hooks"]["Stop"][0] in settings["hooks"]["Stop"] and len(bridge_commands(settings)) == 7
+    assert mine["hooks"]["PostToolUse"][0] in settings["hooks"]["PostToolUse"]
+    out = hooks("uninstall", "--host", "claude", cwd=project, home=home)
+    assert out.returncode == 0 and "removed Stop: inbox check" in out.stdout, out
+    assert out.stdout.count("left as it is") == 2 and json.loads(settings_file.read_text()) == mine
+    out = hooks("uninstall", "--host", "claude", cwd=project, home=home)
+    assert "unchanged" in out.stdout and out.stdout.count("left as it is") == 2
 
 
 def test_readme_seam_quick_start_runs_as_written(tmp_path, home):
