@@ -2919,7 +2919,9 @@ TASK_FIELDS = {
     "retry_policy": (dict, False, None),
     "attempt": (int, False, 1),
     "approved_at": (str, False, None),
+    "depends_on": (list, False, []),
 }
+DEPENDS_MAX = 16  # dependencies of one task (each is looked up on every scan of the queue)
 
 
 class Handoff:
@@ -2995,6 +2997,17 @@ def too_deep(value, limit, path=""):
     return None
 
 
+def task_id_problem(text):
+    """Why `text` is not a valid task id (a file stem and a branch name under feat/ai/),
+    or None."""
+    if not re.fullmatch(TASK_ID_PATTERN, text):
+        return "%r must match ^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$" % text[:120]
+    if text.endswith(".lock") or text.endswith(".") or ".." in text:
+        return "%r is not a valid branch name under feat/ai/ (no '..', no trailing '.' or " \
+            "'.lock')" % text
+    return None
+
+
 def validate_task(task, stem=None):
     """Every schema error of a task object, as a list of messages naming the field."""
     if not isinstance(task, dict):
@@ -3015,13 +3028,24 @@ def validate_task(task, stem=None):
             errors.append("%s: must be %s, got %s" % (name, _type_label(kind), json.dumps(value)[:60]))
     task_id = task.get("id")
     if isinstance(task_id, str):
-        if not re.fullmatch(TASK_ID_PATTERN, task_id):
-            errors.append("id: %r must match ^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$" % task_id[:120])
-        elif task_id.endswith(".lock") or task_id.endswith(".") or ".." in task_id:
-            errors.append("id: %r is not a valid branch name under feat/ai/ "
-                          "(no '..', no trailing '.' or '.lock')" % task_id)
+        problem = task_id_problem(task_id)
+        if problem:
+            errors.append("id: " + problem)
         if stem is not None and task_id != stem:
             errors.append("id: %r must equal the file name's stem %r" % (task_id, stem))
+    deps = task.get("depends_on")
+    if isinstance(deps, list):
+        if len(deps) > DEPENDS_MAX:
+            errors.append("depends_on: at most %d dependencies, got %d" % (DEPENDS_MAX, len(deps)))
+        for index, dep in enumerate(deps[:DEPENDS_MAX]):
+            problem = task_id_problem(dep) if isinstance(dep, str) else "must be a task id, got %s" \
+                % json.dumps(dep)[:60]
+            if not problem and dep == task_id:
+                problem = "%r is the task itself (a task cannot wait for itself)" % dep
+            elif not problem and dep in deps[:index]:
+                problem = "%r is listed twice" % dep
+            if problem:
+                errors.append("depends_on[%d]: %s" % (index, problem))
     for name in ("scope", "constraints", "commands_to_run"):
         value = task.get(name)
         if isinstance(value, list):
@@ -3216,6 +3240,125 @@ def read_result(handoff, task_id):
         return parse_json(raw.decode("utf-8")) if raw is not None else None
     except ValueError:
         return None
+
+
+# ---- dependencies between tasks (`depends_on`) ---------------------------------
+
+QUEUED_STATES = ("running", "tasks", "pending")
+
+
+def task_place(handoff, task_id, states=QUEUED_STATES):
+    """The first of `states` whose folder holds the task's file, or None."""
+    return next((state for state in states
+                 if os.path.lexists(handoff.path(state, task_id + ".json"))), None)
+
+
+def latest_result(handoff, task_id):
+    """The task's result, else the last record of its result history, else None."""
+    record = read_result(handoff, task_id)
+    if record is None:
+        history = result_history(handoff, task_id)
+        record = history[-1] if history else None
+    return record if isinstance(record, dict) else None
+
+
+def dependency_state(handoff, task):
+    """How far a task's `depends_on` lets it start: (state, reason, detail, deps).
+
+    "ready": the latest result of every dependency is a success. "waiting": none failed,
+    and one is queued, running or waiting for approval (it may still succeed: a retry
+    puts a failed dependency back in the queue). "failed", reason dependency_failed: one
+    ended failed, blocked or refused, or is unknown (not queued, running or pending, and
+    without a result or history); reason dependency_cycle: the queued tasks wait for each
+    other. `deps` is [{id, status, reason, commit}] for the result, where `commit` holds a
+    successful dependency's verified work (see task_start_ref). Reads files only."""
+    deps, waiting, failed = [], [], []
+    for dep in task.get("depends_on") or ():
+        place = task_place(handoff, dep)
+        try:
+            record = (latest_result(handoff, dep) if place is None else None) or {}
+        except BridgeError as exc:
+            record = {"status": "unreadable", "reason": exc.message}
+        git_state = record.get("git") if isinstance(record.get("git"), dict) else {}
+        status = {"tasks": "queued", "pending": "pending approval"}.get(place, place) \
+            or record.get("status") or "unknown"
+        commit = git_state.get("commit") or git_state.get("head_commit")
+        deps.append({"id": dep, "status": status, "reason": record.get("reason"),
+                     "commit": commit if status == "success" else None})
+        if place:
+            waiting.append("%s (%s)" % (dep, status))
+        elif status == "unknown":
+            failed.append("%s is unknown (not queued, running or pending, and it has no "
+                          "result)" % dep)
+        elif status != "success":
+            failed.append("%s ended %s (%s)" % (dep, status, record.get("reason")))
+    if failed:
+        return "failed", "dependency_failed", "dependency " + "; ".join(failed), deps
+    if waiting:
+        cycle = dependency_cycle(handoff, task)
+        if cycle:
+            return "failed", "dependency_cycle", "depends_on forms a cycle (%s): none of " \
+                "its tasks can ever start; fix depends_on and submit again" % " -> ".join(cycle), deps
+        return "waiting", None, "waiting for " + ", ".join(waiting), deps
+    return "ready", None, "", deps
+
+
+def dependency_cycle(handoff, task):
+    """[id, ..., id] of a cycle of `depends_on` through `task` among the tasks waiting in
+    tasks/ and pending/, or None. Reads only the task files along the way."""
+    start = task["id"]
+    paths, stack = {start: [start]}, [(start, task.get("depends_on") or [])]
+    while stack:
+        here, deps = stack.pop()
+        for dep in deps:
+            if dep == start:
+                return paths[here] + [start]
+            place = task_place(handoff, dep, ("tasks", "pending"))
+            if dep in paths or place is None:
+                continue
+            try:
+                other = read_task_file(handoff.path(place, dep + ".json"), fresh_sec=0)
+            except TaskFileError:
+                continue  # refused when its turn comes
+            paths[dep] = paths[here] + [dep]
+            stack.append((dep, other.get("depends_on") or []))
+    return None
+
+
+def task_start_ref(git, deps, base_commit):
+    """Where a ready task's branch starts: (commit, None), or (None, why it must wait).
+
+    Every successful dependency's work already in base_commit (merged, or done on the base
+    branch itself): the base. Else the one dependency commit that contains all the others
+    (with one dependency its commit on feat/ai/<dep>; several in a chain, the last): the
+    task builds on that work as it was verified. Else their work lies on separate branches:
+    the watcher merges nothing, so the task waits until they are merged into the base. A
+    commit git does not know (its branch deleted and collected) is a BridgeError."""
+    commits = []
+    for dep in deps:
+        commit = dep.get("commit")
+        if commit and commit not in commits:
+            if not re.fullmatch(r"[0-9a-f]{7,64}", str(commit)):
+                raise BridgeError("dependency %s: its result names no commit (%r)" % (
+                    dep["id"], str(commit)[:80]))
+            commits.append(commit)
+
+    def contains(tip, commit):
+        run = git.run("merge-base", "--is-ancestor", commit, tip, check=False)
+        if run.exit_code not in (0, 1):
+            raise BridgeError("the commit %s of a dependency is not usable: %s" % (
+                commit, (run.stderr.strip() or run.describe())[-200:]))
+        return run.exit_code == 0
+    outside = [commit for commit in commits
+               if not (base_commit and contains(base_commit, commit))]
+    if not outside:
+        return base_commit, None
+    for tip in outside:
+        if all(contains(tip, commit) for commit in commits if commit != tip):
+            return tip, None
+    return None, "the work of %s is on separate branches: merge it into the base branch " \
+        "(the watcher merges nothing), then the task starts from there" % ", ".join(
+            "%s (%s)" % (dep["id"], dep["commit"][:12]) for dep in deps if dep.get("commit") in outside)
 
 
 # ---- beads ----------------------------------------------------------------------
@@ -3758,7 +3901,8 @@ class Watcher:
         meta = meta or {}
         lock = FileLock(self.handoff.path("locks", task_id + ".lock"), meta={
             key: meta[key] for key in ("task_id", "timeout_sec", "attempt", "base_branch",
-                                       "base_commit", "branch", "dirty_before") if key in meta})
+                                       "base_commit", "base_head", "branch", "dirty_before")
+            if key in meta})
         if not lock.acquire():
             return
         try:
@@ -3778,7 +3922,7 @@ class Watcher:
             result = self.new_result(task)
             result["lock"] = {"recovered_from": meta, "why": why, "groups_killed": killed}
             result["git"].update({key: meta.get(key) for key in (
-                "base_branch", "base_commit", "branch", "dirty_before")})
+                "base_branch", "base_commit", "base_head", "branch", "dirty_before")})
             parking = self.park_interrupted(task_id, result, "stale_lock_recovered")
             retry = task["attempt"] < task["retry_policy"]["max_attempts"]
             detail = "task lock was stale (%s); %s" % (
@@ -3871,6 +4015,11 @@ class Watcher:
                 self.say("%s is queued but also in running/; skipped until that one is recovered"
                          % task_id)
             return None
+        start = None
+        if task["depends_on"]:
+            start = self.dependencies(path, task)
+            if not isinstance(start, tuple):
+                return start
         lock = FileLock(self.handoff.path("locks", task_id + ".lock"),
                         meta={"task_id": task_id, "timeout_sec": task["timeout_sec"],
                               "attempt": task["attempt"]})
@@ -3880,13 +4029,41 @@ class Watcher:
         self.task_lock = lock
         try:
             os.rename(path, running)
-            return self.execute(task, running)
+            return self.execute(task, running, start)
         finally:
             with self.beat_lock:
                 self.task_lock = None
                 lock.release()
             self.child = None
             self.drop_lock_file(lock.path)
+
+    def dependencies(self, path, task):
+        """A task with `depends_on`, before it starts: (start commit, deps) when it may
+        start; None while it waits (said once; the queue goes on with the next task);
+        else the outcome of blocking it (dependency_failed, dependency_cycle)."""
+        state, reason, detail, deps = dependency_state(self.handoff, task)
+        if state == "ready":
+            try:
+                start, wait = task_start_ref(self.git, deps, self.git.head())
+            except BridgeError as exc:
+                state, reason, detail = "failed", "dependency_failed", exc.message
+            else:
+                state, detail = ("waiting", wait) if wait else (state, detail)
+        if state == "ready":
+            return start, deps
+        if state == "waiting":
+            if (task["id"], detail) not in self.warned:
+                self.warned.add((task["id"], detail))
+                self.say("%s: %s" % (task["id"], detail))
+            return None
+        result = self.new_result(task)
+        result.update(status="blocked", exit_path="blocked", reason=reason, detail=detail,
+                      dependencies=deps, finished_at=now_iso())
+        result["bead"]["skipped"] = "the task never started"
+        self.write_result(task["id"], result)
+        move_no_clobber(path, self.handoff.dir("failed"), os.path.basename(path))
+        self.say("%s: blocked (%s): %s" % (task["id"], reason, detail))
+        return "blocked"
 
     def refuse(self, path, stem, exc):
         """schema_invalid: result (exit_path skipped), file moved to failed/."""
@@ -3926,7 +4103,9 @@ class Watcher:
                     "base_commit": None, "head_commit": None, "dirty_before": None,
                     "dirty_after_verify": None, "status_before": None,
                     "status_after_verify": None, "diff_stat_pre": None, "diff_stat_post": None,
-                    "commit": None, "wip_commit": None, "returned_to_base": None},
+                    "commit": None, "wip_commit": None, "returned_to_base": None,
+                    "base_head": None},
+            "dependencies": [],
             "executor": None,
             "commands": [],
             "artifacts": {"patch_pre": None, "patch_post": None, "logs": None,
@@ -4067,14 +4246,17 @@ class Watcher:
         finally:
             self.child = None
 
-    def execute(self, task, running):
-        """A task already in running/ under its lock, from the confirmation gate to its result."""
+    def execute(self, task, running, start=None):
+        """A task already in running/ under its lock, from the confirmation gate to its
+        result. `start`: (commit, deps) of a task with dependencies (see dependencies)."""
         task_id = task["id"]
         result = self.active = self.new_result(task)
         started = monotonic()
         outcome = None
+        if start:
+            result["dependencies"] = start[1]
         try:
-            outcome = self.steps(task, running, result)
+            outcome = self.steps(task, running, result, start and start[0])
         except Stop as stop:
             result.update(status=stop.status, exit_path=stop.status, reason=stop.reason,
                           detail=stop.detail)
@@ -4165,7 +4347,7 @@ class Watcher:
             "".join("; " + p for p in problems)))
         return "failed"
 
-    def steps(self, task, running, result):
+    def steps(self, task, running, result, start=None):
         task_id = task["id"]
         git_state = result["git"]
         # confirmation gate: before any git change
@@ -4198,15 +4380,18 @@ class Watcher:
         if snap["head"] is None:
             raise Stop("blocked", "branch_checkout_failed", "the repository has no commit yet "
                        "(unborn branch); commit something first")
-        # branch: off protected branches (and detached HEAD) onto feat/ai/{id}
+        # branch: off protected branches (and detached HEAD) onto feat/ai/{id}, and so is
+        # a task that starts from a dependency's commit instead of the checkout's HEAD
+        start = start or snap["head"]
         branch = base_branch
-        if base_branch is None or base_branch in self.protected:
+        if base_branch is None or base_branch in self.protected or start != snap["head"]:
             branch = "feat/ai/" + task_id
         # recorded before any git change: a crash from here on returns to this base
-        self.note_in_task_lock(base_branch=base_branch, base_commit=snap["head"], branch=branch,
-                               dirty_before=snap["dirty"])
+        git_state.update(base_commit=start, base_head=snap["head"])
+        self.note_in_task_lock(base_branch=base_branch, base_commit=start, base_head=snap["head"],
+                               branch=branch, dirty_before=snap["dirty"])
         if branch != base_branch:
-            made = self.git.run("checkout", "-q", "-b", branch, check=False)
+            made = self.git.run("checkout", "-q", "-b", branch, start, check=False)
             if made.ok:
                 git_state["branch_created"] = True
             elif "already exists" in made.stderr and (
@@ -4406,7 +4591,7 @@ class Watcher:
         base_branch, branch = git_state.get("base_branch"), git_state.get("branch")
         if not self.config["return_to_base"] or branch == base_branch:
             return
-        target = base_branch or git_state.get("base_commit")
+        target = base_branch or git_state.get("base_head") or git_state.get("base_commit")
         args = ("checkout", "-q", target) if base_branch else ("checkout", "-q", "--detach", target)
         back = self.git.run(*args, check=False)
         git_state["returned_to_base"] = back.ok
@@ -4488,9 +4673,12 @@ def submit_task(root, source, retry=False):
         raise BridgeError("task %s refused, %d error(s):\n  %s" % (
             "from stdin" if source == "-" else source, len(errors), "\n  ".join(errors)))
     task_id = task["id"]
-    for state in ("tasks", "running", "pending"):
-        if os.path.lexists(handoff.path(state, task_id + ".json")):
-            raise BridgeError("task %s is already in %s/" % (task_id, state), EXIT_FAILED)
+    place = task_place(handoff, task_id)
+    if place:
+        raise BridgeError("task %s is already in %s/" % (task_id, place), EXIT_FAILED)
+    state, _reason, detail, _deps = dependency_state(handoff, task)
+    if state == "failed":  # the watcher would block it at once
+        raise BridgeError("task %s refused: depends_on: %s" % (task_id, detail))
     previous = read_result(handoff, task_id)
     if os.path.exists(handoff.path("results", task_id + ".json")):
         if not retry:
@@ -4528,9 +4716,9 @@ def approve_task(root, task_id):
     safe_name(task_id, "task id")
     pending = handoff.path("pending", task_id + ".json")
     if not os.path.lexists(pending):
-        where = [s for s in ("tasks", "running", "failed") if os.path.lexists(handoff.path(s, task_id + ".json"))]
+        where = task_place(handoff, task_id, ("tasks", "running", "failed"))
         raise BridgeError("task %s is not waiting in pending/%s" % (
-            task_id, " (it is in %s/)" % where[0] if where else ""), EXIT_FAILED)
+            task_id, " (it is in %s/)" % where if where else ""), EXIT_FAILED)
     try:
         task = read_task_file(pending, fresh_sec=0)
     except TaskFileError as exc:
@@ -4575,8 +4763,32 @@ def queue_status(root, recent=5):
         worker = {k: meta.get(k) for k in ("pid", "host", "created_at", "heartbeat_at")} if meta else {}
     return {"queued": counts["tasks"], "running": counts["running"], "pending": counts["pending"],
             "failed": counts["failed"], "results": by_status, "worker": worker,
-            "recent_failures": failures[:recent],
+            "recent_failures": failures[:recent], "waiting": waiting_tasks(handoff),
             "skipped_in_tasks": skipped_task_files(handoff.dir("tasks"))}
+
+
+def waiting_tasks(handoff):
+    """[{id, state, detail}] of the queued tasks their dependencies hold back: "waiting"
+    (and for what) or "failed" (the watcher will block it, and why)."""
+    found, git = [], None
+    for name in list_task_files(handoff.dir("tasks")):
+        try:
+            task = read_task_file(handoff.path("tasks", name), fresh_sec=0)
+        except TaskFileError:
+            continue  # refused when its turn comes; not a dependency matter
+        if not task.get("depends_on"):
+            continue
+        state, _reason, detail, deps = dependency_state(handoff, task)
+        if state == "ready":
+            git = git or Git(handoff.root)
+            try:
+                detail = task_start_ref(git, deps, git.head())[1]
+                state = "waiting" if detail else state
+            except BridgeError as exc:
+                state, detail = "failed", exc.message
+        if state != "ready":
+            found.append({"id": task["id"], "state": state, "detail": detail})
+    return found
 
 
 def unlock_worker(root, force=False):
@@ -11786,6 +11998,11 @@ def cmd_status(args):
         for item in report["recent_failures"]:
             print(printable("  %s  %s/%s  %s" % (item.get("id"), item.get("exit_path"),
                                                  item.get("reason"), str(item.get("detail") or "")[:160])))
+    if report["waiting"]:
+        print("held back by their dependencies:")
+    for item in report["waiting"]:
+        print(printable("  %s %s" % (item["id"], item["detail"] if item["state"] == "waiting"
+                                     else "will be blocked: " + item["detail"])))
     for item in report["skipped_in_tasks"]:
         print(printable("skipped in tasks/: %s (%s)" % (item["name"], item["reason"])))
     return EXIT_OK

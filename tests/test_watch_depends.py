@@ -1,0 +1,209 @@
+"""`depends_on` in watch tasks, through the CLI on real git repositories with the fixture
+agent: a task starts only after its dependencies succeeded, from their work; a failed,
+unknown or circular dependency blocks it with a result saying why."""
+import json
+
+from conftest import git
+from test_watch import Queue, head  # noqa: F401  (the queue fixture's class)
+
+import pytest
+
+
+@pytest.fixture
+def queue(git_repo, tmp_path):
+    return Queue(git_repo, tmp_path, continue_on_failure=True)
+
+
+def status(queue):
+    out = queue.bridge("status", "--json")
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def test_chain_starts_from_the_dependency_commit_and_sees_its_change(queue):
+    base = head(queue.repo)
+    queue.put(queue.task("a", agent={"write": {"a.txt": "from a\n"}}))
+    # b sorts after a, verifies that a's file is there and adds its own
+    queue.put(queue.task("b", depends_on=["a"], agent={"write": {"b.txt": "from b\n"}},
+                         commands_to_run=["grep -q 'from a' a.txt", "test -f b.txt"]))
+    out = queue.watch()
+    assert out.returncode == 0, out.stderr
+    a, b = queue.result("a"), queue.result("b")
+    assert a["status"] == "success" and b["status"] == "success", b["detail"]
+    assert b["git"]["base_commit"] == a["git"]["commit"]  # the audit's base: where it started
+    assert b["git"]["base_head"] == base and b["git"]["branch"] == "feat/ai/b"
+    assert b["dependencies"] == [{"id": "a", "status": "success", "reason": "verified",
+                                  "commit": a["git"]["commit"]}]
+    patch = (queue.handoff / b["artifacts"]["patch_post"]).read_text()
+    assert "b.txt" in patch and "a.txt" not in patch  # only b's own work
+    assert git(queue.repo, "rev-parse", "feat/ai/b~1").strip() == a["git"]["commit"]
+    assert head(queue.repo) == base and git(queue.repo, "status", "--porcelain") == ""
+
+
+def test_a_task_queued_before_its_dependency_waits_and_the_dependency_runs_first(queue):
+    count = queue.repo.parent / "order.txt"
+    queue.put(queue.task("1_b", depends_on=["2_a"],
+                         agent={"append": {str(count): "b\n"}, "write": {"b.txt": "b\n"}}))
+    queue.put(queue.task("2_a", agent={"append": {str(count): "a\n"}, "write": {"a.txt": "a\n"}}))
+    queue.put(queue.task("3_c", agent={"append": {str(count): "c\n"}, "write": {"c.txt": "c\n"}}))
+    report = status(queue)
+    assert report["waiting"] == [{"id": "1_b", "state": "waiting",
+                                  "detail": "waiting for 2_a (queued)"}]
+    out = queue.bridge("status")
+    assert "1_b waiting for 2_a (queued)" in out.stdout
+    out = queue.watch()
+    assert out.returncode == 0, out.stderr
+    # the waiting task is skipped, not refused; the queue goes on; it runs once 2_a succeeded
+    assert count.read_text() == "a\nb\n" or count.read_text() == "a\nb\nc\n"
+    assert count.read_text().splitlines()[:2] == ["a", "b"]
+    assert "1_b: waiting for 2_a (queued)" in out.stderr
+    assert {queue.result(t)["status"] for t in ("1_b", "2_a", "3_c")} == {"success"}
+    assert status(queue)["waiting"] == []
+
+
+def test_a_failed_dependency_blocks_its_dependents_transitively(queue):
+    queue.put(queue.task("a", commands_to_run=["false"]))
+    queue.put(queue.task("b", depends_on=["a"]))
+    queue.put(queue.task("c", depends_on=["b"]))
+    out = queue.watch()
+    assert out.returncode == 4, out.stderr
+    assert queue.result("a")["reason"] == "verify_failed"
+    b, c = queue.result("b"), queue.result("c")
+    assert (b["status"], b["exit_path"], b["reason"]) == ("blocked", "blocked", "dependency_failed")
+    assert b["detail"] == "dependency a ended failed (verify_failed)"
+    assert b["dependencies"][0] == {"id": "a", "status": "failed", "reason": "verify_failed",
+                                    "commit": None}
+    assert c["reason"] == "dependency_failed" and "b ended blocked (dependency_failed)" in c["detail"]
+    assert b["executor"] is None and not (queue.repo / "b.txt").exists()
+    assert sorted(queue.names("failed")) == ["a.json", "b.json", "c.json"]
+    for ref in ("feat/ai/b", "feat/ai/c"):  # nothing started: no branch
+        assert git(queue.repo, "rev-parse", "--verify", "-q", ref, check=False) == ""
+    failures = {item["id"]: item for item in status(queue)["recent_failures"]}
+    assert failures["b"]["reason"] == "dependency_failed" and "a ended failed" in failures["b"]["detail"]
+    out = queue.bridge("status")
+    assert "b  blocked/dependency_failed  dependency a ended failed (verify_failed)" in out.stdout
+
+
+def test_a_retried_dependency_that_succeeds_releases_its_blocked_dependent(queue, tmp_path):
+    queue.put(queue.task("a", commands_to_run=["test -f fixed.txt"]))
+    queue.put(queue.task("b", depends_on=["a"]))
+    assert queue.watch().returncode == 4
+    assert queue.result("b")["reason"] == "dependency_failed"
+    # submit --retry of b while a still failed is refused: it would be blocked again
+    retry_b = tmp_path / "b.json"
+    retry_b.write_text(json.dumps(queue.task("b", depends_on=["a"])))
+    out = queue.bridge("submit", "--retry", retry_b)
+    assert out.returncode == 2 and "depends_on: dependency a ended failed (verify_failed)" in out.stderr
+    # a retried, and fixed this time; b retried while a waits in the queue: b waits
+    retry_a = tmp_path / "a.json"
+    retry_a.write_text(json.dumps(queue.task("a", commands_to_run=["test -f fixed.txt"],
+                                             agent={"write": {"fixed.txt": "ok\n"}})))
+    assert queue.bridge("submit", "--retry", retry_a).returncode == 0
+    assert queue.bridge("submit", "--retry", retry_b).returncode == 0
+    assert status(queue)["waiting"] == [{"id": "b", "state": "waiting",
+                                         "detail": "waiting for a (queued)"}]
+    out = queue.watch()
+    assert out.returncode == 0, out.stderr
+    a, b = queue.result("a"), queue.result("b")
+    assert (a["status"], a["attempt"], b["status"], b["attempt"]) == ("success", 2, "success", 2)
+    assert b["git"]["base_commit"] == a["git"]["commit"]
+    assert [r["reason"] for r in queue.history("b")] == ["dependency_failed"]
+
+
+def test_unknown_dependency_is_refused_by_submit_and_blocked_by_the_watcher(queue, tmp_path):
+    task = tmp_path / "b.json"
+    task.write_text(json.dumps(queue.task("b", depends_on=["nosuch"])))
+    out = queue.bridge("submit", task)
+    assert out.returncode == 2, out.stderr
+    assert "depends_on: dependency nosuch is unknown" in out.stderr
+    assert queue.names("tasks") == []
+    queue.put(queue.task("b", depends_on=["nosuch"]))  # dropped in by a planner
+    out = queue.watch()
+    assert out.returncode == 4
+    b = queue.result("b")
+    assert (b["status"], b["reason"]) == ("blocked", "dependency_failed")
+    assert "nosuch is unknown (not queued, running or pending, and it has no result)" in b["detail"]
+    assert b["dependencies"] == [{"id": "nosuch", "status": "unknown", "reason": None, "commit": None}]
+
+
+def test_a_cycle_is_blocked_with_its_path_and_never_busy_waits(queue):
+    queue.put(queue.task("a", depends_on=["c"]))
+    queue.put(queue.task("b", depends_on=["a"]))
+    queue.put(queue.task("c", depends_on=["b"]))
+    queue.put(queue.task("d"))
+    out = queue.watch(timeout=30)
+    assert out.returncode == 4, out.stderr
+    a = queue.result("a")
+    assert (a["status"], a["exit_path"], a["reason"]) == ("blocked", "blocked", "dependency_cycle")
+    assert "depends_on forms a cycle (a -> c -> b -> a)" in a["detail"]
+    # the others wait on a task of the cycle: they are blocked by it
+    for task_id in ("b", "c"):
+        assert queue.result(task_id)["reason"] in ("dependency_cycle", "dependency_failed")
+    assert queue.result("d")["status"] == "success"
+    assert queue.names("tasks") == []
+
+
+def test_depends_on_is_validated_naming_the_field(queue, tmp_path):
+    bad = tmp_path / "bad.json"
+    cases = [("x", "depends_on: must be a list"),
+             ([3], "depends_on[0]: must be a task id, got 3"),
+             (["../x"], "depends_on[0]: '../x' must match"),
+             (["x.lock"], "depends_on[0]: 'x.lock' is not a valid branch name"),
+             (["t"], "depends_on[0]: 't' is the task itself"),
+             (["a", "a"], "depends_on[1]: 'a' is listed twice"),
+             (["d%d" % n for n in range(17)], "depends_on: at most 16 dependencies, got 17")]
+    for value, message in cases:
+        bad.write_text(json.dumps(queue.task("t", depends_on=value)))
+        out = queue.bridge("submit", bad)
+        assert out.returncode == 2 and message in out.stderr, (value, out.stderr)
+    queue.put(queue.task("t", depends_on=["t"]))
+    assert queue.watch().returncode == 4
+    r = queue.result("t")
+    assert r["reason"] == "schema_invalid" and "depends_on[0]" in r["errors"][0]
+
+
+def test_several_dependencies_start_from_the_one_containing_the_others(queue):
+    """c depends on a and b, b built on a: c starts from b's commit (a chain)."""
+    queue.put(queue.task("a", agent={"write": {"a.txt": "a\n"}}))
+    queue.put(queue.task("b", depends_on=["a"], agent={"write": {"b.txt": "b\n"}}))
+    queue.put(queue.task("c", depends_on=["a", "b"], agent={"write": {"c.txt": "c\n"}},
+                         commands_to_run=["test -f a.txt && test -f b.txt"]))
+    out = queue.watch()
+    assert out.returncode == 0, out.stderr
+    assert queue.result("c")["git"]["base_commit"] == queue.result("b")["git"]["commit"]
+
+
+def test_several_dependencies_on_separate_branches_wait_for_a_merge(queue):
+    queue.put(queue.task("a", agent={"write": {"a.txt": "a\n"}}))
+    queue.put(queue.task("b", agent={"write": {"b.txt": "b\n"}}))
+    queue.put(queue.task("c", depends_on=["a", "b"], agent={"write": {"c.txt": "c\n"}},
+                         commands_to_run=["test -f a.txt && test -f b.txt"]))
+    out = queue.watch()
+    assert out.returncode == 0, out.stderr
+    assert queue.names("tasks") == ["c.json"]  # waits: the watcher merges nothing
+    a, b = queue.result("a")["git"]["commit"], queue.result("b")["git"]["commit"]
+    detail = ("the work of a (%s), b (%s) is on separate branches: merge it into the base "
+              "branch (the watcher merges nothing), then the task starts from there" % (a[:12], b[:12]))
+    assert "c: " + detail in out.stderr
+    assert status(queue)["waiting"] == [{"id": "c", "state": "waiting", "detail": detail}]
+    git(queue.repo, "merge", "-q", "--no-edit", "feat/ai/a", "feat/ai/b")
+    merged = head(queue.repo)
+    out = queue.watch()
+    assert out.returncode == 0, out.stderr
+    c = queue.result("c")
+    assert c["status"] == "success" and c["git"]["base_commit"] == merged
+    assert c["git"]["branch"] == "feat/ai/c"
+
+
+def test_a_dependency_done_on_the_base_branch_itself_needs_no_chain(queue):
+    """On a branch that is not protected every task commits on it: the dependent simply
+    runs there after it (queued first, it waits for it)."""
+    git(queue.repo, "checkout", "-q", "-b", "dev")
+    queue.put(queue.task("2_a", agent={"write": {"a.txt": "a\n"}}))
+    queue.put(queue.task("1_b", depends_on=["2_a"], commands_to_run=["test -f a.txt"]))
+    out = queue.watch()
+    assert out.returncode == 0, out.stderr
+    a, b = queue.result("2_a"), queue.result("1_b")
+    assert a["git"]["branch"] == b["git"]["branch"] == "dev"
+    assert b["git"]["base_commit"] == a["git"]["commit"] == git(
+        queue.repo, "rev-parse", "dev~1").strip()
