@@ -29,7 +29,8 @@ Run `python3 bridge.py COMMAND --help` for each command's options and an example
 
 Exit codes: 0 done, 1 the work stopped on a failure, 2 usage or configuration
 error, 3 another process holds the lock; `watch` also exits 4 when its run ended
-but a task needs a person (blocked, refused, failed, waiting for approval) and
+but a task needs a person (blocked, refused, failed, waiting for approval or
+for its dependencies) and
 128+N when signal N interrupted a task (re-queued). Errors are one line on
 stderr; set BRIDGE_DEBUG=1 to get a traceback instead.
 
@@ -3706,7 +3707,8 @@ class Watcher:
     def exit_code(self):
         """What this run tells CI: 1 the queue stopped on a failure; 128+N a signal N
         interrupted a task (it is re-queued); 4 a task of this run ended in a state that
-        needs a person (blocked, refused, failed, waiting for approval); else 0."""
+        needs a person (blocked, refused, failed, waiting for approval) or still waits for
+        its dependencies; else 0."""
         if self.stopped_on_failure:
             return EXIT_FAILED
         if self.interrupted:
@@ -4052,6 +4054,7 @@ class Watcher:
         if state == "ready":
             return start, deps
         if state == "waiting":
+            self.outcomes[task["id"]] = "waiting"  # until it runs in this run (exit_code)
             if (task["id"], detail) not in self.warned:
                 self.warned.add((task["id"], detail))
                 self.say("%s: %s" % (task["id"], detail))
@@ -12967,7 +12970,8 @@ def build_parser():
             description="run the watcher: take queued tasks through the Bridge Protocol\n\n"
                         "exit codes: 0 all done, 1 the queue stopped on a failure, 2 usage or "
                         "configuration,\n3 another watcher holds the lock, 4 a task of this run "
-                        "needs a person (blocked,\nrefused, failed, waiting for approval), 128+N "
+                        "needs a person (blocked,\nrefused, failed, waiting for approval or its "
+                        "dependencies), 128+N "
                         "signal N interrupted a task (re-queued)"),
         row("status", cmd_status, "counts per state and the most recent failures with their reasons",
             "python3 scripts/bridge.py status --json", as_json),

@@ -179,7 +179,7 @@ def test_several_dependencies_on_separate_branches_wait_for_a_merge(queue):
     queue.put(queue.task("c", depends_on=["a", "b"], agent={"write": {"c.txt": "c\n"}},
                          commands_to_run=["test -f a.txt && test -f b.txt"]))
     out = queue.watch()
-    assert out.returncode == 0, out.stderr
+    assert out.returncode == 4, out.stderr  # a task still waits: it needs a person
     assert queue.names("tasks") == ["c.json"]  # waits: the watcher merges nothing
     a, b = queue.result("a")["git"]["commit"], queue.result("b")["git"]["commit"]
     detail = ("the work of a (%s), b (%s) is on separate branches: merge it into the base "
@@ -207,3 +207,57 @@ def test_a_dependency_done_on_the_base_branch_itself_needs_no_chain(queue):
     assert a["git"]["branch"] == b["git"]["branch"] == "dev"
     assert b["git"]["base_commit"] == a["git"]["commit"] == git(
         queue.repo, "rev-parse", "dev~1").strip()
+
+
+def test_a_refused_dependency_blocks_and_a_pending_one_keeps_waiting(queue):
+    queue.put(queue.task("a", prompt=""))  # schema_invalid
+    queue.put(queue.task("b", depends_on=["a"]))
+    queue.put(queue.task("c", requires_confirmation=True, agent={"write": {"c.txt": "c\n"}}))
+    queue.put(queue.task("d", depends_on=["c"], commands_to_run=["test -f c.txt"]))
+    out = queue.watch()
+    assert out.returncode == 4, out.stderr
+    assert queue.result("b")["detail"] == "dependency a ended failed (schema_invalid)"
+    assert queue.names("tasks") == ["d.json"] and queue.names("pending") == ["c.json"]
+    assert "d: waiting for c (pending approval)" in out.stderr
+    assert queue.bridge("approve", "c").returncode == 0
+    out = queue.watch()
+    assert out.returncode == 0, out.stderr
+    assert queue.result("d")["git"]["base_commit"] == queue.result("c")["git"]["commit"]
+
+
+def test_a_chain_from_a_detached_head_returns_to_that_commit(queue):
+    git(queue.repo, "commit", "-q", "--allow-empty", "-m", "second")
+    git(queue.repo, "checkout", "-q", "--detach", "HEAD~1")
+    detached = head(queue.repo)
+    queue.put(queue.task("a", agent={"write": {"a.txt": "a\n"}}))
+    queue.put(queue.task("b", depends_on=["a"], commands_to_run=["test -f a.txt"]))
+    out = queue.watch()
+    assert out.returncode == 0, out.stderr
+    b = queue.result("b")
+    assert b["git"]["base_commit"] == queue.result("a")["git"]["commit"]
+    assert b["git"]["base_head"] == detached and b["git"]["returned_to_base"] is True
+    assert head(queue.repo) == detached  # not a's commit: the checkout given back as it was
+    assert git(queue.repo, "symbolic-ref", "-q", "HEAD", check=False) == ""
+
+
+def test_a_chained_task_killed_with_the_watcher_is_recovered_onto_its_chain(queue):
+    """SIGKILL of the watcher while a chained task's agent runs: the next start parks the
+    work on feat/ai/b, gives the checkout back on main and runs the retry on the same
+    branch, still on top of a's work; every result names a's commit as base_commit."""
+    base = head(queue.repo)
+    queue.put(queue.task("a", agent={"write": {"a.txt": "a\n"}}))
+    queue.put(queue.task("b", depends_on=["a"], retry_policy={"max_attempts": 2},
+                         agent={"write": {"b.txt": "b\n"}, "kill_watcher": "start"},
+                         commands_to_run=["test -f a.txt && test -f b.txt"]))
+    out = queue.watch()
+    assert out.returncode == -9, out.stderr
+    a_commit = queue.result("a")["git"]["commit"]
+    out = queue.watch()
+    assert out.returncode == 0, out.stderr
+    first, = queue.history("b")
+    assert (first["reason"], first["git"]["base_commit"]) == ("stale_lock_recovered", a_commit)
+    b = queue.result("b")
+    assert (b["status"], b["attempt"], b["git"]["branch"]) == ("success", 2, "feat/ai/b")
+    git(queue.repo, "merge-base", "--is-ancestor", a_commit, "feat/ai/b")  # raises if not
+    assert b["git"]["base_commit"] != base
+    assert head(queue.repo) == base and git(queue.repo, "symbolic-ref", "--short", "HEAD").strip() == "main"
