@@ -219,8 +219,6 @@ def random_hex(nbytes=4):
 
 INPUT_MAX_BYTES = 64 << 20  # the largest file bridge.py reads whole (task, result, plan...)
 JSON_MAX_DEPTH = 256        # nesting no file bridge.py reads needs; far below the recursion limit
-_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
-_NONBLOCK = getattr(os, "O_NONBLOCK", 0)
 
 
 def _open_regular(path, flags, mode=0o644):
@@ -229,7 +227,7 @@ def _open_regular(path, flags, mode=0o644):
     import errno
     import stat
     try:
-        fd = os.open(path, flags | _NOFOLLOW | _NONBLOCK, mode)
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK, mode)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise OSError(exc.errno, "is a symlink (never followed)", path) from None
@@ -342,7 +340,7 @@ def write_all(fd, data):
 def create_once(path, mode=0o644):
     """Create `path` for writing only when nothing is there (not even a dangling symlink):
     FileExistsError otherwise. Returns the fd; the caller closes it."""
-    return os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | _NOFOLLOW, mode)
+    return os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
 
 
 def atomic_write(path, data, mode=None, durable=True):
@@ -623,6 +621,17 @@ def _read_small(path):
         with open_input(path) as handle:
             return handle.read(65536).decode("utf-8", "replace").strip()
     except OSError:
+        return None
+
+
+def read_json_quiet(path, limit=65536):
+    """The JSON value in a small file an agent could have changed (a cache, a heartbeat), or
+    None when it is missing, unreadable or not JSON (open_input's rules): its reader starts
+    afresh."""
+    try:
+        with open_input(path) as handle:
+            return parse_json(handle.read(limit))
+    except (OSError, ValueError):
         return None
 
 
@@ -2723,31 +2732,6 @@ class Git:
         result = self.run("symbolic-ref", "-q", "--short", "HEAD", check=False)
         return result.stdout.strip() or None
 
-    @staticmethod
-    def _pathspec(exclude):
-        return ["--", "."] + [":(exclude)%s" % path for path in exclude] if exclude else []
-
-    def status_porcelain(self, exclude=()):
-        """[(XY, path)] from `status --porcelain=v1 -z`, untracked files included.
-
-        For renames and copies the entry is (XY, new_path, old_path).
-        """
-        out = self.run("status", "--porcelain=v1", "-z", "--untracked-files=all",
-                       *self._pathspec(exclude)).stdout
-        fields, entries, index = out.split("\0"), [], 0
-        while index < len(fields):
-            field = fields[index]
-            index += 1
-            if len(field) < 4:
-                continue
-            xy, path = field[:2], field[3:]
-            if xy[0] in "RC":
-                entries.append((xy, path, fields[index] if index < len(fields) else ""))
-                index += 1
-            else:
-                entries.append((xy, path))
-        return entries
-
     def worktree_diff(self, base, exclude=(), *diff_args):
         """`git diff --cached BASE` of the whole work tree through a throwaway index.
 
@@ -2773,9 +2757,9 @@ class Git:
             # Exclusions go on the diff only: an exclude pathspec naming an ignored
             # path (e.g. .ai-handoff/ in info/exclude) makes `git add` exit 1.
             self.run("add", "-A", "--", ".", env=env)
+            pathspec = ["--", "."] + [":(exclude)%s" % path for path in exclude] if exclude else []
             return self.run("diff", "--cached", "--no-ext-diff", "--no-textconv", *diff_args,
-                            base or EMPTY_TREE,
-                            *self._pathspec(exclude), env=env).stdout
+                            base or EMPTY_TREE, *pathspec, env=env).stdout
         finally:
             try:
                 os.unlink(temp_index)
@@ -5611,11 +5595,7 @@ _INDEX_MAX_KEYS = 20000
 def _load_index(bdir):
     """The cache in .seam-index.json, or {} (a full rescan) when any part of it is not
     what _save_index writes: one wrong-typed entry means the file is not ours to trust."""
-    try:
-        with open_input(os.path.join(bdir, SEAM_INDEX)) as handle:
-            index = parse_json(handle.read(8 << 20))
-    except (OSError, ValueError):
-        return {}
+    index = read_json_quiet(os.path.join(bdir, SEAM_INDEX), 8 << 20)
     return index if _index_ok(index) else {}
 
 
@@ -6210,11 +6190,7 @@ def inbox_check(data, host="", repo_root=None, slug=None, session_id=None):
 
 def _heartbeat(bdir, slug):
     """The parsed fo.<slug>.json heartbeat, or None (a malformed ts fails it whole)."""
-    try:
-        with open_input(os.path.join(bdir, "fo.%s.json" % slug)) as handle:
-            beat = parse_json(handle.read(1 << 20))
-    except (OSError, ValueError):
-        return None
+    beat = read_json_quiet(os.path.join(bdir, "fo.%s.json" % slug), 1 << 20)
     if not isinstance(beat, dict):
         return None
     beat = go_fields(beat, HEARTBEAT_FIELDS)
@@ -6590,11 +6566,7 @@ def _wake_resumes(bdir):
     """{session id: process_identity} of the resumes started by earlier wakes that still
     run (verified: same host and boot, the pid alive and started when it was recorded,
     so a recycled pid does not count, nor a zombie)."""
-    try:
-        with open_input(os.path.join(bdir, WAKE_RESUMES)) as handle:
-            saved = parse_json(handle.read(1 << 20))
-    except (OSError, ValueError):
-        return {}
+    saved = read_json_quiet(os.path.join(bdir, WAKE_RESUMES), 1 << 20)
     if not isinstance(saved, dict):
         return {}
     me = os.uname().nodename
