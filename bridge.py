@@ -933,6 +933,13 @@ CONFIG_KEYS = (
     ("progress_sec", 10.0, float, (0.1, None)),
     ("executor.command", ["opencode", "run", "{prompt}"], ARGV, None),
     ("executor.env", {}, dict, None),
+    ("executors", {}, dict, None),                 # name -> argv template; a task's "executor"
+    ("agent_idle_timeout_sec", 0, float, (0, None)),            # 0: off
+    ("retry_context", True, bool, None),           # tell a retried task what failed last time
+    ("retry_context_bytes", 2048, int, (256, 65536)),
+    ("notify.command", None, ARGV, None),          # argv template run when a task ends
+    ("notify.on", ["failed", "blocked", "needs_confirmation", "queue_stopped"], list, None),
+    ("notify.timeout_sec", 30, float, TIMEOUT),
     ("bead.command", None, COMMAND, None),
     ("bead.timeout_sec", 30, float, TIMEOUT),
     # seam: how the Stop-hook reason and the wake prompt tell an agent to run bridge.py;
@@ -2343,13 +2350,14 @@ def get_redactor(config=None, env=None):
 # ---- subprocesses -------------------------------------------------------------
 
 class CommandResult:
-    """What a finished command did. exit_code is None when it was killed for a timeout."""
+    """What a finished command did. exit_code is None when it was killed for a timeout or
+    for printing nothing for `idle` seconds."""
 
     __slots__ = ("cmd", "exit_code", "stdout", "stderr", "timed_out", "duration",
-                 "signal", "dropped_bytes", "error")
+                 "signal", "dropped_bytes", "error", "idle")
 
     def __init__(self, cmd, exit_code=None, stdout="", stderr="", timed_out=False,
-                 duration=0.0, signal=None, dropped_bytes=0, error=None):
+                 duration=0.0, signal=None, dropped_bytes=0, error=None, idle=None):
         self.cmd = cmd
         self.exit_code = exit_code
         self.stdout = stdout
@@ -2359,6 +2367,7 @@ class CommandResult:
         self.signal = signal
         self.dropped_bytes = dropped_bytes
         self.error = error
+        self.idle = idle
 
     @property
     def ok(self):
@@ -2370,6 +2379,8 @@ class CommandResult:
             return self.error
         if self.timed_out:
             return "timed out after %.1fs" % self.duration
+        if self.idle:
+            return "printed nothing for %gs and was stopped" % self.idle
         if self.signal:
             return "killed by signal %d" % self.signal
         return "exit %s" % self.exit_code
@@ -2447,7 +2458,7 @@ def cut_middle(head, tail, cut):
 
 def run_command(cmd, cwd=None, env=None, timeout=None, shell=False, stdin_data=None,
                 cap_bytes=64 << 20, on_tick=None, tick_sec=10.0, kill_grace=5.0,
-                on_start=None, stop=None):
+                on_start=None, stop=None, idle_timeout=None):
     """Run a command to completion and return a CommandResult. Never raises for the child.
 
     - `cmd` is an argv list, or a string run by /bin/sh when shell=True.
@@ -2464,6 +2475,9 @@ def run_command(cmd, cwd=None, env=None, timeout=None, shell=False, stdin_data=N
     - on_start(proc) is called once the child runs (to record or signal its group).
     - stop() is asked every half second: when true, the group is killed at once (SIGTERM,
       SIGKILL a second later) and the result says it was killed.
+    - idle_timeout: when the child prints nothing on stdout or stderr for that many seconds
+      (a headless agent waiting for an answer nobody will give), its group is stopped as on
+      a timeout and the result's `idle` says so.
     """
     import subprocess
     import threading
@@ -2484,6 +2498,7 @@ def run_command(cmd, cwd=None, env=None, timeout=None, shell=False, stdin_data=N
     import collections
     kept = {"stdout": b"", "stderr": b""}
     dropped = [0]
+    heard = [started]  # when the child last printed something
 
     def drain(stream, name):
         head, tail, tail_len, total, fd = bytearray(), collections.deque(), 0, 0, stream.fileno()
@@ -2495,6 +2510,7 @@ def run_command(cmd, cwd=None, env=None, timeout=None, shell=False, stdin_data=N
                 break
             if not block:
                 break
+            heard[0] = time.monotonic()
             total += len(block)
             room = cap_bytes - half - len(head)
             if room > 0:
@@ -2527,7 +2543,7 @@ def run_command(cmd, cwd=None, env=None, timeout=None, shell=False, stdin_data=N
                     pass
         threading.Thread(target=feed, daemon=True).start()
 
-    timed_out = stopped = False
+    timed_out = stopped = idle = False
     deadline = None if timeout is None else started + timeout
     next_tick = started + tick_sec
     # Wait for the child to exit without reaping it. While its output pipes are open,
@@ -2541,12 +2557,17 @@ def run_command(cmd, cwd=None, env=None, timeout=None, shell=False, stdin_data=N
         if stop is not None and stop():
             stopped = True
             break
+        if idle_timeout and now - heard[0] >= idle_timeout:
+            idle = True
+            break
         if on_tick and now >= next_tick:
             next_tick = now + tick_sec
             on_tick(now - started)
         wait = min(0.5, next_tick - now) if on_tick else 0.5
         if deadline is not None:
             wait = min(wait, deadline - now)
+        if idle_timeout:
+            wait = min(wait, heard[0] + idle_timeout - now)
         reader = next((r for r in readers if r.is_alive()), None)
         if reader is not None:
             reader.join(max(0.0, wait))
@@ -2554,19 +2575,19 @@ def run_command(cmd, cwd=None, env=None, timeout=None, shell=False, stdin_data=N
             wait_exited(proc.pid, max(0.0, wait))
     # The child is gone (or timed out): nothing of its group outlives it, not even a
     # grandchild that let go of the pipes but stayed in the group to write later.
-    kill_process_group(proc, kill_grace if timed_out else 1.0 if stopped else 0)
+    kill_process_group(proc, kill_grace if timed_out or idle else 1.0 if stopped else 0)
     for reader in readers:
         reader.join(timeout=2.0)
     code = proc.returncode
     return CommandResult(
         cmd,
-        exit_code=None if timed_out else code,
+        exit_code=None if timed_out or idle else code,
         stdout=kept["stdout"].decode("utf-8", "replace"),
         stderr=kept["stderr"].decode("utf-8", "replace"),
         timed_out=timed_out,
         duration=time.monotonic() - started,
         signal=-code if (code is not None and code < 0) else None,
-        dropped_bytes=dropped[0])
+        dropped_bytes=dropped[0], idle=idle_timeout if idle else None)
 
 
 # ---- git ----------------------------------------------------------------------
@@ -2905,6 +2926,7 @@ TASK_FIELDS = {
     "attempt": (int, False, 1),
     "approved_at": (str, False, None),
     "depends_on": (list, False, []),
+    "executor": (str, False, None),
 }
 DEPENDS_MAX = 16  # dependencies of one task (each is looked up on every scan of the queue)
 
@@ -3007,7 +3029,7 @@ def validate_task(task, stem=None):
                 errors.append("%s: required field is missing" % name)
             continue
         value = task[name]
-        if value is None and not required and name in ("approved_at", "retry_policy"):
+        if value is None and not required and name in ("approved_at", "retry_policy", "executor"):
             continue
         if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
             errors.append("%s: must be %s, got %s" % (name, _type_label(kind), json.dumps(value)[:60]))
@@ -3134,8 +3156,9 @@ def skipped_task_files(directory):
             for name in names if not (name.endswith(".json") and not name.startswith("."))]
 
 
-def build_prompt(task):
-    """The full prompt for the editing agent: goal, instructions, scope, constraints, done."""
+def build_prompt(task, retry=None):
+    """The full prompt for the editing agent: goal, instructions, scope, constraints, done,
+    and for a retry `retry`, what went wrong last time (see Watcher.retry_context)."""
     parts = ["# Task %s: %s" % (task["id"], task["bead_title"])]
     if task.get("goal"):
         parts.append("## Goal\n%s" % task["goal"])
@@ -3146,10 +3169,44 @@ def build_prompt(task):
         parts.append("## Constraints\n" + "\n".join("- %s" % c for c in task["constraints"]))
     if task.get("done_condition"):
         parts.append("## Done when\n%s" % task["done_condition"])
+    if retry:
+        parts.append(retry)
     parts.append("## Rules\nEdit files only. Do not run the verification yourself: the watcher "
                  "runs these commands afterwards and decides the outcome:\n"
                  + "\n".join("- `%s`" % c for c in task["commands_to_run"]))
     return "\n\n".join(parts) + "\n"
+
+
+def fill_template(template, values):
+    """An argv template with each {name} of `values` replaced, in one pass (a prompt that
+    holds the text "{id}" stays as written); every word stays one argument: no shell."""
+    pattern = re.compile(r"\{(%s)\}" % "|".join(map(re.escape, values)))
+    return [pattern.sub(lambda m: values[m.group(1)], word) for word in template]
+
+
+def executor_templates(config):
+    """{name: argv template} of config `executors`, each a non-empty list of strings, or a
+    BridgeError naming the bad one (exit 2)."""
+    for name, template in config["executors"].items():
+        if not (isinstance(template, list) and template and all(isinstance(a, str) for a in template)):
+            raise BridgeError("%s: executors.%s must be a non-empty list of strings (an argv "
+                              "template), got %s" % (config["_source"], name,
+                                                     json.dumps(template)[:120]))
+    return config["executors"]
+
+
+def unknown_executor(task, config):
+    """The schema error of a task naming an executor the config does not define, or None."""
+    name = task.get("executor")
+    if name is None or name in config["executors"]:
+        return None
+    return "executor: %r is not in the config's executors (%s)" % (
+        name[:100], ", ".join(sorted(config["executors"])) or "none are defined")
+
+
+def last_lines(text, count=20):
+    """The last `count` non-empty lines of `text`."""
+    return [line for line in text.splitlines() if line.strip()][-count:]
 
 
 def cap_text(text, cap_bytes, task_id):
@@ -3596,6 +3653,9 @@ def attribute_filter_lines(patch):
     return found
 
 
+NOTIFY_EVENTS = ("success", "failed", "blocked", "needs_confirmation", "queue_stopped")
+
+
 class Watcher:
     """One watcher process: the worker lock, the startup sweep and the task loop."""
 
@@ -3614,6 +3674,11 @@ class Watcher:
         self.exclude = [HANDOFF_DIR]
         self.progress_sec = config["progress_sec"]
         self.executor = list(config["executor"]["command"])
+        self.executors = executor_templates(config)
+        wrong = [e for e in config["notify"]["on"] if e not in NOTIFY_EVENTS]
+        if wrong:
+            raise BridgeError("%s: notify.on: %s is not one of %s" % (
+                config["_source"], json.dumps(wrong[0])[:60], ", ".join(NOTIFY_EVENTS)))
         self.out = out or sys.stdout
         self.worker = None
         self.task_lock = None
@@ -3811,6 +3876,9 @@ class Watcher:
                         self.stopped_on_failure = True
                         self.say("the queue stopped on the failure of %s (set continue_on_failure "
                                  "to go on); fix it, then run the watcher again" % name[:-5])
+                        stopped = read_result(self.handoff, name[:-5]) or {}
+                        self.notify("queue_stopped", name[:-5], stopped.get("reason"),
+                                    json.dumps(stopped, ensure_ascii=False, indent=2))
                         return
                     if worked:  # re-read the queue: a task file that appeared during the run
                         last_mtime = None  # was held until now, and may sort first
@@ -3904,7 +3972,7 @@ class Watcher:
                 return
             prompt_path = self.handoff.path("meta", task_id + ".prompt.md")
             if os.path.lexists(prompt_path):  # the agent's copy, as written: keep it redacted
-                self.write_redacted(prompt_path, build_prompt(task))
+                self.write_redacted(prompt_path, build_prompt(task, self.retry_context(task_id)))
             result = self.new_result(task)
             result["lock"] = {"recovered_from": meta, "why": why, "groups_killed": killed}
             result["git"].update({key: meta.get(key) for key in (
@@ -3943,7 +4011,7 @@ class Watcher:
     def requeue(self, task_id, path, result, attempt):
         """Write the result, archive it in the history and queue the task file again as
         `attempt`. A crash on the way leaves a duplicate history record, never a loss."""
-        self.write_result(task_id, result)
+        self.write_result(task_id, result, final=False)
         archive_result(self.handoff, task_id, "re-queued for attempt %d" % attempt)
         self.outcomes[task_id] = "requeued"
         requeued = dict(read_task_file(path, fresh_sec=0))
@@ -3981,6 +4049,9 @@ class Watcher:
             if exc.defer:
                 return "deferred"
             return self.refuse(path, stem, exc)
+        unknown = unknown_executor(task, self.config)
+        if unknown:
+            return self.refuse(path, stem, TaskFileError([unknown], raw=task))
         task = task_defaults(task)
         task_id = task["id"]
         existing = read_result(self.handoff, task_id)
@@ -4099,12 +4170,14 @@ class Watcher:
                           "prompt": None, "history": None},
             "patch_redacted": {"pre": False, "post": False},
             "previous_results": [],
+            "retry_context": None,
             "task_snapshot": task,
             "watcher": {"pid": os.getpid(), "host": os.uname().nodename, "version": __version__},
         }
 
-    def write_result(self, task_id, result):
-        """The single source of truth: redacted, atomic, always written."""
+    def write_result(self, task_id, result, final=True):
+        """The single source of truth: redacted, atomic, always written. A `final` result
+        (the task ended, it is not re-queued) is then told to notify.command."""
         result = dict(result)
         result.setdefault("id", task_id)
         result["timestamp"] = now_iso()
@@ -4129,6 +4202,31 @@ class Watcher:
         atomic_write(self.handoff.path("results", task_id + ".json"), data + "\n")
         self.counts[result.get("exit_path")] = self.counts.get(result.get("exit_path"), 0) + 1
         self.outcomes[task_id] = result.get("exit_path")
+        if final:
+            self.notify(result.get("status"), task_id, result.get("reason"), data)
+
+    def notify(self, event, task_id, reason, data):
+        """Run notify.command when notify.on names `event` (a task's status, or
+        queue_stopped): no shell, its own group, notify.timeout_sec, the redacted result
+        JSON `data` on stdin, its output in the task's log. A notifier that fails or hangs is
+        logged and said, and changes nothing else."""
+        template = self.config["notify"]["command"]
+        if not template or event not in self.config["notify"]["on"]:
+            return
+        argv = fill_template(template, {
+            "id": task_id, "status": str(event), "reason": str(reason),
+            "result_file": self.handoff.path("results", task_id + ".json")})
+        try:
+            done = run_command(argv, cwd=self.root, timeout=self.config["notify"]["timeout_sec"],
+                               stdin_data=data, stop=self.overdue, kill_grace=1.0)
+            self.log(task_id, "--- notify (%s): %s\n--- stdout\n%s\n--- stderr\n%s\n--- notify %s\n"
+                     % (event, " ".join(argv), done.stdout, done.stderr, done.describe()))
+            problem = None if done.ok else done.describe()
+        except Exception as exc:  # e.g. an unwritable log: the task's outcome stands
+            problem = "%s: %s" % (type(exc).__name__, getattr(exc, "message", exc))
+        if problem:
+            self.say("%s: warning: notify.command %s (logged; the task's outcome stands)" % (
+                task_id, problem))
 
     def git_snapshot(self):
         """HEAD, branch and porcelain status (.ai-handoff/ excluded) in ONE git call.
@@ -4214,7 +4312,7 @@ class Watcher:
             self.say("%s: %s still running (%ds)" % (task_id, step, int(elapsed)))
         return tick
 
-    def run_child(self, cmd, task, step, shell=False, env=None):
+    def run_child(self, cmd, task, step, shell=False, env=None, idle_timeout=None):
         """An agent or verify command with the task timeout, group kill and progress."""
         def started(proc):
             self.child = proc
@@ -4229,7 +4327,7 @@ class Watcher:
             return run_command(cmd, cwd=self.root, env=env, timeout=task["timeout_sec"],
                                shell=shell, on_tick=self.progress(task["id"], step),
                                tick_sec=self.progress_sec, on_start=started, stop=self.overdue,
-                               cap_bytes=max(self.cap * 64, 8 << 20))
+                               cap_bytes=max(self.cap * 64, 8 << 20), idle_timeout=idle_timeout)
         finally:
             self.child = None
 
@@ -4399,7 +4497,8 @@ class Watcher:
         # bead
         self.bead_create(task, result)
         # the editing agent
-        prompt = build_prompt(task)
+        result["retry_context"] = self.retry_context(task_id)
+        prompt = build_prompt(task, result["retry_context"])
         prompt_path = self.handoff.path("meta", task_id + ".prompt.md")
         # The agent reads the task as written (like the task file in running/, stored as
         # given); the copy kept once the agent is done is redacted.
@@ -4410,34 +4509,32 @@ class Watcher:
         result["artifacts"]["logs"] = self.handoff.rel(log_path)
         self.log(task_id, "=== %s attempt %d started %s on %s (base %s)\n" % (
             task_id, task["attempt"], now_iso(), branch, git_state["base_commit"]))
-        values = {"{prompt}": prompt, "{prompt_file}": prompt_path, "{task_file}": running,
-                  "{id}": task_id, "{root}": self.root}
-        argv = []
-        for word in self.executor:
-            for key, value in values.items():
-                word = word.replace(key, value)
-            argv.append(word)
+        name = task.get("executor")
+        template = self.executors[name] if name else self.executor
+        argv = fill_template(template, {"prompt": prompt, "prompt_file": prompt_path,
+                                        "task_file": running, "id": task_id, "root": self.root})
         env = dict(os.environ)
         extra_env = self.config["executor"]["env"]
         env.update({str(k): str(v) for k, v in extra_env.items()})
         env.update(BRIDGE_TASK_ID=task_id, BRIDGE_TASK_FILE=running, BRIDGE_PROMPT_FILE=prompt_path,
                    BRIDGE_ROOT=self.root)
-        self.say("%s: running the editing agent (%s)" % (task_id, self.executor[0]))
+        self.say("%s: running the editing agent (%s)" % (task_id, name or template[0]))
         guard = Fingerprint(self.handoff, self.git_dir, task_id, self.git.config_files(),
                             (git_state["branch"], git_state["base_branch"]))
         guard.base_tip = snap["head"]  # the base branch's tip, taken before the checkout
         attributes = attribute_filter_lines(self.audit(git_state["base_commit"])[0]) \
             if snap["dirty"] else set()
         try:
-            ran = self.run_child(argv, task, "agent", env=env)
+            ran = self.run_child(argv, task, "agent", env=env,
+                                 idle_timeout=self.config["agent_idle_timeout_sec"])
             self.tamper_check(guard, result, "the editing agent")  # before any further git call
         finally:
             if kept != prompt:
                 atomic_write(prompt_path, kept)
         self.log(task_id, "--- agent: %s\n--- stdout\n%s\n--- stderr\n%s\n--- agent %s%s\n" % (
-            " ".join(self.executor), ran.stdout, ran.stderr, ran.describe(), dropped_note(ran)))
+            " ".join(template), ran.stdout, ran.stderr, ran.describe(), dropped_note(ran)))
         result["executor"] = {
-            "argv": [self.redact(a)[:500] for a in self.executor],
+            "name": name, "argv": [self.redact(a)[:500] for a in template],
             "exit_code": ran.exit_code, "timed_out": ran.timed_out, "signal": ran.signal,
             "duration_ms": int(ran.duration * 1000), "dropped_bytes": ran.dropped_bytes,
             "stdout": cap_text(self.redact(ran.stdout), self.cap, task_id),
@@ -4449,6 +4546,12 @@ class Watcher:
         if self.stopping:
             raise Stop("failed", "interrupted", "the watcher received %s while the agent ran; "
                        "the agent was stopped" % self.stopping)
+        if ran.idle:  # most likely waiting for an answer nobody will give
+            self.post_state(result)
+            result["executor"]["last_lines"] = last_lines(self.redact(ran.stdout)) + [
+                "stderr: " + line for line in last_lines(self.redact(ran.stderr))]
+            raise Stop("blocked", "agent_idle", "the editing agent %s (waiting for an answer?); "
+                       "its last output is in executor.last_lines" % ran.describe())
         if not ran.ok:
             self.post_state(result)
             raise Stop("failed", "opencode_failed", "the editing agent %s" % ran.describe())
@@ -4496,6 +4599,40 @@ class Watcher:
                 result["bead"]["error"] = error
                 raise Stop("failed", "bead_failed", "verified, but closing the bead failed: " + error)
         return "success"
+
+    def retry_context(self, task_id):
+        """The prompt section telling a task what went wrong in its last failed or blocked
+        run (before crash recovery, a stop or `submit --retry` queued it again): the reason,
+        the failing verification command (or the agent's run) and the end of its output.
+        Taken from the redacted result history, redacted again, at most retry_context_bytes
+        (the output's tail gives way first). None when retry_context is off or no run failed."""
+        if not self.config["retry_context"]:
+            return None
+        last = next((r for r in reversed(result_history(self.handoff, task_id))
+                     if r.get("status") in ("failed", "blocked")
+                     and r.get("exit_path") != "skipped"), None)
+        if last is None:
+            return None
+        cap = self.config["retry_context_bytes"]
+        text = "## What went wrong last time\nAttempt %s ended %s (%s): %s" % (
+            last.get("attempt"), last.get("status"), last.get("reason"),
+            str(last.get("detail") or "")[:cap // 4])
+        failing = next((c for c in last.get("commands") or [] if isinstance(c, dict)
+                        and not c.get("skipped") and c.get("exit_code") != 0), None)
+        ran = failing or (last.get("executor") if last.get("reason") != "interrupted" else None)
+        if isinstance(ran, dict):
+            text += "\n%s. The end of its output:\n```\n" % (
+                "The failing verification command: `%s` (%s)" % (
+                    str(failing.get("cmd"))[:cap // 4], "timed out" if failing.get("timed_out")
+                    else "exit %s" % failing.get("exit_code")) if failing
+                else "The editing agent's run (exit %s)" % ran.get("exit_code"))
+            output = "\n".join(str(ran.get(k) or "").strip() for k in ("stdout", "stderr"))
+            room = max(cap - len(text.encode()) - 8, 0)
+            tail = output.strip().encode()[-room:].decode("utf-8", "ignore") if room else ""
+            if len(tail) < len(output.strip()):
+                tail = tail.partition("\n")[2]  # whole lines only
+            text += tail.replace("```", "'''") + "\n```"
+        return self.redact(text)
 
     def bead_create(self, task, result):
         bead = result["bead"]
@@ -4593,7 +4730,8 @@ class Watcher:
             error = self.beads.block(bead_id, "%s: %s" % (result["reason"], result["detail"])[:500])
             if error:
                 result["bead"]["error"] = error
-        if result["status"] == "blocked" or result["reason"] in ("interrupted", "agent_tampered"):
+        if result["reason"] in ("interrupted", "agent_tampered") or (
+                result["status"] == "blocked" and result.get("executor") is None):
             return  # after tampering git itself may point elsewhere (.git swapped): hands off
         git_state = result["git"]
         if result.get("executor") is None and git_state.get("branch_created"):
@@ -4607,10 +4745,11 @@ class Watcher:
             except (BridgeError, Stop) as exc:
                 result["detail"] += "; and returning to base failed: %s" % exc
             return
-        if not self.continue_on_failure or git_state.get("branch") is None:
+        blocked = result["status"] == "blocked"  # the queue goes on: the work is parked
+        if not (self.continue_on_failure or blocked) or git_state.get("branch") is None:
             return
         try:
-            self.park(task["id"], result, result["reason"])
+            self.park(task["id"], result, result["reason"], "BLOCKED" if blocked else "FAILED")
         except (BridgeError, Stop) as exc:
             result["detail"] += "; and parking the work failed: %s" % exc
 
@@ -4639,8 +4778,9 @@ class Watcher:
 
 # ---- queue commands (init, submit, status, approve, unlock) ----------------------
 
-def submit_task(root, source, retry=False):
-    """Validate a task file (or '-' for stdin) and enqueue it atomically. Returns its id."""
+def submit_task(root, source, retry=False, config=None):
+    """Validate a task file (or '-' for stdin), against `config` too when given (the
+    executor it names), and enqueue it atomically. Returns its id."""
     handoff = Handoff(root)
     handoff.require()
     if source == "-":
@@ -4656,6 +4796,8 @@ def submit_task(root, source, retry=False):
             errors = []
         except TaskFileError as exc:
             task, errors = exc.raw, exc.errors
+    if not errors and config is not None:
+        errors = [e for e in [unknown_executor(task, config)] if e]
     if errors:
         raise BridgeError("task %s refused, %d error(s):\n  %s" % (
             "from stdin" if source == "-" else source, len(errors), "\n  ".join(errors)))
@@ -11944,8 +12086,8 @@ def cmd_init(args):
 
 
 def cmd_submit(args):
-    root, _config = load_args_config(args)
-    task_id, attempt = submit_task(root, args.task, retry=args.retry)
+    root, config = load_args_config(args)
+    task_id, attempt = submit_task(root, args.task, retry=args.retry, config=config)
     print("queued %s (attempt %s) in %s/tasks/" % (task_id, attempt, HANDOFF_DIR))
     return EXIT_OK
 

@@ -879,7 +879,8 @@ def test_make_demo_script_runs_and_prints_every_result():
                          env=clean_env(), timeout=120, stdin=subprocess.DEVNULL)
     assert out.returncode == 0, out.stderr[-2000:]
     for expected in ("reason verified", "reason verify_failed", "reason requires_confirmation",
-                     "approved 2026-01-15_03_remove-readme", "demo done."):
+                     "approved 2026-01-15_03_remove-readme", "demo done.",
+                     "notify: 2026-01-15_02_bump-version failed verify_failed"):
         assert expected in out.stdout, expected
 
 

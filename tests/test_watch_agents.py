@@ -1,0 +1,319 @@
+"""watch with several agents: an executor per task, an agent that goes silent, retries that
+are told what failed, and a notifier that tells a person.
+
+Through the CLI on real repositories; the agents are fixtures/agent.py and the fixture
+`claude`, `codex`, `opencode` and `aider` executables in fixtures/ (they accept exactly
+their real CLI's flags), the notifier fixtures/notify.py.
+"""
+import json
+import os
+import time
+
+import pytest
+
+from conftest import FIXTURES, PYTHON, REPO, git
+from test_watch import AGENT, Queue, branch  # noqa: F401 (fixture helpers)
+
+
+@pytest.fixture
+def queue(git_repo, tmp_path):
+    return Queue(git_repo, tmp_path)
+
+
+def recorder(tmp_path, name):
+    """An argv template of an agent that records its argv in tmp/NAME.json, then edits."""
+    record = tmp_path / (name + ".json")
+    script = ("import json,sys; json.dump(sys.argv[1:], open(%r, 'w')); "
+              "open('by-%s.txt', 'w').write('edited\\n')" % (str(record), name))
+    return [PYTHON, "-c", script, name, "{id}"], record
+
+
+# ---- executors ---------------------------------------------------------------
+
+def test_a_task_names_its_executor_and_the_default_stays_executor_command(queue, tmp_path):
+    claude, claude_record = recorder(tmp_path, "claude")
+    queue.config["executors"] = {"claude": claude}
+    queue.save_config()
+    queue.put(queue.task("e1", executor="claude", commands_to_run=["test -f by-claude.txt"]))
+    queue.put(queue.task("e2"))  # no executor: executor.command (the fixture agent)
+    out = queue.watch()
+    assert out.returncode == 0, out.stderr
+    assert json.loads(claude_record.read_text()) == ["claude", "e1"]
+    first, second = queue.result("e1"), queue.result("e2")
+    assert first["status"] == "success" and first["executor"]["name"] == "claude"
+    assert first["executor"]["argv"][-2:] == ["claude", "{id}"]
+    assert "running the editing agent (claude)" in out.stderr
+    assert second["status"] == "success" and second["executor"]["name"] is None
+    assert second["executor"]["argv"] == AGENT
+
+
+def test_an_unknown_executor_is_schema_invalid_naming_it(queue, tmp_path):
+    queue.config["executors"] = {"claude": ["claude", "-p", "{prompt}"]}
+    queue.save_config()
+    task = queue.task("u1", executor="cladue")
+    path = tmp_path / "u1.json"
+    path.write_text(json.dumps(task))
+    out = queue.bridge("submit", path)  # refused at once, naming it and what there is
+    assert out.returncode == 2 and "executor: 'cladue'" in out.stderr and "claude" in out.stderr
+    queue.put(task)  # a planner that drops the file in tasks/ itself
+    out = queue.watch()
+    result = queue.result("u1")
+    assert result["reason"] == "schema_invalid" and result["exit_path"] == "skipped"
+    assert any("executor: 'cladue'" in e for e in result["errors"])
+    assert queue.names("failed") == ["u1.json"] and out.returncode == 4
+
+
+def test_a_bad_executors_entry_or_notify_event_is_a_config_error(queue):
+    queue.config["executors"] = {"claude": "claude -p"}
+    queue.save_config()
+    out = queue.watch()
+    assert out.returncode == 2 and "executors.claude must be a non-empty list" in out.stderr
+    queue.config["executors"] = {}
+    queue.config["notify"] = {"command": ["true"], "on": ["failed", "needs_approval"]}
+    queue.save_config()
+    out = queue.watch()
+    assert out.returncode == 2 and 'notify.on: "needs_approval"' in out.stderr
+
+
+# ---- a silent agent ------------------------------------------------------------
+
+def test_an_agent_silent_for_the_idle_timeout_is_stopped_and_blocked_with_its_tail(queue, tmp_path):
+    queue.config["agent_idle_timeout_sec"] = 1.5
+    queue.config["continue_on_failure"] = False  # blocked never stops the queue
+    queue.save_config()
+    pids = tmp_path / "pids"
+    queue.put(queue.task("s1", agent={"write": {"half.txt": "half\n"}, "silent": 60,
+                                      "grandchild": True, "pidfile": str(pids)}))
+    queue.put(queue.task("s2"))  # runs after it: the checkout is back on main, clean
+    started = time.monotonic()
+    out = queue.watch()
+    assert time.monotonic() - started < 30
+    assert out.returncode == 4, out.stderr
+    result = queue.result("s1")
+    assert (result["status"], result["exit_path"], result["reason"]) == ("blocked", "blocked",
+                                                                         "agent_idle")
+    assert "printed nothing for 1.5s" in result["detail"]
+    assert result["executor"]["last_lines"][-1] == "fixture agent: shall I go on? [y/N]"
+    assert result["executor"]["exit_code"] is None
+    for pid in map(int, pids.read_text().split()):  # the whole group is gone
+        assert not os.path.exists("/proc/%d" % pid) or \
+            open("/proc/%d/stat" % pid).read().rsplit(")", 1)[1].split()[0] == "Z"
+    # its work is parked on its branch, the queue went on from a clean main
+    assert result["git"]["wip_commit"] and branch(queue.repo) == "main"
+    assert "half.txt" in git(queue.repo, "show", "--stat", "feat/ai/s1")
+    assert queue.result("s2")["status"] == "success"
+    assert queue.names("failed") == ["s1.json"]
+
+
+def test_an_agent_that_keeps_printing_is_not_idle(queue, tmp_path):
+    script = ("import time\nfor i in range(8):\n print('step', i, flush=True)\n time.sleep(0.4)\n"
+              "open('done.txt', 'w').write('ok')\n")
+    queue.config["executor"] = {"command": [PYTHON, "-c", script]}
+    queue.config["agent_idle_timeout_sec"] = 1.0
+    queue.save_config()
+    queue.put(queue.task("p1", commands_to_run=["test -f done.txt"]))
+    assert queue.watch().returncode == 0
+    assert queue.result("p1")["status"] == "success"
+
+
+# ---- retries are told what failed ---------------------------------------------
+
+TOKEN = "ghp_" + "R3tryC0ntextT0kenAbcdefghijklmnopqrst"  # a GitHub token's shape
+
+
+def test_a_retry_is_told_the_reason_the_failing_command_and_its_output_redacted(queue, tmp_path):
+    queue.config.update(retry_context_bytes=700, continue_on_failure=True)
+    queue.save_config()
+    seen = tmp_path / "prompt.txt"
+    verify = "seq 1 400; cat out.txt; echo 'boom: expected 3, got 2'; test -f fixed.txt"
+    task = queue.task("r1", agent={"write": {"out.txt": "using %s\n" % TOKEN},
+                                   "save_prompt": str(seen)}, commands_to_run=["true", verify])
+    queue.put(task)
+    assert queue.watch().returncode == 4  # verify_failed: the work parked on its branch
+    first = queue.result("r1")
+    assert first["reason"] == "verify_failed" and first["retry_context"] is None
+    assert "What went wrong" not in seen.read_text()
+    retry = tmp_path / "r1.json"
+    retry.write_text(json.dumps(task))
+    assert queue.bridge("submit", "--retry", retry).returncode == 0
+    assert queue.watch().returncode == 4
+    told = seen.read_text()  # what attempt 2's agent read
+    section = told.split("## What went wrong last time\n", 1)[1].split("\n## Rules", 1)[0]
+    assert section.startswith("Attempt 1 ended failed (verify_failed): `%s` exit 1" % verify)
+    assert "The failing verification command: `%s` (exit 1)" % verify in section
+    assert section.rstrip().endswith("boom: expected 3, got 2\n```")
+    assert TOKEN not in told and "\nusing " in section  # the output redacted: cat out.txt
+    assert "\n1\n" not in section and "\n400\n" in section  # capped: its tail
+    second = queue.result("r1")
+    assert len(second["retry_context"].encode()) <= 700
+    assert second["retry_context"] == "## What went wrong last time\n" + section.rstrip("\n")
+    # the history shows each attempt and what it was told
+    assert [(h["attempt"], h["retry_context"]) for h in queue.history("r1")] == [(1, None)]
+    assert second["attempt"] == 2 and (queue.handoff / "meta" / "r1.prompt.md").read_text() == told
+
+
+def test_a_retry_after_crash_recovery_is_told_and_retry_context_can_be_off(queue, tmp_path):
+    import signal
+    from test_watch import wait_for
+    seen = tmp_path / "prompt.txt"
+    pids = tmp_path / "pids"
+    queue.put(queue.task("c1", agent={"sleep": 60, "sleep_attempts": [1], "pidfile": str(pids),
+                                      "save_prompt": str(seen), "print": "halfway there"},
+                         retry_policy={"max_attempts": 2}))
+    watcher = queue.popen_watch("--once")
+    assert wait_for(lambda: pids.exists() and pids.read_text().strip())
+    os.kill(watcher.pid, signal.SIGKILL)
+    watcher.wait(10)
+    assert queue.watch().returncode == 0
+    told = seen.read_text()
+    assert "Attempt 1 ended failed (stale_lock_recovered): task lock was stale" in told
+    assert queue.result("c1")["retry_context"].startswith("## What went wrong last time\nAttempt 1")
+    # retry_context off: a retry is told nothing
+    queue.config["retry_context"] = False
+    queue.save_config()
+    retry = tmp_path / "c1.json"
+    retry.write_text(json.dumps(queue.task("c1", agent={"save_prompt": str(seen)},
+                                           commands_to_run=["false"])))
+    assert queue.bridge("submit", "--retry", retry).returncode == 0
+    assert queue.watch().returncode == 1
+    assert "What went wrong" not in seen.read_text() and queue.result("c1")["retry_context"] is None
+
+
+# ---- notify ------------------------------------------------------------------------
+
+NOTIFY = [PYTHON, str(FIXTURES / "notify.py")]
+
+
+def notified(path):
+    return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+
+def test_notify_fires_with_placeholders_and_the_redacted_result_on_stdin(queue, tmp_path):
+    out_file = tmp_path / "notified.jsonl"
+    queue.config["notify"] = {"command": NOTIFY + ["--out", str(out_file), "{id}", "{status}",
+                                                   "{reason}", "{result_file}"]}
+    queue.config["continue_on_failure"] = True
+    queue.save_config()
+    queue.put(queue.task("n1"))  # success: not in notify.on by default
+    queue.put(queue.task("n2", agent={"print": "key " + TOKEN}, commands_to_run=["false"]))
+    queue.put(queue.task("n3", requires_confirmation=True))
+    out = queue.watch()
+    assert out.returncode == 4, out.stderr
+    calls = notified(out_file)
+    assert [c["argv"][:3] for c in calls] == [["n2", "failed", "verify_failed"],
+                                              ["n3", "needs_confirmation", "requires_confirmation"]]
+    assert calls[0]["argv"][3] == str(queue.handoff / "results" / "n2.json")
+    assert calls[0]["stdin"] == queue.result("n2")  # the result as written: redacted
+    assert TOKEN not in out_file.read_text()
+    assert "notify: n2 failed verify_failed" in (queue.handoff / "logs" / "n2.log").read_text()
+
+
+def test_notify_on_success_and_when_the_queue_stops(queue, tmp_path):
+    out_file = tmp_path / "notified.jsonl"
+    queue.config["notify"] = {"command": NOTIFY + ["--out", str(out_file), "{id}", "{status}",
+                                                   "{reason}"],
+                              "on": ["success", "queue_stopped"]}
+    queue.save_config()
+    queue.put(queue.task("q1"))
+    queue.put(queue.task("q2", commands_to_run=["false"]))
+    queue.put(queue.task("q3"))  # never runs: the queue stopped
+    assert queue.watch().returncode == 1
+    assert [c["argv"] for c in notified(out_file)] == [["q1", "success", "verified"],
+                                                      ["q2", "queue_stopped", "verify_failed"]]
+    assert notified(out_file)[1]["stdin"]["id"] == "q2"
+
+
+def test_a_failing_or_hanging_notifier_never_changes_the_outcome(queue, tmp_path):
+    queue.config["notify"] = {"command": NOTIFY + ["--hang", "60", "{id}"], "timeout_sec": 1,
+                              "on": ["success", "blocked"]}
+    queue.save_config()
+    queue.put(queue.task("h1"))
+    started = time.monotonic()
+    out = queue.watch()
+    assert time.monotonic() - started < 20
+    assert out.returncode == 0, out.stderr
+    assert queue.result("h1")["status"] == "success"
+    assert "h1: warning: notify.command timed out after" in out.stderr
+    log = (queue.handoff / "logs" / "h1.log").read_text()
+    assert "--- notify (success)" in log and "notify: h1" in log and "timed out" in log
+    queue.config["notify"] = {"command": NOTIFY + ["--exit", "3", "{id}"], "on": ["blocked"]}
+    queue.save_config()
+    (queue.repo / "dirt.txt").write_text("x")  # dirty_repo: blocked
+    queue.put(queue.task("h2"))
+    out = queue.watch()
+    assert out.returncode == 4 and queue.result("h2")["reason"] == "dirty_repo"
+    assert "h2: warning: notify.command exit 3" in out.stderr
+    queue.config["notify"] = {"command": ["/nonexistent/notifier", "{id}"], "on": ["blocked"]}
+    queue.save_config()
+    queue.put(queue.task("h3"))
+    out = queue.watch()
+    assert out.returncode == 4 and queue.result("h3")["reason"] == "dirty_repo"
+    assert "h3: warning: notify.command cannot start /nonexistent/notifier" in out.stderr
+
+
+# ---- the README's templates of real agent CLIs ---------------------------------
+
+CLIS = ("opencode", "claude", "codex", "aider")
+
+
+def readme_executors():
+    readme = (REPO / "README.md").read_text()
+    block = readme.split("<!-- executors -->\n", 1)[1].split("<!-- end executors -->", 1)[0]
+    return json.loads(block.split("```json\n", 1)[1].rsplit("```", 1)[0])
+
+
+def test_the_readme_template_of_each_agent_cli_runs_and_edits(queue, tmp_path):
+    import subprocess
+    config = readme_executors()
+    assert sorted(config["executors"]) == sorted(CLIS)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (tmp_path / "p.md").write_text("a prompt\n")
+    for name in CLIS:  # the fixtures stand in for the real CLIs on PATH, as strict as they are
+        (bin_dir / name).symlink_to(FIXTURES / name)
+        argv = [w.replace("{prompt}", "p").replace("{prompt_file}", str(tmp_path / "p.md"))
+                for w in config["executors"][name]]
+        refused = subprocess.run([str(bin_dir / name)] + argv[1:] + ["--no-such-flag"],
+                                 capture_output=True, text=True, stdin=subprocess.DEVNULL)
+        assert refused.returncode == 2 and "no-such-flag" in refused.stderr, (name, refused)
+    queue.env["PATH"] = "%s%s%s" % (bin_dir, os.pathsep, queue.env.get("PATH", ""))
+    queue.config.update(config)
+    queue.save_config()
+    for name in CLIS + (None,):
+        edit = "%s.txt" % (name or "default")
+        queue.put(queue.task("x-%s" % (name or "default"), executor=name,
+                             agent={"write": {edit: "edited\n"}}, commands_to_run=["test -f " + edit]))
+    out = queue.watch()
+    assert out.returncode == 0, out.stderr
+    for name in CLIS + (None,):
+        result = queue.result("x-%s" % (name or "default"))
+        assert result["status"] == "success", (name, result["detail"], result["executor"])
+        assert result["executor"]["argv"][0] == (name or "opencode")
+        # the watcher made the only commit, of the edit alone (aider's own commits, history
+        # files and .gitignore line are all turned off by the template's flags)
+        shown = git(queue.repo, "show", "--stat", "--format=%s", result["git"]["commit"])
+        assert shown.startswith("bridge: ") and shown.count("|") == 1, (name, shown)
+    assert git(queue.repo, "status", "--porcelain") == ""
+
+
+def test_the_agent_cli_fixtures_behave_like_the_real_defaults(queue, tmp_path):
+    """Without the template's flags the fixtures do what the real CLIs do: no edit in codex's
+    read-only sandbox or without OpenCode permissions, aider commits on its own."""
+    queue.config["executors"] = {
+        "codex": [str(FIXTURES / "codex"), "exec", "{prompt}"],
+        "opencode": [str(FIXTURES / "opencode"), "run", "{prompt}"],
+        "aider": [str(FIXTURES / "aider"), "--message", "{prompt}", "--yes-always"]}
+    queue.config["continue_on_failure"] = True
+    queue.save_config()
+    for index, name in enumerate(("codex", "opencode", "aider")):
+        queue.put(queue.task("d%d-%s" % (index, name), executor=name, commands_to_run=[
+            "test -f d.txt"], agent={"write": {"d.txt": "x\n"}}))
+    assert queue.watch().returncode == 4
+    assert queue.result("d0-codex")["reason"] == "verify_failed"
+    assert queue.result("d1-opencode")["reason"] == "verify_failed"
+    aider = queue.result("d2-aider")
+    assert aider["status"] == "success" and "aider: edits" in git(
+        queue.repo, "log", "--format=%s", "feat/ai/d2-aider")
+    # its history files, hidden by the .gitignore line it committed on the task branch,
+    # lie in the user's checkout once the watcher is back on main
+    assert git(queue.repo, "status", "--porcelain") == "?? .aider.chat.history.md\n?? .aider.input.history\n"
