@@ -343,6 +343,52 @@ def create_once(path, mode=0o644):
     return os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
 
 
+def create_once_within(base, rel, data):
+    """Create the file BASE/REL holding `data` unless anything is there (False then: the first
+    write wins), in a tree agents can write to. Each folder below `base` is opened with
+    O_NOFOLLOW (made when missing) and the file is written to a temporary name and hard-linked
+    into place relative to that open folder: a folder swapped for a symlink at any moment is
+    refused at open (an OSError naming it), never written through, and no reader sees half a
+    file. (A rename would replace what is there; link never does.)"""
+    import errno
+    *folders, name = rel.split("/")
+    fd, where = os.open(base, os.O_RDONLY | os.O_DIRECTORY), base
+    try:
+        for part in folders:
+            where = os.path.join(where, part)
+            try:
+                os.mkdir(part, dir_fd=fd)
+            except FileExistsError:
+                pass
+            try:
+                sub = os.open(part, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW, dir_fd=fd)
+            except OSError as exc:
+                if exc.errno in (errno.ELOOP, errno.ENOTDIR):
+                    raise OSError(exc.errno, "is a symlink or a file, not a folder (never followed)",
+                                  where) from None
+                raise
+            os.close(fd)
+            fd = sub
+        tmp = ".%s.%s.tmp" % (name[:80], random_hex())
+        out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=fd)
+        try:
+            try:
+                write_all(out, data)
+            finally:
+                os.close(out)
+            os.link(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)
+            return True
+        except FileExistsError:
+            return False
+        finally:
+            try:
+                os.unlink(tmp, dir_fd=fd)
+            except OSError:
+                pass
+    finally:
+        os.close(fd)
+
+
 def atomic_write(path, data, mode=None, durable=True):
     """Replace `path` with `data` so a reader sees the old file or the new one, never half.
 
@@ -5545,34 +5591,15 @@ def _marker_for(host, hook_event, payload, detail, actor, cwd):
 
 
 def write_marker(bdir, marker):
-    """Create sessions/<actor_id>.json unless it exists: the first write wins.
-
-    The content is written to a temporary file and hard-linked into place, so a
-    reader never sees a half-written marker and an existing one is never replaced.
-    """
-    sessions = os.path.join(bdir, "sessions")
-    if os.path.islink(sessions):
-        return "sessions/ is a symlink: no marker written"
-    os.makedirs(sessions, exist_ok=True)
-    final = os.path.join(sessions, marker["actor_id"] + ".json")
-    if os.path.lexists(final):
-        return "marker exists (first write wins)"
-    tmp = os.path.join(sessions, ".%s.%s.tmp" % (marker["actor_id"][:80], random_hex()))
-    fd = create_once(tmp)
+    """Create sessions/<actor_id>.json unless anything is there: the first write wins, never
+    replaced, never half-written, never through a symlinked sessions/ (create_once_within)."""
+    if os.path.lexists(os.path.join(bdir, "sessions", marker["actor_id"] + ".json")):
+        return "marker exists (first write wins)"  # the common case, without a temporary file
     try:
-        try:
-            write_all(fd, go_line(marker))
-        finally:
-            os.close(fd)
-        os.link(tmp, final)
-        return "marker written"
-    except FileExistsError:
-        return "marker exists (first write wins)"
-    finally:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+        written = create_once_within(bdir, "sessions/%s.json" % marker["actor_id"], go_line(marker))
+    except OSError as exc:
+        return "no marker written: %s %s" % (exc.filename, exc.strerror)
+    return "marker written" if written else "marker exists (first write wins)"
 
 
 def _entity_slug(rest):

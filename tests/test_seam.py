@@ -291,6 +291,54 @@ def test_emit_refuses_symlinked_sessions_dir(repo, tmp_path):
     assert list(outside.iterdir()) == []
 
 
+FLIP_SESSIONS = """
+import itertools, os, sys
+bdir, outside = sys.argv[1], sys.argv[2]
+sessions = os.path.join(bdir, "sessions")
+for n in itertools.count():  # move the folder away, link it elsewhere, unlink (a hook remakes it)
+    for step in (lambda: os.rename(sessions, os.path.join(bdir, "old.%d" % n)),
+                 lambda: os.symlink(outside, sessions),
+                 lambda: os.path.islink(sessions) and os.unlink(sessions)):
+        try:
+            step()
+        except OSError:
+            pass
+"""
+
+
+def test_marker_is_never_written_through_a_sessions_folder_swapped_for_a_symlink(repo, tmp_path):
+    """An agent may swap _bridge/sessions for a symlink to elsewhere between any two steps of a
+    hook (a check for a link, then a write, is a race it can win): whatever the timing, no
+    marker, temporary file or link ever lands outside, and markers still get written."""
+    import importlib.util
+    spec = importlib.util.spec_from_file_location("bridge_marker_race", str(BRIDGE))
+    bridge = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bridge)
+    bdir, outside = repo / "_bridge", tmp_path / "outside"
+    (bdir / "sessions").mkdir(parents=True)
+    outside.mkdir()
+    flipper = subprocess.Popen([PYTHON, "-c", FLIP_SESSIONS, str(bdir), str(outside)])
+    said = {}
+    try:
+        for n in range(4000):
+            answer = bridge.write_marker(str(bdir), {"actor_id": "race-%d" % n, "host": "claude"})
+            said[answer.split(":")[0]] = said.get(answer.split(":")[0], 0) + 1
+            if list(outside.iterdir()):
+                break
+    finally:
+        flipper.kill()
+        flipper.wait()
+    assert list(outside.iterdir()) == [], (n, said)
+    assert said.get("marker written"), said
+    # a symlink (here dangling) at the marker's own name is never written through either
+    if (bdir / "sessions").is_symlink():
+        (bdir / "sessions").unlink()
+    (bdir / "sessions").mkdir(exist_ok=True)
+    (bdir / "sessions" / "last.json").symlink_to(outside / "planted.json")
+    assert bridge.write_marker(str(bdir), {"actor_id": "last"}) == "marker exists (first write wins)"
+    assert list(outside.iterdir()) == []
+
+
 def test_emit_bridge_dir_is_a_file(repo):
     (repo / "_bridge").write_text("not a dir")
     emit("claude", payload("claude_session_start.json", repo), cwd=repo)
