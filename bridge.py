@@ -3350,8 +3350,8 @@ def latest_result(handoff, task_id):
     return record if isinstance(record, dict) else None
 
 
-def dependency_state(handoff, task):
-    """How far a task's `depends_on` lets it start: (state, reason, detail, deps).
+def dependency_state(handoff, task, git=None, base_commit=None):
+    """How far a task's `depends_on` lets it start: {state, reason, detail, deps, start}.
 
     "ready": the latest result of every dependency is a success. "waiting": none failed,
     and one is queued, running or waiting for approval (it may still succeed: a retry
@@ -3359,7 +3359,9 @@ def dependency_state(handoff, task):
     ended failed, blocked or refused, or is unknown (not queued, running or pending, and
     without a result or history); reason dependency_cycle: the queued tasks wait for each
     other. `deps` is [{id, status, reason, commit}] for the result, where `commit` holds a
-    successful dependency's verified work (see task_start_ref). Reads files only."""
+    successful dependency's verified work. Given `git`, a ready task's `start` commit is
+    asked of task_start_ref (from `base_commit`, the base it would start from otherwise):
+    it may still wait for a merge, or fail on a commit git no longer has."""
     deps, waiting, failed = [], [], []
     for dep in task.get("depends_on") or ():
         place = task_place(handoff, dep)
@@ -3380,15 +3382,24 @@ def dependency_state(handoff, task):
                           "result)" % dep)
         elif status != "success":
             failed.append("%s ended %s (%s)" % (dep, status, record.get("reason")))
+    found = {"state": "ready", "reason": None, "detail": "", "deps": deps, "start": base_commit}
     if failed:
-        return "failed", "dependency_failed", "dependency " + "; ".join(failed), deps
-    if waiting:
+        found.update(state="failed", reason="dependency_failed", detail="dependency " + "; ".join(failed))
+    elif waiting:
+        found.update(state="waiting", detail="waiting for " + ", ".join(waiting))
         cycle = dependency_cycle(handoff, task)
         if cycle:
-            return "failed", "dependency_cycle", "depends_on forms a cycle (%s): none of " \
-                "its tasks can ever start; fix depends_on and submit again" % " -> ".join(cycle), deps
-        return "waiting", None, "waiting for " + ", ".join(waiting), deps
-    return "ready", None, "", deps
+            found.update(state="failed", reason="dependency_cycle", detail="depends_on forms a "
+                         "cycle (%s): none of its tasks can ever start; fix depends_on and "
+                         "submit again" % " -> ".join(cycle))
+    elif git is not None:
+        try:
+            found["start"], wait = task_start_ref(git, deps, base_commit)
+            if wait:
+                found.update(state="waiting", detail=wait)
+        except BridgeError as exc:
+            found.update(state="failed", reason="dependency_failed", detail=exc.message)
+    return found
 
 
 def dependency_cycle(handoff, task):
@@ -4144,16 +4155,10 @@ class Watcher:
         """A task with `depends_on`, before it starts: (start commit, deps) when it may
         start; None while it waits (said once; the queue goes on with the next task);
         else the outcome of blocking it (dependency_failed, dependency_cycle)."""
-        state, reason, detail, deps = dependency_state(self.handoff, task)
+        found = dependency_state(self.handoff, task, self.git, self.git.head())
+        state, detail = found["state"], found["detail"]
         if state == "ready":
-            try:
-                start, wait = task_start_ref(self.git, deps, self.git.head())
-            except BridgeError as exc:
-                state, reason, detail = "failed", "dependency_failed", exc.message
-            else:
-                state, detail = ("waiting", wait) if wait else (state, detail)
-        if state == "ready":
-            return start, deps
+            return found["start"], found["deps"]
         if state == "waiting":
             self.outcomes[task["id"]] = "waiting"  # until it runs in this run (exit_code)
             if (task["id"], detail) not in self.warned:
@@ -4161,12 +4166,12 @@ class Watcher:
                 self.say("%s: %s" % (task["id"], detail))
             return None
         result = self.new_result(task)
-        result.update(status="blocked", exit_path="blocked", reason=reason, detail=detail,
-                      dependencies=deps, finished_at=now_iso())
+        result.update(status="blocked", exit_path="blocked", reason=found["reason"], detail=detail,
+                      dependencies=found["deps"], finished_at=now_iso())
         result["bead"]["skipped"] = "the task never started"
         self.write_result(task["id"], result)
         move_no_clobber(path, self.handoff.dir("failed"), os.path.basename(path))
-        self.say("%s: blocked (%s): %s" % (task["id"], reason, detail))
+        self.say("%s: blocked (%s): %s" % (task["id"], found["reason"], detail))
         return "blocked"
 
     def refuse(self, path, stem, exc):
@@ -4851,9 +4856,9 @@ def submit_task(root, source, retry=False, config=None):
     place = task_place(handoff, task_id)
     if place:
         raise BridgeError("task %s is already in %s/" % (task_id, place), EXIT_FAILED)
-    state, _reason, detail, _deps = dependency_state(handoff, task)
-    if state == "failed":  # the watcher would block it at once
-        raise BridgeError("task %s refused: depends_on: %s" % (task_id, detail))
+    found = dependency_state(handoff, task)
+    if found["state"] == "failed":  # the watcher would block it at once
+        raise BridgeError("task %s refused: depends_on: %s" % (task_id, found["detail"]))
     previous = read_result(handoff, task_id)
     if os.path.exists(handoff.path("results", task_id + ".json")):
         if not retry:
@@ -4945,24 +4950,18 @@ def queue_status(root, recent=5):
 def waiting_tasks(handoff):
     """[{id, state, detail}] of the queued tasks their dependencies hold back: "waiting"
     (and for what) or "failed" (the watcher will block it, and why)."""
-    found, git = [], None
+    found, git = [], Git(handoff.root)
+    base = []  # HEAD, asked once and only for a task with dependencies
     for name in list_task_files(handoff.dir("tasks")):
         try:
             task = read_task_file(handoff.path("tasks", name), fresh_sec=0)
         except TaskFileError:
             continue  # refused when its turn comes; not a dependency matter
-        if not task.get("depends_on"):
-            continue
-        state, _reason, detail, deps = dependency_state(handoff, task)
-        if state == "ready":
-            git = git or Git(handoff.root)
-            try:
-                detail = task_start_ref(git, deps, git.head())[1]
-                state = "waiting" if detail else state
-            except BridgeError as exc:
-                state, detail = "failed", exc.message
-        if state != "ready":
-            found.append({"id": task["id"], "state": state, "detail": detail})
+        if task.get("depends_on"):
+            base = base or [git.head()]
+            state = dependency_state(handoff, task, git, base[0])
+            if state["state"] != "ready":
+                found.append({"id": task["id"], "state": state["state"], "detail": state["detail"]})
     return found
 
 
