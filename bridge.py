@@ -1331,19 +1331,19 @@ _UPPER_RULES = (
 
 # Token formats with a literal of their own, each scanned alone: (regex, back) - `back`
 # is how many characters before the match the token really starts (the regex starts
-# inside it to keep a literal first).
+# inside it to keep a literal first, and a rare one: yJ, not the e of eyJ).
 _LITERAL_RULES = (
     # Telegram bot tokens: digits ":AA" 33 chars (the digits are found in code)
-    (r":AA(?<=\d:AA)[A-Za-z0-9_-]{33}(?![A-Za-z0-9_-])", 0),
+    (r"AA(?<=\d:AA)[A-Za-z0-9_-]{33}(?![A-Za-z0-9_-])", 1),
     # Azure AD client secrets: 3 chars, a digit, "Q~", 31-34 chars
     (r"Q~(?<=[A-Za-z0-9_~.]{3}\dQ~)[A-Za-z0-9_~.-]{31,34}", 4),
     # JWTs (header and payload base64url JSON, optional signature); Grafana API keys
-    (r"eyJ(?<![A-Za-z0-9-]eyJ)(?:[A-Za-z0-9_-]{8,4096}\.[A-Za-z0-9_-]{8,8192}\.[A-Za-z0-9_-]{0,4096}"
-     r"|rIjoi[A-Za-z0-9]{70,400}={0,3})", 0),
+    (r"yJ(?<=eyJ)(?<![A-Za-z0-9-]eyJ)(?:[A-Za-z0-9_-]{8,4096}\.[A-Za-z0-9_-]{8,8192}\.[A-Za-z0-9_-]{0,4096}"
+     r"|rIjoi[A-Za-z0-9]{70,400}={0,3})", 1),
     # Databricks, ClickHouse Cloud, Artifactory reference tokens
     (r"dapi(?<![A-Za-z0-9]dapi)[a-f0-9]{32}(?:-\d)?(?![A-Za-z0-9])", 0),
     (r"4b1d(?<![A-Za-z0-9]4b1d)[A-Za-z0-9]{38}(?![A-Za-z0-9])", 0),
-    (r"cmVmd(?<![A-Za-z0-9]cmVmd)[A-Za-z0-9]{59}(?![A-Za-z0-9])", 0),
+    (r"Vmd(?<=cmVmd)(?<![A-Za-z0-9]cmVmd)[A-Za-z0-9]{59}(?![A-Za-z0-9])", 2),
     # GitHub Actions' command that declares a secret (negative back: the value follows)
     (r"::add-mask::(?=[^\s$%{<\"'])[^\s\"']{1,4096}", -12),
 )
@@ -1353,7 +1353,8 @@ _LITERAL_RULES = (
 # letter stops at a third of all characters.)
 _B64_RULES = tuple(head + r"[A-Za-z0-9+/]{16,65536}={0,2}" for head in (
     r"LS0tLS1CRUdJT", r"Z(?:2h[wv1zy]X|2l0aHViX3BhdF|2xwYXQt|XlK)", r"Q(?:UtJQ|VNJQ)"))
-# Discord bot tokens have no literal prefix; searched only when "discord" is in the text.
+# Discord bot tokens have no literal prefix; searched only when "discord" (any case) is
+# in the text.
 _DISCORD_RULE = (r"\.(?:(?<=[MNO][A-Za-z0-9_-]{23}\.)|(?<=[MNO][A-Za-z0-9_-]{24}\.)"
                  r"|(?<=[MNO][A-Za-z0-9_-]{25}\.))[A-Za-z0-9_-]{6}\.[A-Za-z0-9_-]{27,40}")
 
@@ -1376,7 +1377,9 @@ _PEM_WINDOW = 65536
 
 # Context rules. A secret-named key ends in one of these words; each gate finds the word
 # followed by an assignment operator on the lowercased copy (one literal-led scan each),
-# and only those hits reach Python. `--password VALUE` flags have their own gate.
+# and only those hits reach Python. `--password VALUE` flags have their own gate. A scan
+# costs a little per occurrence of its first letter, so each gate starts at a rare
+# letter of its words (the w of password) and looks back for the rest.
 _STRONG_KEY_PREFIXES = (b"api", b"access", b"secret", b"private", b"account", b"sharedaccess",
                         b"master", b"auth", b"client", b"signing", b"encryption", b"license",
                         b"subscription", b"storage", b"service", b"app", b"consumer", b"admin",
@@ -1385,13 +1388,13 @@ _STRONG_KEY_PREFIXES = (b"api", b"access", b"secret", b"private", b"account", b"
 # `%3d` is "=" percent-encoded (a form body or query inside a URL).
 _KV_OP = (rb"(\\{0,2}[\"']?[ \t]{0,8}(?::=|=>|=|:|%3d))"
           rb"(?=[ \t]{0,8}(?:\"[^\"\\\r\n]|'[^'\r\n]|\\{1,3}\"[^\"\\]|[^\s\"'`,;&<>(){}\[\]\\]))")
-_KV_GATES = (   # grouped by first letter: one scan per group
-    (b"p", rb"p(?:ass(?:w(?:or)?d|phrase)|wd)"), (b"s", rb"s(?:ecret[-_.]?key[-_.]?base|ecret|ig(?:nature)?|ession)"),
-    (b"token", rb"token"), (b"key", rb"key(?=\\{0,2}[\"']?[ \t]{0,8}[:=%])(?:" + b"|".join(
+_KV_GATES = (   # grouped by that letter: one scan per group
+    rb"w(?:(?<=passw)(?:or)?d|(?<=pw)d)", rb"h(?:(?<=auth)(?:orization)?|(?<=passph)rase)",
+    rb"c(?:(?<=sec)ret(?:[-_.]?key[-_.]?base)?|redentials?)", rb"s(?:ig(?:nature)?|ession)",
+    rb"k(?:(?<=tok)en|(?<=cook)ie|ey(?=\\{0,2}[\"']?[ \t]{0,8}[:=%])(?:" + b"|".join(
         b"(?<=(?:%s)%skey)" % (b"|".join(p for p in _STRONG_KEY_PREFIXES if len(p) == size), sep)
         for size in sorted({len(p) for p in _STRONG_KEY_PREFIXES}) for sep in (b"", b"[-_.]"))
-        + b")"),
-    (b"auth", rb"auth(?:orization)?"), (b"c", rb"c(?:redentials?|ookie)"))
+        + b"))")
 _UPPER_KEY_GATE = rb"_KEY([ \t]{0,8}[:=])"   # STRIPE_KEY=..., searched on the text itself
 _FLAG_GATE = rb"--(?:[a-z0-9]{1,20}-){0,3}(?:passw(?:or)?d|passphrase|secret|token|api-?key|auth)([ \t])"
 _KV_RULE = (r"(?P<q>\\{0,2}[\"']?)"
@@ -1437,14 +1440,15 @@ _XML_ELEMENT = r"<([A-Za-z][\w.:-]{0,63})>([^<\r\n]{1,2048})</\1>"
 _XML_NAMED = (r"=(?:(?<=key=)|(?<=name=))([\"'])([^\"'\r\n]{1,64})\1(?:[ \t]{1,8}value=([\"'])([^\"'\r\n]{1,2048})\3"
               r"|[^<>\r\n]{0,200}?>([^<\r\n]{1,2048})</)")
 
-# Credentials given to commands as flags, found from " -" on the lowercased copy and
+# Credentials given to commands as flags, found from " -" on the lowercased copy (led by
+# "-": a scan led by the space, the commonest character, costs more) and
 # checked against the command earlier on the line: flag as typed -> (the words that must
 # come before it on the line, one tuple per command), and what separates a user name from
 # the password in the value ("" for none): curl -u/--user user:PASS, docker/az login -p
 # PASS, mysql -pPASS, sshpass -p PASS, smbclient -U user%PASS, redis-cli -a PASS,
 # ldapsearch -w PASS, ssh-keygen -N/-P PASS; htpasswd -b FILE USER PASS and openssl ...
 # -pass pass:PASS apart; .netrc's `password PASS` (no operator at all).
-_CLI_GATE = (rb" -(?:-user[ \t=]|pass(?:in|out|word)?[ \t]{1,8}pass:|[puawn](?=[^\s-])|[puawn][ \t]"
+_CLI_GATE = (rb"-(?<= -)(?:-user[ \t=]|pass(?:in|out|word)?[ \t]{1,8}pass:|[puawn](?=[^\s-])|[puawn][ \t]"
              rb"|[a-z]{0,4}b[a-z]{0,4}[ \t])")
 _CLI_VALUE = r"[ \t=]{0,8}(?:'([^'\r\n]{1,512})'|\"([^\"\r\n]{1,512})\"|([^\s'\"]{1,512}))"
 # one shell word, quotes and all (curl -u user:'pass')
@@ -1468,7 +1472,7 @@ _STDIN_VALUE = (r"(?:\b(?:echo|printf)(?:[ \t]+-[a-z]{1,3})*[ \t]+(?:'([^'\n]{1,
                 r"|([^\s|'\"]{1,512}))[ \t]*\||<<<[ \t]*(?:'([^'\n]{1,512})'|\"([^\"\n]{1,512})\"|([^\s'\"]{1,512})))")
 # `npm config set //registry/:_authToken VALUE`, `git config [--global] x.token VALUE`: a
 # space is the operator after `config set`, `config --...` or a dotted or colon name.
-_CONFIG_SET = rb"config((?:[ \t]+(?:set|--[a-z-]{1,20}))*)[ \t]+([^\s=]{1,200})[ \t]+(?=\S)"
+_CONFIG_SET = rb"g(?<=config)((?:[ \t]+(?:set|--[a-z-]{1,20}))*)[ \t]+([^\s=]{1,200})[ \t]+(?=\S)"
 
 # A lone value printed right after a command that prints a secret: the line holding one
 # random-looking word, then the line before it checked for such a command.
@@ -1533,8 +1537,8 @@ class _Regexes(dict):
                 "token_run": lambda: re.compile(r"[A-Za-z0-9+/=_-]{0,4096}"),
                 "pem_header": lambda: re.compile(_PEM_HEADER),
                 "pem_tail": lambda: re.compile(_PEM_TAIL),
-                "kv_gates": lambda: [(kw, re.compile(gate + _KV_OP)) for kw, gate in _KV_GATES]
-                + [(b"--", re.compile(_FLAG_GATE)), (b"_KEY", re.compile(_UPPER_KEY_GATE.decode()))],
+                "kv_gates": lambda: [re.compile(gate + _KV_OP) for gate in _KV_GATES]
+                + [re.compile(_FLAG_GATE), re.compile(_UPPER_KEY_GATE.decode())],
                 "kv": lambda: re.compile(_KV_RULE, re.I),
                 "kv_amp": lambda: re.compile(_KV_AMP),
                 "secret_name": lambda: re.compile(_SECRET_NAME),
@@ -1791,9 +1795,9 @@ class Redactor:
     def spans(self, text, decoded=False):
         """The (start, end) spans of `text` to redact (unsorted, may overlap)."""
         spans = []
-        escaped = "\\u" in text
+        backslash = "\\" in text                 # (one memchr: "\\u" in text is a slow search)
         for value in self.values:
-            if value[0] == "\\" and not escaped:
+            if value[0] == "\\" and not backslash:
                 continue                          # the \uXXXX forms
             find, size, at = text.find, len(value), 0
             while True:
@@ -1802,9 +1806,9 @@ class Redactor:
                     break
                 spans.append((at, at + size))
                 at += size
-        self._tokens(text, spans)
         low = text.encode("ascii", "replace").lower() if not text.isascii() \
             else text.encode("ascii").lower()
+        self._tokens(text, low, spans)
         self._context(text, low, spans)
         self._commands(text, low, spans)
         if not decoded:
@@ -1815,7 +1819,7 @@ class Redactor:
                     spans.append(m.span())
         return spans
 
-    def _tokens(self, text, spans):
+    def _tokens(self, text, low, spans):
         rx = self._rx
         short = len(text) <= 65536
         self._prefixed(text, spans, short)
@@ -1844,10 +1848,11 @@ class Redactor:
                 start, end = m.start() - back, _token_end(text, m.end())
                 if _placeholder_body(m.group()[len(literal):]):
                     continue
-                if m.group().startswith(":AA"):                # Telegram: the bot id digits
-                    while start > 0 and start > m.start() - 12 and text[start - 1].isdigit():
+                if literal == "AA":                # Telegram: the bot id digits before ":"
+                    colon = start
+                    while start > 0 and start > colon - 12 and text[start - 1].isdigit():
                         start -= 1
-                    if m.start() - start < 6 or (start and text[start - 1].isalnum()
+                    if colon - start < 6 or (start and text[start - 1].isalnum()
                                                  and not text.startswith("bot", start - 3)):
                         continue
                 spans.append((start, end))
@@ -1859,7 +1864,7 @@ class Redactor:
                         or not self._b64_secret(m.group()):
                     continue
                 spans.append(m.span())
-        if "iscord" in text or "ISCORD" in text:
+        if b"discord" in low:
             for m in rx["discord"].finditer(text):
                 seg = m.start()                        # back over the 24-26 char id part
                 while seg > max(0, m.start() - 26) and (text[seg - 1].isalnum()
@@ -1937,7 +1942,7 @@ class Redactor:
         if "PRIVATE KEY" in decoded[:200]:
             return True
         spans = []
-        self._tokens(decoded, spans)
+        self._tokens(decoded, raw.lower(), spans)
         return bool(spans)
 
     def _urls(self, text, spans):
@@ -1998,14 +2003,8 @@ class Redactor:
         # Every key=value gate needs an assignment operator (":", "=" or "%3d") after the
         # key, the --flag gate a "--": without them no gate can match (nor needs compiling).
         gates = rx["kv_gates"] if ":" in text or "=" in text or "--" in text or "%3" in text else ()
-        for keyword, gate in gates:
-            haystack = low
-            if keyword == b"_KEY":             # case matters: search the original text
-                if short and "_KEY" not in text:
-                    continue
-                haystack = text
-            elif short and len(keyword) > 1 and keyword not in low:
-                continue                       # (a long text: the gate's own scan is as fast)
+        for gate in gates:
+            haystack = text if isinstance(gate.pattern, str) else low    # _KEY: case matters
             search, pos = gate.search, 0
             while True:
                 g = search(haystack, pos)
@@ -2113,31 +2112,31 @@ class Redactor:
         short = len(text) <= 65536
         if not short or b" -" in low:
             for g in rx["cli_gate"].finditer(low):
-                flag = low[g.start() + 2:g.end()].rstrip(b" \t=").decode("ascii")
+                flag = low[g.start() + 1:g.end()].rstrip(b" \t=").decode("ascii")
                 start = _line_start(low, g.start(), b"\n", 512)
                 if low[max(0, start - 3):start].rstrip(b"\r\n").endswith(b"\\"):
                     start = _line_start(low, start - 2, b"\n", 512)      # `curl ... \` above
-                line = low[start:g.start()]
+                line = low[start:g.start() - 1]
                 if flag.startswith("pass") and b"pass:" in low[g.start():g.end()]:
                     value = rx["cli_value"].match(text, g.end())      # openssl pass:VALUE
                     if value:
                         spans.append(value.span(value.lastindex))
                     continue
-                word = low[g.start() + 2:g.start() + 12].split(None, 1)[0].decode("ascii")
+                word = low[g.start() + 1:g.start() + 11].split(None, 1)[0].decode("ascii")
                 if "b" in word and word.isalpha() and b"htpasswd" in line:
-                    self._htpasswd(text, g.start() + 2 + len(word), word, spans)
+                    self._htpasswd(text, g.start() + 1 + len(word), word, spans)
                     continue
                 if len(flag) > 1 and flag != "-user":
                     continue
                 if len(flag) == 1:
-                    flag = text[g.start() + 2]          # as typed: -P3306 is mysql's port
+                    flag = text[g.start() + 1]          # as typed: -P3306 is mysql's port
                 commands, separator = _CLI_FLAGS.get(flag, ((), ""))
                 if not any(all(word in line for word in words) for words in commands):
                     continue
-                if flag == "p" and text[g.start() + 3] in " \t" and not any(
+                if flag == "p" and text[g.start() + 2] in " \t" and not any(
                         word in line for word in (b"docker", b"az", b"sshpass")):
                     continue                        # mysql -p DB: -p alone asks for it
-                value = rx["cli_word" if separator else "cli_value"].match(text, g.start() + 2 + len(flag))
+                value = rx["cli_word" if separator else "cli_value"].match(text, g.start() + 1 + len(flag))
                 if not value:
                     continue
                 begin, end = value.span(value.lastindex)
