@@ -317,3 +317,34 @@ def test_the_agent_cli_fixtures_behave_like_the_real_defaults(queue, tmp_path):
     # its history files, hidden by the .gitignore line it committed on the task branch,
     # lie in the user's checkout once the watcher is back on main
     assert git(queue.repo, "status", "--porcelain") == "?? .aider.chat.history.md\n?? .aider.input.history\n"
+
+
+def test_the_readme_notify_examples_work_as_written(queue, tmp_path):
+    readme = (REPO / "README.md").read_text()
+    block = readme.split("<!-- notify examples -->\n", 1)[1].split("<!-- end notify examples -->")[0]
+    examples = [json.loads(part.split("```", 1)[0]) for part in block.split("```json\n")[1:]]
+    assert len(examples) == 3
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for name in ("curl", "notify-send"):
+        (bin_dir / name).symlink_to(FIXTURES / name)
+    hook = "https://hooks.slack.com/services/T0000/B0000/" + "x" * 24
+    queue.env.update(PATH="%s%s%s" % (bin_dir, os.pathsep, queue.env.get("PATH", "")),
+                     CURL_FIXTURE_LOG=str(tmp_path / "curl.jsonl"), NTFY_TOPIC="my-topic",
+                     NOTIFY_SEND_FIXTURE_LOG=str(tmp_path / "notify-send.jsonl"),
+                     SLACK_WEBHOOK_URL=hook)
+    queue.config["continue_on_failure"] = True
+    for index, example in enumerate(examples):
+        queue.config.update(example)
+        queue.save_config()
+        queue.put(queue.task("n-%d" % index, commands_to_run=["false"]))
+        out = queue.watch()
+        assert out.returncode == 4 and "warning" not in out.stderr, out.stderr
+    assert notified(tmp_path / "notify-send.jsonl") == [
+        {"summary": "bridge.py: n-0 failed", "body": "verify_failed", "urgency": None}]
+    ntfy, slack = notified(tmp_path / "curl.jsonl")
+    assert ntfy == {"url": "https://ntfy.sh/my-topic", "headers": ["Title: bridge.py n-1"],
+                    "data": "n-1: failed (verify_failed)", "method": None}
+    assert slack["url"] == hook and slack["headers"] == ["Content-Type: application/json"]
+    assert json.loads(slack["data"]) == {"text": "bridge.py: n-2 failed (verify_failed)"}
+    assert hook not in (tmp_path / "bridge.config.json").read_text()  # from the environment
