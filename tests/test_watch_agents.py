@@ -152,6 +152,25 @@ def test_a_retry_is_told_the_reason_the_failing_command_and_its_output_redacted(
     assert second["attempt"] == 2 and (queue.handoff / "meta" / "r1.prompt.md").read_text() == told
 
 
+def test_prompt_and_prompt_file_carry_the_same_retry_section(queue, tmp_path):
+    record = tmp_path / "given.json"
+    script = ("import json,sys; json.dump({'arg': sys.argv[1], 'file': open(sys.argv[2]).read()},"
+              " open(%r, 'w'))" % str(record))
+    queue.config["executor"] = {"command": [PYTHON, "-c", script, "{prompt}", "{prompt_file}"]}
+    queue.config["continue_on_failure"] = True
+    queue.save_config()
+    task = queue.task("pp", commands_to_run=["echo nope {id}; false"])
+    queue.put(task)
+    assert queue.watch().returncode == 4
+    retry = tmp_path / "pp.json"
+    retry.write_text(json.dumps(task))
+    assert queue.bridge("submit", "--retry", retry).returncode == 0
+    assert queue.watch().returncode == 4
+    given = json.loads(record.read_text())
+    assert given["arg"] == given["file"]
+    assert "`echo nope {id}; false` (exit 1)" in given["arg"] and "\nnope {id}\n" in given["arg"]
+
+
 def test_a_retry_after_crash_recovery_is_told_and_retry_context_can_be_off(queue, tmp_path):
     import signal
     from test_watch import wait_for
