@@ -8073,6 +8073,11 @@ def proxy_float(text):
 PROXY_IDS = (int, str, ProxyFloat, ProxyDigits)
 
 
+def proxy_id_json(mid):
+    """An id as JSON, written back as it came (a ProxyDigits number stays a number)."""
+    return mid if mid.__class__ is ProxyDigits else json_compact(mid)
+
+
 def proxy_short(value, cap=200):
     """An id or method as an event shows it: whatever the other side chose, up to a 16 MiB
     line, so a long string is cut (the history holds 200 events and each goes to every
@@ -8083,12 +8088,18 @@ def proxy_short(value, cap=200):
    # JSON-RPC ids we track (others are relayed untracked)
 PROXY_LEVELS = {"debug": 0, "info": 1, "warn": 2, "error": 3}
 # client requests whose successful answer sets up session state a restarted Doctor is given again
-PROXY_STATEFUL = ("initialize", "logging/setLevel", "resources/subscribe", "resources/unsubscribe",
-                  "server/discover")
+PROXY_STATEFUL = ("initialize", "logging/setLevel", "resources/subscribe", "resources/unsubscribe")
+# MCP 2026-07-28 has no handshake: every request names its protocol version and client in _meta,
+# under these keys (with the defaults bridge.py's own requests use before the client sent any)
+PROXY_META = (("io.modelcontextprotocol/protocolVersion", "2026-07-28"),
+              ("io.modelcontextprotocol/clientInfo", {"name": "bridge.py proxy", "version": __version__}),
+              ("io.modelcontextprotocol/clientCapabilities", {}))
+PROXY_SUB_ID = "io.modelcontextprotocol/subscriptionId"   # tags what a subscriptions/listen stream carries
+PROXY_FINAL = (None, "kill", "shutdown")  # a Doctor's stop reasons no next generation follows (None: not stopped)
 PROXY_ACTIONS = ("doctor:restart", "doctor:kill", "bridge:pause", "bridge:resume", "bridge:shutdown", "bridge:stats")
 PROXY_REASONS = {
     "crashed": "MCP server exited before answering; the request was not retried",
-    "hung": "MCP server stopped answering (health-check ping unanswered) and was killed; the request "
+    "hung": "MCP server stopped answering (health check unanswered) and was killed; the request "
             "was not retried",
     "restart": "MCP server restarted (doctor:restart) before answering",
     "reload": "MCP server reloaded (a watched file changed) and did not answer within "
@@ -8319,8 +8330,8 @@ class ProxyChild:
         self.owned = {}                 # id -> method of bridge.py's own requests awaiting an answer
         self.heard = self.started       # when stdout last gave anything (health check)
         self.eof_at = None              # when stdout or stdin closed (its exit should follow at once)
-        self.ping_at = None             # when the health-check ping in flight was sent
-        self.concurrent = False         # it has answered a ping while busy: its silence means stuck
+        self.ping_at = None             # when the health check in flight (ping, or server/discover) was sent
+        self.concurrent = False         # it has answered a health check while busy: its silence means stuck
         self.witness = None             # requests in progress when a ping was answered (see answered)
         self.doubted = False            # a ping went unanswered by a server not known to be concurrent
         self.stop_reason = self.term_at = self.kill_at = None
@@ -8620,11 +8631,12 @@ class Proxy:
         self.restart_tool = cfg["doctor"]["restart_tool"]   # offer and serve bridge_restart_server
         # -- the client's session, replayed to a restarted Doctor --
         self.init_params = None                         # the client's initialize params
-        self.discover = None                            # the client's last server/discover params
+        self.meta = None                                # without one: the _meta of its last request naming a version
         self.init_caps = None                           # the capabilities the Doctor answered
         self.proto = None                               # the protocol version the Doctor chose
         self.level = None                               # the last logging/setLevel params
         self.subs = {}                                  # uri -> resources/subscribe params
+        self.listens = {}                               # open subscriptions/listen: id -> [line, ack, generation]
         self.tries = {}                                 # id -> (method, params) of stateful requests
         # -- requests in flight --
         self.pending = {}                               # id -> (method, sent at): the Doctor owes
@@ -8867,19 +8879,25 @@ class Proxy:
             child.replay_id = self.own("initialize", self.init_params)
         elif self.gen > 1:
             # No handshake to replay (a 2026-07-28 or raw client): probe with the one request every
-            # 2026-07-28 server must answer, as the client last sent it. An older server says
-            # "method not found", which proves it reads and answers all the same.
-            child.replay_id = self.own("server/discover", self.discover)
+            # 2026-07-28 server must answer. An older server says "method not found", which proves
+            # it reads and answers all the same.
+            child.replay_id = self.own("server/discover")
         else:
             self.flush_held()
 
     def own(self, method, params=None):
         """Send the Doctor a request of bridge.py's own, under an id of its own; the answer is
-        swallowed (answered()). Returns the id."""
+        swallowed (answered()). Returns the id. Without a handshake (MCP 2026-07-28) the request
+        carries the protocol version and client in _meta, as the client's last request named
+        them (PROXY_META's defaults before it sent any): a 2026-07-28 server refuses a request
+        without them, and an older one ignores _meta."""
         self.own_n += 1
         mid = "bridge.py-%s-%s-%d" % (self.own_tag, method.rsplit("/", 1)[-1], self.own_n)
         self.child.owned[mid] = method
         msg = {"jsonrpc": "2.0", "id": mid, "method": method}
+        if self.init_params is None:
+            meta = self.meta or {}
+            params = dict(params or {}, _meta={key: meta.get(key, default) for key, default in PROXY_META})
         if params is not None:
             msg["params"] = params
         self.send_child(json_compact(msg).encode("utf-8") + b"\n")
@@ -8889,9 +8907,11 @@ class Proxy:
         """Kill a Doctor that is stuck, never one that is only slow (README "Hang detection").
         A restarted Doctor that has neither answered the replayed initialize nor said anything
         within start_timeout_sec is stuck starting. A ready one that owes an answer and has been
-        silent for health_check_sec is pinged; no answer within health_timeout_sec is a hang only
-        if it has answered a ping while busy before (`concurrent`): a server that handles one
-        request at a time cannot, and is left alone. MCP 2026-07-28 has no ping: not pinged."""
+        silent for health_check_sec is sent a health check: `ping`, or where the protocol has no
+        ping (MCP 2026-07-28, or no version negotiated) `server/discover`, which every 2026-07-28
+        server answers. No answer within health_timeout_sec is a hang only if it has answered a
+        health check while busy before (`concurrent`): a server that handles one request at a
+        time cannot, and is left alone."""
         child = self.child
         if not child.ready:
             if self.start_timeout and child.replay_id is not None and \
@@ -8899,16 +8919,15 @@ class Proxy:
                 self.hung("start_timeout", now)
         elif child.ping_at is None:
             if self.pending and self.health_sec and child.replay_id is None and \
-                    isinstance(self.proto, str) and self.proto < "2026-07-28" and \
                     now - max(child.heard, next(iter(self.pending.values()))[1]) >= self.health_sec:
                 child.ping_at = now
-                self.own("ping")
+                self.own("ping" if isinstance(self.proto, str) and self.proto < "2026-07-28" else "server/discover")
         elif not child.doubted and now - max(child.ping_at, child.heard) >= self.health_timeout:
             if child.concurrent:
                 self.hung("hung", now)
             else:
                 child.doubted = True
-                self.log("warn", "the Doctor (generation %d) has not answered ping while busy for %.0f s; it "
+                self.log("warn", "the Doctor (generation %d) has not answered a health check while busy for %.0f s; it "
                          "may handle one request at a time, so it is not treated as hung" % (
                              child.gen, now - child.ping_at))
 
@@ -8959,6 +8978,8 @@ class Proxy:
         self.pending.clear()
         self.dead_srv.extend(self.srv_pending)
         self.srv_pending.clear()
+        if self.shutting or reason == "kill":      # no next generation to re-establish them on
+            self.end_listens(reason, child.exit)
         if self.shutting:
             return
         pgid = None if self.adopting else child.pid  # adopted, every leftover is ours: no group id needed
@@ -9105,11 +9126,11 @@ class Proxy:
         if exit:
             data["exit"] = exit
         error = {"code": PROXY_ERROR_CODE, "message": PROXY_REASONS[reason], "data": data}
-        line = ('{"jsonrpc":"2.0","id":%s,"error":%s}\n' % (
-            mid if mid.__class__ is ProxyDigits else json_compact(mid), json_compact(error))).encode("utf-8")
+        line = ('{"jsonrpc":"2.0","id":%s,"error":%s}\n' % (proxy_id_json(mid), json_compact(error))).encode("utf-8")
         if to_doctor:
             return self.send_child(line)
         self.tries.pop(mid, None)
+        self.listens.pop(mid, None)
         self.send_client(line)
         if self.obs is not None:                   # never sampled: these are the events worth keeping
             self.obs.publish("mcp:response", {"id": proxy_short(mid), "method": proxy_short(method),
@@ -9153,6 +9174,17 @@ class Proxy:
         self.held.clear()
         self.held.extend(keep)
         self.held_bytes = sum(len(item[0]) for item in keep)
+        if older_than is None:
+            self.end_listens(reason)
+
+    def end_listens(self, reason, exit=None):
+        """Answer the client's open subscriptions/listen requests with the error reply when no
+        generation will follow to re-establish them on (doctor:kill, shutdown), so the client
+        knows its subscriptions ended; but those the live Doctor holds: its exit answers them."""
+        child = self.child
+        live = child.gen if child is not None and child.exit is None else None
+        for mid in [mid for mid, listen in self.listens.items() if listen[2] != live]:
+            self.reply_error(mid, reason, "subscriptions/listen", exit)
 
     # ---- relay ----
     def client_lines(self, lines):
@@ -9190,12 +9222,19 @@ class Proxy:
                     reqs = ((mid, method),)
                     if method in remember:
                         self.tries[mid] = (method, msg.get("params"))
+                    if self.init_params is None:   # no handshake: requests name their version (own())
+                        params = msg.get("params")
+                        meta = params.get("_meta") if params.__class__ is dict else None
+                        if meta.__class__ is dict and PROXY_META[0][0] in meta:
+                            self.meta = meta
                 elif method == "notifications/cancelled":
                     # A server need not answer a cancelled request (MCP): stop owing it, or a crash
-                    # would answer it and the hang check would wait for it.
+                    # would answer it and the hang check would wait for it. A cancelled
+                    # subscriptions/listen is not re-established after a restart.
                     params = msg.get("params")
                     if params.__class__ is dict and params.get("requestId").__class__ in PROXY_IDS:
                         pending.pop(params["requestId"], None)
+                        self.listens.pop(params["requestId"], None)
                 if watch and self.sample():
                     obs.publish("mcp:request", {"from": "client", "method": proxy_short(method), "id": proxy_short(mid),
                                                 "size": len(line), "params": self.preview(msg)})
@@ -9205,26 +9244,41 @@ class Proxy:
             if gate:
                 self.hold(line, reqs, method)
                 continue
-            for rid, rmethod in reqs:
-                pending[rid] = (rmethod, now)
+            if reqs:
+                self.owe(reqs, line, now)
             out.append(line)
         if out:
             self.send_child(b"".join(out))
 
+    def owe(self, reqs, line, now):
+        """Requests sent to the Doctor: each is owed an answer (pending), but a subscriptions/listen,
+        which stays open until the Doctor ends it or the client cancels it (MCP 2026-07-28): kept
+        with its line, to be re-established on a restarted Doctor (flush_held)."""
+        for rid, rmethod in reqs:
+            if rmethod == "subscriptions/listen":
+                self.listens[rid] = [line, self.listens.get(rid, (None, None))[1], self.gen]
+            else:
+                self.pending[rid] = (rmethod, now)
+
     def flush_held(self):
-        """Forward held client messages, in order, once the Doctor can take them."""
+        """Once the Doctor can take them: re-send the client's open subscriptions/listen requests
+        to a new generation (a restarted server holds no subscription, and the client sees no
+        restart that would make it subscribe again), then forward held client messages, in order."""
         child = self.child
         if self.paused or self.stopped or child is None or child.exit is not None or \
-                child.stop_reason or child.replay_id is not None or not self.held or self.draining():
+                child.stop_reason or child.replay_id is not None or self.draining():
             return
-        now, out = monotonic(), []
+        now = monotonic()
+        out = [listen[0] for listen in self.listens.values() if listen[2] != child.gen]
         for line, reqs, _method, _t in self.held:
-            for rid, rmethod in reqs:
-                self.pending[rid] = (rmethod, now)
+            self.owe(reqs, line, now)
             out.append(line)
+        for listen in self.listens.values():
+            listen[2] = child.gen
         self.held.clear()
         self.held_bytes = 0
-        self.send_child(b"".join(out))
+        if out:
+            self.send_child(b"".join(out))
 
     def child_lines(self, lines):
         """Doctor -> client: swallow its special lines (special()) and answers to bridge.py's
@@ -9249,6 +9303,10 @@ class Proxy:
                         self.answered(child.owned.pop(mid), msg)
                         continue
                     sent = pending.pop(mid, None)
+                    if sent is None and mid in self.listens:   # the Doctor ended a subscriptions/listen
+                        if child.stop_reason not in PROXY_FINAL:
+                            continue               # as bridge.py restarts it: re-established on the next
+                        del self.listens[mid]
                     if child.witness and mid in child.witness:
                         child.concurrent, child.witness = True, None
                     if tries and mid in tries:
@@ -9265,6 +9323,8 @@ class Proxy:
                 elif method is not None:
                     if mid is not None:
                         self.srv_pending.add(mid)
+                    elif self.listens:
+                        line = self.listen_note(method, msg.get("params"), line)
                     if watch and self.sample():
                         obs.publish("mcp:request", {"from": "doctor", "method": proxy_short(method),
                                                     "id": proxy_short(mid),
@@ -9276,6 +9336,43 @@ class Proxy:
             out.append(line)
         if out:
             self.send_client(b"".join(out))
+
+    def listen_note(self, method, params, line):
+        """A Doctor notification while subscriptions/listen requests are open: what to relay
+        in its place. The Doctor ends one with notifications/cancelled (swallowed, as its
+        completion result, while bridge.py restarts it: the subscription goes on). It acknowledges each
+        with the filter it honours (notifications/subscriptions/acknowledged, the subscription's
+        id in _meta): the first time, relayed; when re-established on a restarted Doctor,
+        swallowed if the filter is the one the client was told (relayed if not), and followed
+        by the list-changed notifications the filter asks for, as a 2025 client gets after a
+        restart (replayed()): the new server's lists may differ."""
+        meta = params.get("_meta") if params.__class__ is dict else None
+        sid = params.get("requestId") if method == "notifications/cancelled" else \
+            meta.get(PROXY_SUB_ID) if meta.__class__ is dict else None
+        if sid.__class__ not in PROXY_IDS or sid not in self.listens:
+            return line
+        if method == "notifications/cancelled":
+            if self.child.stop_reason not in PROXY_FINAL:
+                return b""                         # as bridge.py restarts it: re-established on the next
+            del self.listens[sid]
+            return line
+        if method != "notifications/subscriptions/acknowledged":
+            return line
+        listen = self.listens[sid]
+        told, listen[1] = listen[1], params.get("notifications")
+        if told is None:
+            return line
+        honoured = listen[1] if listen[1].__class__ is dict else {}
+        return (b"" if told == listen[1] else line) + self.list_notes(
+            [kind for kind in ("tools", "prompts", "resources") if honoured.get(kind + "ListChanged") is True], sid)
+
+    def list_notes(self, kinds, sub=None):
+        """The notifications that tell the client these lists (tools, prompts, resources) may
+        have changed: on the stream of subscriptions/listen request `sub` (MCP 2026-07-28), else
+        as 2025 clients get them, with no subscription."""
+        tag = "" if sub is None else ',"params":{"_meta":{"%s":%s}}' % (PROXY_SUB_ID, proxy_id_json(sub))
+        return "".join('{"jsonrpc":"2.0","method":"notifications/%s/list_changed"%s}\n' % (kind, tag)
+                       for kind in kinds).encode("utf-8")
 
     def special(self, msg):
         """The Doctor's non-JSON-RPC lines ({"ready": true}, {"health": ...}, {"shutdown":
@@ -9300,8 +9397,6 @@ class Proxy:
             self.proto = result.get("protocolVersion")
         elif method == "logging/setLevel":
             self.level = params
-        elif method == "server/discover":
-            self.discover = params
         elif method == "tools/list":               # a whole list (not one page): the reload's "before"
             if not (params.__class__ is dict and params.get("cursor")) and not result.get("nextCursor") \
                     and result.get("tools").__class__ is list:
@@ -9315,13 +9410,13 @@ class Proxy:
     def answered(self, method, msg):
         """The Doctor answered a request of bridge.py's own: swallowed, never forwarded."""
         child = self.child
-        if method == "server/discover":            # the readiness probe: any answer will do
+        if method == "server/discover" and child.replay_id is not None:   # the readiness probe: any answer
             child.replay_id = None
             self.mark_ready("answered server/discover")
             return self.flush_held()
         if method == "tools/list":
             return self.listed(msg)
-        if method == "ping":                       # even an error answer proves it is alive
+        if method in ("ping", "server/discover"):  # a health check: even an error answer proves life
             # Concurrent only once a request sent before the ping is answered after it: then the
             # ping was answered while that request was in progress (not merely ignored).
             older = [mid for mid, (_m, t) in self.pending.items() if t < child.ping_at][:16]
@@ -9352,11 +9447,10 @@ class Proxy:
             self.own("resources/subscribe", params)
         self.mark_ready("replayed initialize")
         self.flush_held()
-        notes = [b'{"jsonrpc":"2.0","method":"notifications/%s/list_changed"}\n' % kind.encode()
-                 for kind in ("tools", "prompts", "resources")
-                 if isinstance(self.init_caps.get(kind), dict) and self.init_caps[kind].get("listChanged") is True]
+        notes = self.list_notes([kind for kind in ("tools", "prompts", "resources") if isinstance(
+            self.init_caps.get(kind), dict) and self.init_caps[kind].get("listChanged") is True])
         if notes:
-            self.send_client(b"".join(notes))
+            self.send_client(notes)
 
     def malformed(self, side, line, exc):
         if line.strip():                           # blank lines are skipped silently

@@ -1244,7 +1244,11 @@ def test_a_session_without_initialize_is_ready_after_a_restart_without_a_request
     assert s.ctl("bridge:stats")[0]["data"]["result"]["state"] == "ready"
     probe = [json.loads(line) for line in s.received(s.wait_pids(2)[1])]
     assert probe[0]["method"] == "server/discover" and not any(m.get("method") == "initialize" for m in probe)
-    assert probe[0].get("params") == (DISCOVER if first == "server/discover" else None)
+    # the per-request fields the client last sent (its capabilities), else bridge.py's defaults
+    meta = probe[0]["params"]["_meta"]
+    assert meta["io.modelcontextprotocol/protocolVersion"] == "2026-07-28"
+    assert meta["io.modelcontextprotocol/clientCapabilities"] == ({"roots": {}} if first == "server/discover" else {})
+    assert meta["io.modelcontextprotocol/clientInfo"]["name"] == "bridge.py proxy"
     s.nothing()                                                   # the probe's answer is swallowed
     s.request("tools/list", mid=5)
     assert s.reply()["id"] == 5
