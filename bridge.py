@@ -12992,7 +12992,8 @@ def cmd_relay_up(args):
 def cmd_proxy(args):
     root, cfg = load_args_config(args)
     obs = cfg["observability"]
-    if obs["enabled"] and obs["token"] is None:  # share_token writes the drawn token there
+    # share_token writes the drawn token there; outside a git work tree there is no repository
+    if obs["enabled"] and obs["token"] is None and git_toplevel(root):
         outside_repository(os.path.dirname(user_config_file("proxy.url")), root,
                            "the dashboard token's folder", "point XDG_CONFIG_HOME outside it")
     server = args.server[1:] if args.server[:1] == ["--"] else args.server
