@@ -3359,8 +3359,8 @@ def dependency_state(handoff, task, git=None, base_commit=None):
     without a result or history); reason dependency_cycle: the queued tasks wait for each
     other. `deps` is [{id, status, reason, commit}] for the result, where `commit` holds a
     successful dependency's verified work. Given `git`, a ready task's `start` commit is
-    asked of task_start_ref (from `base_commit`, the base it would start from otherwise):
-    it may still wait for a merge, or fail on a commit git no longer has."""
+    asked of task_start_ref (from `base_commit`, the base it would start from otherwise,
+    by default HEAD): it may still wait for a merge, or fail on a commit git lost."""
     deps, waiting, failed = [], [], []
     for dep in task.get("depends_on") or ():
         place = task_place(handoff, dep)
@@ -3393,7 +3393,7 @@ def dependency_state(handoff, task, git=None, base_commit=None):
                          "submit again" % " -> ".join(cycle))
     elif git is not None:
         try:
-            found["start"], wait = task_start_ref(git, deps, base_commit)
+            found["start"], wait = task_start_ref(git, deps, base_commit or git.head())
             if wait:
                 found.update(state="waiting", detail=wait)
         except BridgeError as exc:
@@ -4154,7 +4154,7 @@ class Watcher:
         """A task with `depends_on`, before it starts: (start commit, deps) when it may
         start; None while it waits (said once; the queue goes on with the next task);
         else the outcome of blocking it (dependency_failed, dependency_cycle)."""
-        found = dependency_state(self.handoff, task, self.git, self.git.head())
+        found = dependency_state(self.handoff, task, self.git)
         state, detail = found["state"], found["detail"]
         if state == "ready":
             return found["start"], found["deps"]
@@ -4655,12 +4655,13 @@ class Watcher:
         run (before crash recovery, a stop or `submit --retry` queued it again): the reason,
         the failing verification command (or the agent's run) and the end of its output.
         Taken from the redacted result history, redacted again, at most retry_context_bytes
-        (the output's tail gives way first). None when retry_context is off or no run failed."""
+        (the output's tail gives way first). None when retry_context is off or no run failed
+        (a task refused or held back by its dependencies never ran: nothing to learn)."""
         if not self.config["retry_context"]:
             return None
         last = next((r for r in reversed(result_history(self.handoff, task_id))
-                     if r.get("status") in ("failed", "blocked")
-                     and r.get("exit_path") != "skipped"), None)
+                     if r.get("status") in ("failed", "blocked") and r.get("exit_path") != "skipped"
+                     and r.get("reason") not in ("dependency_failed", "dependency_cycle")), None)
         if last is None:
             return None
         cap = self.config["retry_context_bytes"]
@@ -4950,15 +4951,13 @@ def waiting_tasks(handoff):
     """[{id, state, detail}] of the queued tasks their dependencies hold back: "waiting"
     (and for what) or "failed" (the watcher will block it, and why)."""
     found, git = [], Git(handoff.root)
-    base = []  # HEAD, asked once and only for a task with dependencies
     for name in list_task_files(handoff.dir("tasks")):
         try:
             task = read_task_file(handoff.path("tasks", name), fresh_sec=0)
         except TaskFileError:
             continue  # refused when its turn comes; not a dependency matter
         if task.get("depends_on"):
-            base = base or [git.head()]
-            state = dependency_state(handoff, task, git, base[0])
+            state = dependency_state(handoff, task, git)
             if state["state"] != "ready":
                 found.append({"id": task["id"], "state": state["state"], "detail": state["detail"]})
     return found

@@ -108,6 +108,7 @@ def test_a_retried_dependency_that_succeeds_releases_its_blocked_dependent(queue
     assert (a["status"], a["attempt"], b["status"], b["attempt"]) == ("success", 2, "success", 2)
     assert b["git"]["base_commit"] == a["git"]["commit"]
     assert [r["reason"] for r in queue.history("b")] == ["dependency_failed"]
+    assert b["retry_context"] is None  # its blocked attempt never ran: nothing to tell the agent
 
 
 def test_unknown_dependency_is_refused_by_submit_and_blocked_by_the_watcher(queue, tmp_path):
