@@ -3475,13 +3475,11 @@ class Beads:
         self.stop = None  # run_command's stop()
         self.timeout = config["bead"]["timeout_sec"]
         command = split_command(config["bead"]["command"], "bead.command")
-        self.required = command is not None
         self.skip_reason = None
         if command:
             self.argv = command
         elif shutil.which("bd") and os.path.isdir(os.path.join(root, ".beads")):
             self.argv = ["bd"]
-            self.required = True
         else:
             self.argv = None
             self.skip_reason = ("bd is not on PATH" if not shutil.which("bd")
@@ -5479,7 +5477,7 @@ def _actor_id(host, payload):
     return agent if is_safe_name(agent) else ""
 
 
-def egress_emit(data, host_flag="", repo_root=None, debug=None):
+def egress_emit(data, host_flag="", repo_root=None):
     """Record one hook payload (bytes) as an event; returns what was done, for debugging.
 
     Observe-only: every reason not to write is returned as text, never raised,
@@ -6983,7 +6981,6 @@ class QueueLayout:
         self.text = text
         self.key = key               # "commands", "queue" or "messages"
         self.kind = "new"
-        self.key_line = None         # 1-based line of `key:`
         self.rewrite = None          # (start, end) of a flow-empty value to drop
         self.dash_col = 0            # column of list dashes / id keys
         self.key_col = 2             # column of an entry's keys
@@ -7493,7 +7490,6 @@ def relay_layout(path, text, keys, checked=False):
             _relay_insert_point(layout)
         return layout
     line_at, value_at = found[key]
-    layout.key_line = _line_no(text, line_at)
     eol = text.find("\n", line_at)
     eol = len(text) if eol < 0 else eol
     value = _strip_comment(text[value_at:eol])
@@ -12961,16 +12957,17 @@ def hooks_doctor(root, hosts, scope=None, runs=5):
 
 
 # ---- relay commands ----
-def _relay_ids(args):
+def _relay_open(args):
+    """(root, config) once captain_id and cluster_session are safe names."""
     for value, what in ((args.captain_id, "captain_id"), (args.cluster_session, "cluster_session")):
         if not value:
             raise BridgeError("%s must not be empty" % what)
         safe_name(value, what)
+    return load_args_config(args)
 
 
 def cmd_relay_down(args):
-    _relay_ids(args)
-    root, config = load_args_config(args)
+    root, config = _relay_open(args)
     cmd_id = relay_down(root, config, args.captain_id, args.cluster_session, args.message,
                         args.project, args.priority, args.acceptance_criteria)
     print(cmd_id)
@@ -12978,8 +12975,7 @@ def cmd_relay_down(args):
 
 
 def cmd_relay_up(args):
-    _relay_ids(args)
-    root, config = load_args_config(args)
+    root, config = _relay_open(args)
     report = relay_up(root, config, args.captain_id, args.cluster_session, args.cmd_id,
                       args.status, args.summary, force=args.force)
     if report is not None:
