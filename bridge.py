@@ -9251,7 +9251,7 @@ class Proxy:
         with its line, to be re-established on a restarted Doctor (flush_held)."""
         for rid, rmethod in reqs:
             if rmethod == "subscriptions/listen":
-                self.listens[rid] = [line, self.listens.get(rid, (None, None))[1], self.gen]
+                self.listens[rid] = [line, None, self.gen]
             else:
                 self.pending[rid] = (rmethod, now)
 

@@ -10,7 +10,7 @@ import pytest
 
 from conftest import PYTHON
 from test_proxy import HEALTH, INIT, session  # noqa: F401  (session: the fixture)
-from test_proxy_reload import edit, server_copy
+from test_proxy_reload import server_copy
 
 META = {"io.modelcontextprotocol/protocolVersion": "2026-07-28",
         "io.modelcontextprotocol/clientInfo": {"name": "modern-client", "version": "1"},
@@ -89,8 +89,14 @@ def test_listen_is_re_established_after_a_crash_and_a_reload(tmp_path, session):
     mid = call(s, "listchanged")                                         # the new server's own, relayed
     notes, got = until_reply(s, mid)
     assert [n["params"]["_meta"][SUB] for n in notes] == ["sub-1"] and "result" in got
-    # a reload: the tool-list diff is asked of the strict server with _meta, and the client hears of it
-    edit(folder / "server.py", {"added": {"type": "object"}})
+    # a reload: the tool-list diff is asked of the strict server with _meta, and the client hears of
+    # it; the new server honours more of the filter, so its acknowledgement is relayed this time
+    text = (folder / "server.py").read_text()
+    honour = '{"toolsListChanged": True} if wanted.get("toolsListChanged") is True else {}'
+    assert honour in text
+    at = text.index("EXTRA_TOOLS = ")
+    text = text[:at] + "EXTRA_TOOLS = {'added': {'type': 'object'}}" + text[text.index("\n", at):]
+    (folder / "server.py").write_text(text.replace(honour, "wanted"))
     done = s.wait_event("doctor:reloaded")[0]["data"]
     assert "error" not in done and done["added"] == ["added"] and done["generation"] == 3, done
     third = s.wait_pids(3)[2]
@@ -98,7 +104,11 @@ def test_listen_is_re_established_after_a_crash_and_a_reload(tmp_path, session):
     assert [m["method"] for m in owned] == ["server/discover", "tools/list"]
     assert all(m["params"]["_meta"] == META for m in owned)
     assert listen_lines(s, third, wait=True) == sent
-    assert s.recv()["params"] == {"_meta": {SUB: "sub-1"}}
+    ack = s.recv()
+    assert ack["method"] == "notifications/subscriptions/acknowledged" and ack["params"]["notifications"] == {
+        "toolsListChanged": True, "promptsListChanged": True}
+    assert [(n["method"], n["params"]) for n in (s.recv(), s.recv())] == [
+        ("notifications/%s/list_changed" % kind, {"_meta": {SUB: "sub-1"}}) for kind in ("tools", "prompts")]
     assert not [line for line in s.received() if '"method":"ping"' in line]
     # cancelled by the client: not re-established on the next generation
     s.send({"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": "sub-1"}})
@@ -140,6 +150,25 @@ def test_an_open_listen_ends_with_an_error_only_when_no_server_follows(session):
     s.proc.stdin.close()                                                 # shutdown: stdin closed
     got = s.recv()
     assert got == {"jsonrpc": "2.0", "id": "c", "result": {"resultType": "complete", "_meta": {SUB: "c"}}}
+    s.close()
+
+
+def test_a_listen_the_server_completes_as_bridge_restarts_it_goes_on(session):  # noqa: F811
+    """A server asking for a graceful restart gets its stdin closed and time to exit: it ends
+    its subscriptions with their completion result, as the revision says a server should. That
+    is the old server's end, not the subscription's: swallowed, and the listen re-sent."""
+    s = session(["--modern"], harness=True)
+    s.send({"jsonrpc": "2.0", "id": 9, "method": "subscriptions/listen",
+            "params": {"_meta": META, "notifications": {"toolsListChanged": True}}})
+    assert s.recv()["method"] == "notifications/subscriptions/acknowledged"
+    mid = call(s, "graceful")
+    assert until_reply(s, mid)[1]["result"]["resultType"] == "complete"
+    ready(s, 2)
+    # the old server reached its end (the fixture writes each completion result before this record)
+    assert any(r["event"] == "eof" and r["pid"] == s.pids()[0] for r in s.server_log())
+    assert s.recv() == {"jsonrpc": "2.0", "method": "notifications/tools/list_changed", "params": {"_meta": {SUB: 9}}}
+    assert len(listen_lines(s, s.pids()[1], wait=True)) == 1
+    s.nothing()
     s.close()
 
 
