@@ -4788,9 +4788,10 @@ class Watcher:
             # leave no trace in git: back to base and the empty branch removed.
             try:
                 self.return_to_base(result)
-                if git_state.get("returned_to_base"):
-                    self.git.run("branch", "-d", git_state["branch"], check=False)
-                    git_state["branch_created"] = False
+                if git_state.get("returned_to_base"):  # only while it is where it started
+                    git_state["branch_created"] = not self.git.run(
+                        "update-ref", "-d", "refs/heads/" + git_state["branch"],
+                        git_state["base_commit"], check=False).ok
             except (BridgeError, Stop) as exc:
                 result["detail"] += "; and returning to base failed: %s" % exc
             return

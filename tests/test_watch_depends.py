@@ -3,7 +3,7 @@ agent: a task starts only after its dependencies succeeded, from their work; a f
 unknown or circular dependency blocks it with a result saying why."""
 import json
 
-from conftest import git
+from conftest import FIXTURES, PYTHON, clean_env, git
 from test_watch import Queue, head  # noqa: F401  (the queue fixture's class)
 
 import pytest
@@ -262,3 +262,18 @@ def test_a_chained_task_killed_with_the_watcher_is_recovered_onto_its_chain(queu
     git(queue.repo, "merge-base", "--is-ancestor", a_commit, "feat/ai/b")  # raises if not
     assert b["git"]["base_commit"] != base
     assert head(queue.repo) == base and git(queue.repo, "symbolic-ref", "--short", "HEAD").strip() == "main"
+
+
+def test_a_chained_task_that_fails_before_its_agent_leaves_no_branch(queue, tmp_path):
+    """bd fails as b starts: b's empty branch, made from a's commit (not merged into main),
+    is removed all the same; a's branch stays."""
+    queue.put(queue.task("a", agent={"write": {"a.txt": "a\n"}}))
+    assert queue.watch().returncode == 0
+    queue.config["bead"] = {"command": [PYTHON, str(FIXTURES / "bd")], "timeout_sec": 5}
+    queue.save_config()
+    queue.env = clean_env(BD_FIXTURE_STATE=tmp_path / "bd.json", BD_FIXTURE_FAIL="create")
+    queue.put(queue.task("b", depends_on=["a"]))
+    assert queue.watch().returncode == 4
+    b = queue.result("b")
+    assert (b["reason"], b["executor"], b["git"]["branch_created"]) == ("bead_failed", None, False)
+    assert git(queue.repo, "branch", "--list", "feat/ai/*").split() == ["feat/ai/a"]
