@@ -12870,8 +12870,6 @@ def cmd_hooks(args):
     hosts = [args.host] if args.host else list(HOOK_PLAN) + ["pi"]
     if args.hooks_verb == "doctor":
         return hooks_doctor(root, hosts, args.scope)
-    if not args.host:
-        raise BridgeError("hooks %s needs --host claude|codex|pi" % args.hooks_verb)
     for line in hooks_install(args.host, args.scope or "project", root, args.hooks_verb == "uninstall"):
         print(line)
     return EXIT_OK
@@ -13095,13 +13093,14 @@ def cmd_changes_run(args):
 
 def cmd_changes_status(args):
     sets = _changes_open(args)
+
+    def summary(cs_id):
+        state, decision, reason = sets.state_of(cs_id)
+        return {"change_set_id": cs_id, "state": state, "decision": decision, "reason": reason}
     if args.id:
         cs_id = sets.existing(args.id)
         status = sets.read_status(cs_id)
-        if status is None:
-            state, decision, reason = sets.state_of(cs_id)
-            status = {"change_set_id": cs_id, "state": state, "decision": decision,
-                      "reason": reason}
+        status = summary(cs_id) if status is None else status
         if args.json:
             print(json.dumps(status, sort_keys=True, indent=2))  # ASCII: the agent's text inert
         else:  # the status file is the agent's to write too: its text is printed inert
@@ -13114,11 +13113,7 @@ def cmd_changes_status(args):
                                               isinstance(done, list) and done else "-")))
                 print(printable("%-14s %s" % ("last_error:", ex.get("last_error") or "-")))
         return EXIT_OK
-    rows = []
-    for cs_id in sets.ids():
-        state, decision, reason = sets.state_of(cs_id)
-        rows.append({"change_set_id": cs_id, "state": state, "decision": decision,
-                     "reason": reason})
+    rows = [summary(cs_id) for cs_id in sets.ids()]
     holder = FileLock.probe(sets.lock_path)
     if args.json:
         print(json.dumps({"change_sets": rows, "executor": {
