@@ -646,14 +646,9 @@ def _skip_lines(handle, count):
 
 def count_complete_lines(path):
     """Number of newline-terminated lines in `path` (0 when it does not exist)."""
-    count = 0
     try:
         with open_input(path) as handle:
-            while True:
-                block = handle.read(1 << 20)
-                if not block:
-                    return count
-                count += block.count(b"\n")
+            return _skip_lines(handle, float("inf"))
     except FileNotFoundError:
         return 0
 
