@@ -4256,16 +4256,16 @@ class Watcher:
         template = self.config["notify"]["command"]
         if not template or event not in self.config["notify"]["on"]:
             return
-        argv = fill_template(template, {
-            "id": task_id, "status": str(event), "reason": str(reason),
-            "result_file": self.handoff.path("results", task_id + ".json")})
-        try:
+        try:  # nothing here may reach the caller: the result is written, the outcome stands
+            argv = fill_template(template, {
+                "id": task_id, "status": str(event), "reason": str(reason),
+                "result_file": self.handoff.path("results", task_id + ".json")})
             done = run_command(argv, cwd=self.root, timeout=self.config["notify"]["timeout_sec"],
                                stdin_data=data, stop=self.overdue, kill_grace=1.0)
             self.log(task_id, "--- notify (%s): %s\n--- stdout\n%s\n--- stderr\n%s\n--- notify %s\n"
                      % (event, " ".join(argv), done.stdout, done.stderr, done.describe()))
             problem = None if done.ok else done.describe()
-        except Exception as exc:  # e.g. an unwritable log: the task's outcome stands
+        except Exception as exc:  # e.g. an unwritable log
             problem = "%s: %s" % (type(exc).__name__, getattr(exc, "message", exc))
         if problem:
             self.say("%s: warning: notify.command %s (logged; the task's outcome stands)" % (
