@@ -983,6 +983,12 @@ CONFIG_KEYS = (
     ("notify.timeout_sec", 30, float, TIMEOUT),
     ("bead.command", None, COMMAND, None),
     ("bead.timeout_sec", 30, float, TIMEOUT),
+    # where a task runs: "checkout" (the user's own, switching its branch) or "worktree" (a git
+    # worktree of its own under worktree_dir, null: GIT-COMMON-DIR/bridge-worktrees); workers
+    # > 1 runs that many tasks at once (worktree isolation only)
+    ("isolation", "checkout", str, None),
+    ("worktree_dir", None, str, None),
+    ("workers", 1, int, (1, 64)),
     # seam: how the Stop-hook reason and the wake prompt tell an agent to run bridge.py;
     # `wake --host codex` starts wake_command per parked session ({session_id} replaced),
     # the prompt on stdin, and does not wait for it
@@ -2793,6 +2799,22 @@ class Git:
         result = self.run("symbolic-ref", "-q", "--short", "HEAD", check=False)
         return result.stdout.strip() or None
 
+    def commit_all(self, message):
+        """Commit everything in the work tree (`add -A`: what info/exclude and .gitignore
+        leave out stays out) on the current branch, hooks off; the new sha, or None when
+        there was nothing to commit. Without a configured identity, as bridge.py."""
+        self.run("add", "-A")
+        result = self.run("commit", "-q", "--no-verify", "-m", message, check=False)
+        if not result.ok and "tell me who you are" in (result.stderr + result.stdout).lower():
+            result = self.run("-c", "user.name=bridge.py", "-c", "user.email=bridge@localhost",
+                              "commit", "-q", "--no-verify", "-m", message, check=False)
+        if not result.ok:
+            if "nothing to commit" in result.stdout + result.stderr:
+                return None
+            raise BridgeError("git commit failed: %s" % (result.stderr or result.stdout).strip()[-300:],
+                              EXIT_FAILED)
+        return self.head()
+
     def worktree_diff(self, base, exclude=(), *diff_args):
         """`git diff --cached BASE` of the whole work tree through a throwaway index.
 
@@ -3552,13 +3574,18 @@ class Fingerprint:
 
     KEEP_MAX = 1 << 20  # .git files larger than this are compared, not restored
 
-    def __init__(self, handoff, git_dir, task_id, config_files=(), branches=()):
+    def __init__(self, handoff, git_dir, task_id, config_files=(), branches=(), work=None):
         self.handoff, self.task_id = handoff, task_id
         common = _read_small(os.path.join(git_dir, "commondir"))
         common = os.path.normpath(os.path.join(git_dir, common)) if common else git_dir
         self.git_paths = [os.path.join(common, "config"), os.path.join(git_dir, "config.worktree"),
                           os.path.join(common, "hooks"), os.path.join(common, "info")]
-        inside = tuple(os.path.join(top, "") for top in (handoff.root, git_dir, common))
+        work = work or handoff.root
+        if work != handoff.root:  # a worktree: what ties it to its git directory
+            self.git_paths += [os.path.join(work, ".git"), os.path.join(git_dir, "commondir"),
+                               os.path.join(git_dir, "gitdir")]
+        self.others = set()  # ids of tasks running alongside: the watcher writes their files
+        inside = tuple(os.path.join(top, "") for top in (handoff.root, git_dir, common, work))
         for path in map(os.path.normpath, config_files):
             if path.startswith(inside) and path not in self.git_paths \
                     and os.path.basename(path) != "HEAD" and not os.path.isdir(path):
@@ -3648,7 +3675,17 @@ class Fingerprint:
         changed += [(path, "changed") for path, sig in now.items()
                     if path in self.before and self.before[path] != sig
                     and not (sig[0] == "dir" == self.before[path][0])]
-        return sorted(changed)
+        return sorted(item for item in changed if not self.of_others(item[0]))
+
+    def of_others(self, path):
+        """True for a file under .ai-handoff/ of a task running alongside (its result,
+        log, patches, its file moving between folders, a writer's temporary file)."""
+        if not self.others or not path.startswith(self.handoff.base + os.sep):
+            return False
+        parts = os.path.relpath(path, self.handoff.base).split(os.sep)
+        name = parts[1].lstrip(".") if len(parts) > 1 else ""
+        return any(name == other or name.startswith((other + ".", other + "_"))
+                   for other in self.others)
 
     def restore(self, changes):
         """Undo what can be undone; one line per change saying what was done."""
@@ -3705,14 +3742,98 @@ def attribute_filter_lines(patch):
 NOTIFY_EVENTS = ("success", "failed", "blocked", "needs_confirmation", "queue_stopped")
 
 
+class TaskRun:
+    """What belongs to one task while the watcher runs it (several at once with `workers`):
+    its file, lock, result so far, the child process running now, and where it runs: the
+    user's checkout, or its own git worktree once made (`git`, `git_dir`, `work`)."""
+
+    def __init__(self, name, git, git_dir, work):
+        self.name = name              # the task file's name in tasks/ and running/
+        self.task_id = name[:-5]
+        self.git, self.git_dir, self.work = git, git_dir, work
+        self.lock = None              # the task lock (FileLock)
+        self.child = None             # the agent or verification command running now
+        self.result = None            # the result being built (see internal_error)
+        self.guard = None             # its Fingerprint while the agent may run
+        self.start = None             # the ref it starts from (start_point)
+        self.owned = False            # its worktree is the task's own (made or checked by us)
+
+
+def worktree_root(root, config, git):
+    """The folder holding the task worktrees (isolation "worktree"): worktree_dir (relative
+    to the repository's top), else GIT-COMMON-DIR/bridge-worktrees. Refused (exit 2) inside
+    the work tree: git would see each worktree as untracked files of yours, and `add -A`."""
+    common = os.path.join(root, git.run("rev-parse", "--git-common-dir").stdout.strip())
+    common = os.path.realpath(common)
+    where = config["worktree_dir"]
+    path = os.path.realpath(os.path.join(root, where) if where else
+                            os.path.join(common, "bridge-worktrees"))
+    top = os.path.realpath(root)
+    if (path + os.sep).startswith(top + os.sep) and not (path + os.sep).startswith(common + os.sep):
+        raise BridgeError("%s: worktree_dir %s is inside the work tree %s; choose a folder "
+                          "outside it (the default is under the git directory)" % (
+                              config["_source"], path, top), EXIT_USAGE)
+    return path
+
+
+def open_worktree(path):
+    """(Git, its git directory) for the task worktree at `path`, once git confirms `path` is
+    the top of a work tree; else a BridgeError saying what is there."""
+    git = Git(path)
+    top = git.run("rev-parse", "--show-toplevel", "--absolute-git-dir", check=False)
+    lines = top.stdout.splitlines()
+    if not top.ok or len(lines) != 2 or os.path.realpath(lines[0]) != os.path.realpath(path):
+        raise BridgeError("%s exists but is no worktree of this repository; remove it or rename "
+                          "the task" % path, EXIT_FAILED)
+    git._git_dir = lines[1]
+    return git, lines[1]
+
+
+def worktree_state(handoff, task_id):
+    """Why the worktree of task `task_id` stays; None when nothing needs it any more (its task
+    succeeded and its work is committed on its branch)."""
+    for state, why in (("running", "its task is running"), ("tasks", "its task is queued")):
+        if os.path.lexists(handoff.path(state, task_id + ".json")):
+            return why
+    try:
+        result = read_result(handoff, task_id)
+    except BridgeError as exc:
+        return exc.message
+    if not isinstance(result, dict):
+        return "no result names it"
+    git_state = result.get("git") if isinstance(result.get("git"), dict) else {}
+    if result.get("status") == "success" and not git_state.get("worktree_kept"):
+        return None
+    return git_state.get("worktree_kept") or "%s (%s)" % (result.get("status"), result.get("reason"))
+
+
 class Watcher:
-    """One watcher process: the worker lock, the startup sweep and the task loop."""
+    """One watcher process: the worker lock, the startup sweep and the task loop.
+
+    Per-task state lives in a TaskRun, the calling thread's (`current`): with workers > 1
+    each task runs in a thread of its own; `git`, `git_dir` and `work` answer for the
+    current task (its worktree) and else for the repository."""
 
     def __init__(self, root, config, poll=None, once=False, out=None):
+        import threading
         self.root = os.path.abspath(root)
         self.config = config
         self.handoff = Handoff(self.root)
-        self.git = Git(self.root)
+        self.repo_git = Git(self.root)
+        if config["isolation"] not in ("checkout", "worktree"):
+            raise BridgeError("%s: isolation must be \"checkout\" or \"worktree\", got %s" % (
+                config["_source"], json.dumps(config["isolation"])))
+        self.isolated = config["isolation"] == "worktree"
+        self.workers = config["workers"]
+        if self.workers > 1 and not self.isolated:
+            raise BridgeError("%s: workers %d needs isolation \"worktree\" (tasks running at once "
+                              "cannot share your checkout)" % (config["_source"], self.workers))
+        self.local = threading.local()  # .run: this thread's TaskRun
+        self.runs = {}                  # task id -> TaskRun of every task running now
+        self.git_lock = threading.Lock()  # worktree add/remove, branch create/delete, commits
+        self.wake = threading.Event()   # a task thread finished: the loop looks again
+        self.finished = []              # (file name, outcome) of task threads, for the loop
+        self.worktrees = None           # the folder of the task worktrees (worktree_root)
         self.redactor = get_redactor(config)
         self.once = once
         self.poll = poll if poll is not None else config["poll_sec"]
@@ -3730,20 +3851,40 @@ class Watcher:
                 config["_source"], json.dumps(wrong[0])[:60], ", ".join(NOTIFY_EVENTS)))
         self.out = out or sys.stdout
         self.worker = None
-        self.task_lock = None
-        self.child = None
         self.stopping = None
         self.stopped_on_failure = False
         self.warned = set()
-        self.git_dir = None
+        self.repo_git_dir = None
         self.beads = None
         self.counts = {}
         self.outcomes = {}  # task id -> exit_path of its last result in this run
         self.interrupted = False
-        self.beat_lock = None  # serialises heartbeats with lock releases (fd reuse)
-        self.active = None  # the result of the task being executed (see internal_error)
+        # serialises heartbeats with lock releases (fd reuse), and what task threads share
+        self.beat_lock = threading.Lock()
         self.tamper_stop = False  # an agent changed what it must not: the queue stops
+        self.failing = False  # a task failed that stops the queue: no other task starts
         self.stop_at = None  # when SIGTERM/SIGINT came (see overdue)
+
+    @property
+    def current(self):
+        """The TaskRun of the task this thread works on, or None."""
+        return getattr(self.local, "run", None)
+
+    @property
+    def git(self):
+        run = self.current
+        return run.git if run else self.repo_git
+
+    @property
+    def git_dir(self):
+        run = self.current
+        return run.git_dir if run else self.repo_git_dir
+
+    @property
+    def work(self):
+        """Where the agent and the verification run: the checkout, or the task's worktree."""
+        run = self.current
+        return run.work if run else self.root
 
     # -- small helpers --
 
@@ -3780,13 +3921,14 @@ class Watcher:
         if self.worker.recovered:
             self.say("took over the worker lock of %s (it no longer runs)" % describe_holder(
                 self.worker.recovered))
-        self.git_dir = self.git.git_dir()
+        self.repo_git_dir = self.repo_git.git_dir()
+        if self.isolated:
+            self.worktrees = worktree_root(self.root, self.config, self.repo_git)
+            os.makedirs(self.worktrees, exist_ok=True)
         for line in handoff_init(self.root):  # idempotent: makes sure git ignores .ai-handoff/
             self.say(line)
         self.beads = Beads(self.root, self.config)
-        self.beads.stop = self.git.stop = self.overdue
-        import threading
-        self.beat_lock = threading.Lock()
+        self.beads.stop = self.repo_git.stop = self.overdue
         previous = self.install_signals()
         beat = self.start_heartbeat(ttl)
         try:
@@ -3823,7 +3965,8 @@ class Watcher:
         each task access() is asked (cheap; it sees read-only mounts and chattr +i, which
         stop root too)."""
         import errno
-        for path in [self.handoff.dir(name) for name in HANDOFF_SUBDIRS] + [self.git_dir]:
+        for path in [self.handoff.dir(name) for name in HANDOFF_SUBDIRS] + [
+                self.repo_git_dir] + ([self.worktrees] if self.isolated else []):
             try:
                 if not probe:
                     if not os.access(path, os.W_OK | os.X_OK):
@@ -3847,8 +3990,9 @@ class Watcher:
     def nap(self, seconds):
         """Sleep, but wake for a stop at once (poll_sec may be an hour)."""
         end = monotonic() + seconds
-        while not self.stopping and monotonic() < end:
-            time.sleep(min(0.2, max(0.0, end - monotonic())))
+        while not self.stopping and monotonic() < end and not self.wake.is_set():
+            self.wake.wait(min(0.2, max(0.0, end - monotonic())))
+        self.wake.clear()
 
     def install_signals(self):
         import signal
@@ -3856,9 +4000,9 @@ class Watcher:
         def handler(signum, _frame):
             self.stopping = signal.Signals(signum).name
             self.stop_at = self.stop_at or monotonic()
-            child = self.child
-            if child is not None:
-                signal_group(child.pid, signal.SIGTERM)
+            for run in list(self.runs.values()):
+                if run.child is not None:
+                    signal_group(run.child.pid, signal.SIGTERM)
         previous = {}
         for sig in (signal.SIGTERM, signal.SIGINT):
             try:
@@ -3886,9 +4030,9 @@ class Watcher:
                         return
                     try:
                         self.worker.heartbeat()
-                        lock = self.task_lock
-                        if lock is not None:
-                            lock.heartbeat()
+                        for run in self.runs.values():
+                            if run.lock is not None:
+                                run.lock.heartbeat()
                     except OSError as exc:
                         self.say("heartbeat failed: %s" % exc)
         threading.Thread(target=beat, name="bridge-heartbeat", daemon=True).start()
@@ -3897,47 +4041,111 @@ class Watcher:
     def loop(self):
         tasks_dir = self.handoff.dir("tasks")
         last_mtime, last_scan = None, 0.0
-        while not self.stopping:
-            try:
-                mtime = os.stat(tasks_dir).st_mtime_ns
-            except FileNotFoundError:
-                raise BridgeError("%s disappeared" % tasks_dir, EXIT_FAILED)
-            now = time.monotonic()
-            worked = deferred = False
-            if mtime != last_mtime or now - last_scan >= 10.0 or self.once:
-                last_mtime, last_scan = mtime, now
-                for name in list_task_files(tasks_dir):
-                    if self.stopping:
-                        break
-                    self.preflight()  # a task never runs to find it cannot write its result
-                    self.active = None
-                    try:
-                        outcome = self.process(os.path.join(tasks_dir, name))
-                    except Exception as exc:  # the last line of defence: see internal_error
-                        outcome = self.internal_error(name, exc)
-                    self.interrupted = self.interrupted or outcome == "interrupted"
-                    if outcome == "deferred":
-                        deferred = True
-                        last_mtime = None
-                    elif outcome:
-                        worked = True
-                    if outcome == "failed" and (self.stop_on_failure or self.tamper_stop):
-                        self.stopped_on_failure = True
-                        self.say("the queue stopped on the failure of %s (set continue_on_failure "
-                                 "to go on); fix it, then run the watcher again" % name[:-5])
-                        stopped = read_result(self.handoff, name[:-5]) or {}
-                        self.notify("queue_stopped", name[:-5], stopped.get("reason"),
-                                    json.dumps(stopped, ensure_ascii=False, indent=2))
+        try:
+            while not self.stopping:
+                try:
+                    mtime = os.stat(tasks_dir).st_mtime_ns
+                except FileNotFoundError:
+                    raise BridgeError("%s disappeared" % tasks_dir, EXIT_FAILED)
+                now = time.monotonic()
+                worked = deferred = False
+                if (mtime != last_mtime or now - last_scan >= 10.0 or self.once) \
+                        and len(self.runs) < self.workers:
+                    last_mtime, last_scan = mtime, now
+                    for name in list_task_files(tasks_dir):
+                        if self.stopping or len(self.runs) >= self.workers or self.failing:
+                            last_mtime = None  # full: look again when a task ends
+                            break
+                        self.preflight()  # a task never runs to find it cannot write its result
+                        outcome = self.start(name)
+                        if outcome == "deferred":
+                            deferred = True
+                            last_mtime = None
+                        elif outcome and outcome != "started":
+                            worked = True
+                        if self.settle(name, outcome):
+                            return
+                        if worked:  # re-read the queue: a task file that appeared during the run
+                            last_mtime = None  # was held until now, and may sort first
+                            break
+                with self.beat_lock:
+                    ended, self.finished = self.finished, []
+                for name, outcome in ended:  # tasks that ran in threads of their own
+                    worked, last_mtime = True, None
+                    if self.settle(name, outcome):
                         return
-                    if worked:  # re-read the queue: a task file that appeared during the run
-                        last_mtime = None  # was held until now, and may sort first
-                        break
-            if worked:
-                continue
-            if self.once and not deferred:
-                return
-            self.nap(0.25 if self.once else self.poll)
-        self.say("stopping on %s" % self.stopping)
+                if worked:
+                    continue
+                if self.once and not deferred and not self.runs:
+                    return
+                self.nap(0.25 if self.once else self.poll)
+            self.say("stopping on %s" % self.stopping)
+        finally:
+            self.join_tasks()
+
+    def settle(self, name, outcome):
+        """Note a task's outcome; True when the queue stops on it (stop_on_failure)."""
+        self.interrupted = self.interrupted or outcome == "interrupted"
+        if outcome == "failed" and (self.stop_on_failure or self.tamper_stop) \
+                and not self.stopped_on_failure:
+            self.stopped_on_failure = True
+            self.say("the queue stopped on the failure of %s (set continue_on_failure "
+                     "to go on); fix it, then run the watcher again%s" % (
+                         name[:-5], " (once the %d running task(s) end)" % len(self.runs)
+                         if self.runs else ""))
+            stopped = read_result(self.handoff, name[:-5]) or {}
+            self.notify("queue_stopped", name[:-5], stopped.get("reason"),
+                        json.dumps(stopped, ensure_ascii=False, indent=2))
+        return self.stopped_on_failure
+
+    def start(self, name):
+        """Take one queued task: with one worker it runs here, to its end; with more it is
+        claimed here (so tasks start in queue order) and runs in a thread of its own
+        ("started"). Returns its outcome."""
+        import threading
+        run = TaskRun(name, self.repo_git, self.repo_git_dir, self.root)
+        self.local.run = run
+        self.writes_for(run.task_id)
+        try:
+            task = self.claim(run)
+            if isinstance(task, dict) and self.workers > 1:
+                threading.Thread(target=self.task_thread, args=(run, task), daemon=True,
+                                 name="bridge-task-" + run.task_id).start()
+                return "started"
+            return self.finish(run, task) if isinstance(task, dict) else task
+        except Exception as exc:  # the last line of defence: see internal_error
+            return self.internal_error(name, exc)
+        finally:
+            self.local.run = None
+
+    def task_thread(self, run, task):
+        """A task thread (workers > 1): the task to its end, its outcome for the loop."""
+        self.local.run = run
+        try:
+            outcome = self.finish(run, task)
+        except Exception as exc:
+            outcome = self.internal_error(run.name, exc)
+        with self.beat_lock:
+            self.finished.append((run.name, outcome))
+        self.wake.set()
+
+    def writes_for(self, task_id):
+        """The watcher is about to write the files of `task_id` under .ai-handoff/: for the
+        tasks running alongside, that is no agent tampering."""
+        with self.beat_lock:
+            for run in self.runs.values():
+                if run.guard is not None and run.task_id != task_id:
+                    run.guard.others.add(task_id)
+
+    def join_tasks(self):
+        """Wait for the task threads: each ends by itself (a stop ends its commands)."""
+        import threading
+        for thread in threading.enumerate():
+            if thread.name.startswith("bridge-task-"):
+                thread.join()
+        for name, outcome in self.finished:
+            self.settle(name, outcome)
+        self.finished = []
 
     # -- startup sweep (crash recovery) --
 
@@ -3957,10 +4165,34 @@ class Watcher:
                 os.unlink(os.path.join(results, name))
         running = self.handoff.dir("running")
         for name in list_task_files(running):
+            self.local.run = TaskRun(name, self.repo_git, self.repo_git_dir, self.root)
             try:
                 self.sweep_task(running, name)
             except Exception as exc:  # one task it cannot recover never stops every start
                 self.internal_error(name, exc, quarantine=True)
+            finally:
+                self.local.run = None
+        self.sweep_worktrees()
+
+    def sweep_worktrees(self):
+        """After running/: git forgets worktrees whose folder is gone (`worktree prune`), and
+        each task worktree left in the worktree folder is removed (its task succeeded, or was
+        re-queued: the next run makes it again) or kept, saying why (status lists it)."""
+        if not self.worktrees or not os.path.isdir(self.worktrees):
+            return
+        with self.git_lock:
+            self.repo_git.run("worktree", "prune", check=False)
+        for task_id in sorted(os.listdir(self.worktrees)):
+            why = worktree_state(self.handoff, task_id)
+            if why is not None:
+                self.say("kept the worktree %s: %s" % (os.path.join(self.worktrees, task_id), why))
+                continue
+            path = os.path.join(self.worktrees, task_id)
+            with self.git_lock:
+                gone = self.repo_git.run("worktree", "remove", path, check=False)
+            self.say("removed the worktree %s (its task succeeded)" % path if gone.ok else
+                     "kept the worktree %s: git cannot remove it: %s" % (
+                         path, gone.stderr.strip()[-300:]))
 
     def sweep_task(self, running, name):
         """Recover one task file left in running/ (see sweep)."""
@@ -4004,7 +4236,8 @@ class Watcher:
         meta = meta or {}
         lock = FileLock(self.handoff.path("locks", task_id + ".lock"), meta={
             key: meta[key] for key in ("task_id", "timeout_sec", "attempt", "base_branch",
-                                       "base_commit", "base_head", "branch", "dirty_before")
+                                       "base_commit", "base_head", "branch", "dirty_before",
+                                       "worktree")
             if key in meta})
         if not lock.acquire():
             return
@@ -4025,8 +4258,10 @@ class Watcher:
             result = self.new_result(task)
             result["lock"] = {"recovered_from": meta, "why": why, "groups_killed": killed}
             result["git"].update({key: meta.get(key) for key in (
-                "base_branch", "base_commit", "base_head", "branch", "dirty_before")})
-            parking = self.park_interrupted(task_id, result, "stale_lock_recovered")
+                "base_branch", "base_commit", "base_head", "branch", "dirty_before", "worktree")})
+            parking = self.reenter_worktree(result)
+            if not parking:
+                parking = self.park_interrupted(task_id, result, "stale_lock_recovered")
             retry = task["attempt"] < task["retry_policy"]["max_attempts"]
             detail = "task lock was stale (%s); %s" % (
                 why, "re-queued as attempt %d" % (task["attempt"] + 1) if retry
@@ -4039,14 +4274,32 @@ class Watcher:
                 error = self.beads.block(bead_id, "stale lock recovered: " + why)
                 result["bead"].update(id=bead_id, error=error)
             self.say("%s: %s" % (task_id, detail))
+            self.keeps_worktree(result)
             if retry:
                 self.requeue(task_id, path, result, task["attempt"] + 1)
             else:
                 self.write_result(task_id, result)
                 move_no_clobber(path, self.handoff.dir("failed"), task_id + ".json")
+            self.remove_worktree(result)
         finally:
             lock.release()
             self.drop_lock_file(lock.path)
+
+    def reenter_worktree(self, result):
+        """Crash recovery of a task that ran in a worktree: its git pointed there again ('');
+        else why there is nothing to park."""
+        path = result["git"].get("worktree")
+        if not path:
+            return ""
+        if not os.path.lexists(path):
+            return "; its worktree %s was not there (never made, or already removed)" % path
+        try:
+            self.use_worktree(path)
+        except Stop as exc:
+            return "; " + exc.detail
+        self.current.owned = self.git.current_branch() == result["git"]["branch"]
+        return "" if self.current.owned else "; its worktree %s is not on %s: left as it is" % (
+            path, result["git"]["branch"])
 
     def park_interrupted(self, task_id, result, why):
         """park() for a run that was interrupted (crash or stop); '' or a note saying
@@ -4088,10 +4341,11 @@ class Watcher:
 
     # -- one task --
 
-    def process(self, path):
-        """Take one queued task file through the protocol. Returns its outcome or None."""
-        name = os.path.basename(path)
-        stem = name[:-5]
+    def claim(self, run):
+        """A queued task file validated, locked and moved to running/: the task (a dict);
+        else what became of it (an outcome, or None: not now)."""
+        name, stem = run.name, run.task_id
+        path = self.handoff.path("tasks", name)
         try:
             task = read_task_file(path)
         except TaskFileError as exc:
@@ -4121,27 +4375,44 @@ class Watcher:
                 self.say("%s is queued but also in running/; skipped until that one is recovered"
                          % task_id)
             return None
-        start = None
-        if task["depends_on"]:
-            start = self.dependencies(path, task)
-            if not isinstance(start, tuple):
-                return start
+        run.start = self.start_point(path, task)
+        if not isinstance(run.start, tuple):
+            return run.start
         lock = FileLock(self.handoff.path("locks", task_id + ".lock"),
                         meta={"task_id": task_id, "timeout_sec": task["timeout_sec"],
                               "attempt": task["attempt"]})
         if not lock.acquire():
             self.say("%s: task lock held by %s; skipped" % (task_id, describe_holder(lock.holder)))
             return None
-        self.task_lock = lock
+        with self.beat_lock:
+            run.lock, self.runs[task_id] = lock, run
         try:
             os.rename(path, running)
-            return self.execute(task, running, start)
+        except BaseException:
+            self.release(run)
+            raise
+        return task
+
+    def finish(self, run, task):
+        """A claimed task from the confirmation gate to its result; its lock released."""
+        try:
+            return self.execute(task, self.handoff.path("running", run.name), run.start)
         finally:
-            with self.beat_lock:
-                self.task_lock = None
-                lock.release()
-            self.child = None
-            self.drop_lock_file(lock.path)
+            self.release(run)
+
+    def release(self, run):
+        with self.beat_lock:
+            run.lock.release()
+            self.runs.pop(run.task_id, None)
+        run.child = None
+        self.drop_lock_file(run.lock.path)
+
+    def start_point(self, path, task):
+        """May `task` start now, and from where: the one place the scheduler asks. A tuple
+        (start commit, dependencies) when it may (commit None: what your checkout has checked
+        out); None while it waits (the queue goes on with the next task); else the outcome of
+        blocking it (see dependencies)."""
+        return self.dependencies(path, task) if task["depends_on"] else (None, [])
 
     def dependencies(self, path, task):
         """A task with `depends_on`, before it starts: (start commit, deps) when it may
@@ -4169,6 +4440,7 @@ class Watcher:
     def refuse(self, path, stem, exc):
         """schema_invalid: result (exit_path skipped), file moved to failed/."""
         task_id = stem if re.fullmatch(TASK_ID_PATTERN, stem) else "invalid-%s" % random_hex()
+        self.writes_for(task_id)
         target = move_no_clobber(path, self.handoff.dir("failed"), os.path.basename(path))
         snapshot = exc.raw if isinstance(exc.raw, dict) else None
         result = self.new_result(snapshot, task_id)
@@ -4205,7 +4477,7 @@ class Watcher:
                     "dirty_after_verify": None, "status_before": None,
                     "status_after_verify": None, "diff_stat_pre": None, "diff_stat_post": None,
                     "commit": None, "wip_commit": None, "returned_to_base": None,
-                    "base_head": None},
+                    "base_head": None, "worktree": None, "worktree_kept": None},
             "dependencies": [],
             "executor": None,
             "commands": [],
@@ -4243,8 +4515,9 @@ class Watcher:
                 "outcome is kept" % (type(exc).__name__, str(exc)[:200])
             data = json.dumps(self.redactor.redact_obj(result), ensure_ascii=False, indent=2)
         atomic_write(self.handoff.path("results", task_id + ".json"), data + "\n")
-        self.counts[result.get("exit_path")] = self.counts.get(result.get("exit_path"), 0) + 1
-        self.outcomes[task_id] = result.get("exit_path")
+        with self.beat_lock:  # task threads write results at once
+            self.counts[result.get("exit_path")] = self.counts.get(result.get("exit_path"), 0) + 1
+            self.outcomes[task_id] = result.get("exit_path")
         if final:
             self.notify(result.get("status"), task_id, result.get("reason"), data)
 
@@ -4324,17 +4597,8 @@ class Watcher:
 
     def commit_all(self, message):
         """Commit everything but .ai-handoff/ on the current branch; the new sha or None."""
-        self.git.run("add", "-A")  # .ai-handoff/ is in info/exclude (see run())
-        result = self.git.run("commit", "-q", "--no-verify", "-m", message, check=False)
-        if not result.ok and "tell me who you are" in (result.stderr + result.stdout).lower():
-            result = self.git.run("-c", "user.name=bridge.py", "-c", "user.email=bridge@localhost",
-                                  "commit", "-q", "--no-verify", "-m", message, check=False)
-        if not result.ok:
-            if "nothing to commit" in result.stdout + result.stderr:
-                return None
-            raise BridgeError("git commit failed: %s" % (result.stderr or result.stdout).strip()[-300:],
-                              EXIT_FAILED)
-        return self.git.head()
+        with self.git_lock:  # a ref update: one at a time across the task threads
+            return self.git.commit_all(message)
 
     def ran_on(self, task_id, branch):
         """True when an earlier, archived run of this task used `branch` (it is ours)."""
@@ -4344,7 +4608,7 @@ class Watcher:
     def note_in_task_lock(self, **fields):
         """Record fields in the task lock's metadata (read by a later crash recovery)."""
         with self.beat_lock:
-            lock = self.task_lock
+            lock = self.current.lock
             if lock is not None:
                 lock.extra.update(fields)
                 lock.meta.update(fields)
@@ -4357,28 +4621,30 @@ class Watcher:
 
     def run_child(self, cmd, task, step, shell=False, env=None, idle_timeout=None):
         """An agent or verify command with the task timeout, group kill and progress."""
+        run = self.current
+
         def started(proc):
-            self.child = proc
+            run.child = proc
             if self.stopping:  # the signal came between two steps: stop this one at once
                 import signal
                 signal_group(proc.pid, signal.SIGTERM)
-            lock = self.task_lock
+            lock = run.lock
             if lock is not None:  # every group, so a crash recovery can end them all
                 group = {"pid": proc.pid, "start_ticks": _start_ticks(proc.pid), "step": step}
                 self.note_in_task_lock(groups=lock.meta.get("groups", []) + [group])
         try:
-            return run_command(cmd, cwd=self.root, env=env, timeout=task["timeout_sec"],
+            return run_command(cmd, cwd=run.work, env=env, timeout=task["timeout_sec"],
                                shell=shell, on_tick=self.progress(task["id"], step),
                                tick_sec=self.progress_sec, on_start=started, stop=self.overdue,
                                cap_bytes=max(self.cap * 64, 8 << 20), idle_timeout=idle_timeout)
         finally:
-            self.child = None
+            run.child = None
 
     def execute(self, task, running, start=None):
         """A task already in running/ under its lock, from the confirmation gate to its
         result. `start`: (commit, deps) of a task with dependencies (see dependencies)."""
         task_id = task["id"]
-        result = self.active = self.new_result(task)
+        result = self.current.result = self.new_result(task)
         started = monotonic()
         outcome = None
         if start:
@@ -4401,13 +4667,19 @@ class Watcher:
                 self.after_failure(task, result)
             result["duration_ms"] = int((monotonic() - started) * 1000)
             result["finished_at"] = now_iso()
+            self.keeps_worktree(result)
+            # the queue stops on a failure: no task starts once its result can be seen
+            self.failing = self.failing or result["exit_path"] == "failed" and (
+                self.stop_on_failure or self.tamper_stop)
             if interrupted:
                 self.say("%s: interrupted: %s" % (task_id, result["detail"]))
                 self.requeue(task_id, running, result, task["attempt"])
+                self.remove_worktree(result)
                 return "interrupted"
             self.write_result(task_id, result)
             # the result is written first: a crash now leaves a result, never a lost task
             self.file_away(running, result)
+            self.remove_worktree(result)
             self.say("%s: %s (%s)%s" % (task_id, result["status"], result["reason"],
                                         (": " + result["detail"]) if result["detail"] else ""))
         return result["exit_path"]
@@ -4436,7 +4708,10 @@ class Watcher:
         cannot be done is said, never raised."""
         stem = name[:-5] if name.endswith(".json") else name
         task_id = stem if re.fullmatch(TASK_ID_PATTERN, stem) else "invalid-" + random_hex()
-        result, self.active = self.active or self.new_result(None, task_id), None
+        run = self.current
+        result = (run and run.result) or self.new_result(None, task_id)
+        if run:
+            run.result = None
         detail = self.log_exception(task_id, exc)
         problems = []
         git_state = result["git"]
@@ -4493,50 +4768,7 @@ class Watcher:
             self.file_away(running, result)
             self.say("%s: needs confirmation (bridge.py approve %s)" % (task_id, task_id))
             return "pending"
-        # safety: dirty check and git state, captured before the agent runs
-        snap = self.git_snapshot()
-        base_branch = snap["current_branch"]
-        git_state.update(base_branch=base_branch, base_commit=snap["head"],
-                         dirty_before=snap["dirty"], status_before=snap["status"])
-        operation = self.in_progress_operation()
-        if operation:
-            raise Stop("blocked", "dirty_repo", "a git operation is in progress (%s); finish or "
-                       "abort it first" % operation)
-        if snap["dirty"] and not task["allow_dirty"]:
-            raise Stop("blocked", "dirty_repo", "the work tree has uncommitted changes "
-                       "(see git.status_before); commit or stash them, or set allow_dirty")
-        if snap["head"] is None:
-            raise Stop("blocked", "branch_checkout_failed", "the repository has no commit yet "
-                       "(unborn branch); commit something first")
-        # branch: off protected branches (and detached HEAD) onto feat/ai/{id}, and so is
-        # a task that starts from a dependency's commit instead of the checkout's HEAD
-        start = start or snap["head"]
-        branch = base_branch
-        if base_branch is None or base_branch in self.protected or start != snap["head"]:
-            branch = "feat/ai/" + task_id
-        # recorded before any git change: a crash from here on returns to this base
-        git_state.update(base_commit=start, base_head=snap["head"])
-        self.note_in_task_lock(base_branch=base_branch, base_commit=start, base_head=snap["head"],
-                               branch=branch, dirty_before=snap["dirty"])
-        if branch != base_branch:
-            made = self.git.run("checkout", "-q", "-b", branch, start, check=False)
-            if made.ok:
-                git_state["branch_created"] = True
-            elif "already exists" in made.stderr and (
-                    task["attempt"] > 1 or self.ran_on(task_id, branch)):
-                switched = self.git.run("checkout", "-q", branch, check=False)
-                if not switched.ok:
-                    raise Stop("blocked", "branch_checkout_failed", "cannot switch to the existing "
-                               "%s for retry: %s" % (branch, switched.stderr.strip()[-300:]))
-                git_state["base_commit"] = self.git.head()
-            elif "already exists" in made.stderr:
-                raise Stop("blocked", "branch_checkout_failed", "branch %s already exists and this "
-                           "is attempt 1 of a task that never ran; rename the task or delete "
-                           "the branch" % branch)
-            else:
-                raise Stop("blocked", "branch_checkout_failed", "git checkout -b %s failed: %s" % (
-                    branch, made.stderr.strip()[-300:]))
-        git_state["branch"] = branch
+        snap = (self.enter_worktree if self.isolated else self.enter_checkout)(task, result, start)
         # bead
         self.bead_create(task, result)
         # the editing agent
@@ -4550,21 +4782,27 @@ class Watcher:
         result["artifacts"]["prompt"] = self.handoff.rel(prompt_path)
         log_path = self.handoff.path("logs", task_id + ".log")
         result["artifacts"]["logs"] = self.handoff.rel(log_path)
-        self.log(task_id, "=== %s attempt %d started %s on %s (base %s)\n" % (
-            task_id, task["attempt"], now_iso(), branch, git_state["base_commit"]))
+        self.log(task_id, "=== %s attempt %d started %s on %s (base %s)%s\n" % (
+            task_id, task["attempt"], now_iso(), git_state["branch"], git_state["base_commit"],
+            " in the worktree %s" % self.work if git_state["worktree"] else ""))
         name = task.get("executor")
         template = self.executors[name] if name else self.executor
         argv = fill_template(template, {"prompt": prompt, "prompt_file": prompt_path,
-                                        "task_file": running, "id": task_id, "root": self.root})
+                                        "task_file": running, "id": task_id, "root": self.work})
         env = dict(os.environ)
         extra_env = self.config["executor"]["env"]
         env.update({str(k): str(v) for k, v in extra_env.items()})
         env.update(BRIDGE_TASK_ID=task_id, BRIDGE_TASK_FILE=running, BRIDGE_PROMPT_FILE=prompt_path,
-                   BRIDGE_ROOT=self.root)
+                   BRIDGE_ROOT=self.work)
         self.say("%s: running the editing agent (%s)" % (task_id, name or template[0]))
         guard = Fingerprint(self.handoff, self.git_dir, task_id, self.git.config_files(),
-                            (git_state["branch"], git_state["base_branch"]))
-        guard.base_tip = snap["head"]  # the base branch's tip, taken before the checkout
+                            (git_state["branch"], git_state["base_branch"]), self.work)
+        # the base branch's tip, taken before the checkout; in a worktree the base branch is
+        # yours to commit on meanwhile
+        guard.base_tip = None if git_state["worktree"] else snap["head"]
+        with self.beat_lock:  # the watcher's writes for tasks running alongside are not the agent's
+            guard.others = set(self.runs) - {task_id}
+            self.current.guard = guard
         attributes = attribute_filter_lines(self.audit(git_state["base_commit"])[0]) \
             if snap["dirty"] else set()
         try:
@@ -4678,6 +4916,149 @@ class Watcher:
             text += tail.replace("```", "'''") + "\n```"
         return self.redact(text)
 
+    def enter_checkout(self, task, result, start=None):
+        """Checkout isolation: the dirty check and git state, captured before the agent runs,
+        then the task's branch checked out in your work tree (from `start`, a dependency's
+        commit, else HEAD). Returns the snapshot."""
+        task_id, git_state = task["id"], result["git"]
+        snap = self.git_snapshot()
+        base_branch = snap["current_branch"]
+        git_state.update(base_branch=base_branch, base_commit=snap["head"],
+                         dirty_before=snap["dirty"], status_before=snap["status"])
+        operation = self.in_progress_operation()
+        if operation:
+            raise Stop("blocked", "dirty_repo", "a git operation is in progress (%s); finish or "
+                       "abort it first" % operation)
+        if snap["dirty"] and not task["allow_dirty"]:
+            raise Stop("blocked", "dirty_repo", "the work tree has uncommitted changes "
+                       "(see git.status_before); commit or stash them, or set allow_dirty")
+        if snap["head"] is None:
+            raise Stop("blocked", "branch_checkout_failed", "the repository has no commit yet "
+                       "(unborn branch); commit something first")
+        # branch: off protected branches (and detached HEAD) onto feat/ai/{id}, and so is
+        # a task that starts from a dependency's commit instead of the checkout's HEAD
+        start = start or snap["head"]
+        branch = base_branch
+        if base_branch is None or base_branch in self.protected or start != snap["head"]:
+            branch = "feat/ai/" + task_id
+        # recorded before any git change: a crash from here on returns to this base
+        git_state.update(base_commit=start, base_head=snap["head"], branch=branch)
+        self.note_in_task_lock(base_branch=base_branch, base_commit=start, base_head=snap["head"],
+                               branch=branch, dirty_before=snap["dirty"])
+        if branch != base_branch and self.task_branch(
+                task, result, ("checkout", "-q", "-b", branch, start), ("checkout", "-q", branch)):
+            git_state["base_commit"] = self.git.head()
+        return snap
+
+    def enter_worktree(self, task, result, start=None):
+        """Worktree isolation: the task's own worktree WORKTREES/{id} on feat/ai/{id}, made
+        from `start` (a dependency's commit), else from what your checkout has checked out (or
+        from the branch an earlier run of the task left); your checkout, index and branch are
+        never touched, so your uncommitted changes neither block the task nor reach it. A
+        worktree left by an earlier run is used again, what it holds committed first (WIP).
+        Returns the snapshot of the worktree."""
+        task_id, git_state = task["id"], result["git"]
+        head, base_branch = self.repo_git.head(), self.repo_git.current_branch()
+        if head is None:
+            raise Stop("blocked", "branch_checkout_failed", "the repository has no commit yet "
+                       "(unborn branch); commit something first")
+        base = start or head
+        path, branch = os.path.join(self.worktrees, task_id), "feat/ai/" + task_id
+        git_state.update(base_branch=base_branch, base_commit=base, base_head=head, branch=branch,
+                         worktree=path)
+        # recorded before any git change: a crash from here on finds the worktree
+        self.note_in_task_lock(base_branch=base_branch, base_commit=base, base_head=head,
+                               branch=branch, worktree=path, dirty_before=False)
+        reused = os.path.lexists(path)
+        if not reused and self.task_branch(task, result, (
+                "worktree", "add", "-q", "-b", branch, path, base), ("worktree", "add", "-q", path,
+                                                                     branch)):
+            reused = True
+        self.use_worktree(path)
+        if self.git.current_branch() != branch:
+            raise Stop("blocked", "branch_checkout_failed", "%s is not a worktree on %s; remove it "
+                       "(`bridge.py unlock --worktrees`) or rename the task" % (path, branch))
+        run.owned = True
+        snap = self.git_snapshot()
+        if reused and snap["dirty"]:
+            wip = self.commit_all("WIP(bridge): %s left by an earlier run - NOT verified\n" % task_id)
+            self.log(task_id, "--- the worktree left by an earlier run held changes: committed "
+                     "as WIP %s\n" % wip)
+            snap = self.git_snapshot()
+        git_state.update(base_commit=snap["head"], dirty_before=snap["dirty"],
+                         status_before=snap["status"])
+        return snap
+
+    def use_worktree(self, path):
+        """Point this task's git at its worktree (once git confirms it is one)."""
+        try:
+            git, git_dir = open_worktree(path)
+        except BridgeError as exc:
+            raise Stop("blocked", "branch_checkout_failed", exc.message)
+        git.stop = self.overdue
+        self.current.git, self.current.git_dir, self.current.work = git, git_dir, path
+
+    def task_branch(self, task, result, create, switch):
+        """Put the task on its branch with git `create`; when the branch exists from an earlier
+        run of this task (attempt > 1, or in its history), with `switch`. True when the branch
+        existed; branch_checkout_failed (blocked) when it cannot."""
+        git_state, branch = result["git"], result["git"]["branch"]
+        with self.git_lock:
+            made = self.git.run(*create, check=False)
+            if made.ok:
+                git_state["branch_created"] = True
+                return False
+            if "already exists" in made.stderr and (
+                    task["attempt"] > 1 or self.ran_on(task["id"], branch)):
+                switched = self.git.run(*switch, check=False)
+                if switched.ok:
+                    return True
+                raise Stop("blocked", "branch_checkout_failed", "cannot switch to the existing "
+                           "%s for retry: %s" % (branch, switched.stderr.strip()[-300:]))
+        if "already exists" in made.stderr:
+            raise Stop("blocked", "branch_checkout_failed", "branch %s already exists and this "
+                       "is attempt 1 of a task that never ran; rename the task or delete "
+                       "the branch" % branch)
+        raise Stop("blocked", "branch_checkout_failed", "git %s failed: %s" % (
+            " ".join(create[:4]), made.stderr.strip()[-300:]))
+
+    # -- worktree isolation --
+
+    def keeps_worktree(self, result):
+        """Why the task's worktree stays (git.worktree_kept), decided before the result is
+        written; null: it is removed right after. It stays when it holds what a person should
+        look at: a failure, a block after the agent ran, unverified or uncommitted work."""
+        git_state, run = result["git"], self.current
+        if not git_state.get("worktree") or not (run and run.owned):
+            return
+        why = None
+        if result["status"] == "success":
+            if git_state.get("dirty_after_verify") and not git_state.get("commit"):
+                why = "the verified work is uncommitted there (commit_on_success is false)"
+        elif result["reason"] not in ("interrupted", "stale_lock_recovered") and (
+                result.get("executor") is not None or result["reason"] == "agent_tampered"):
+            why = "%s: kept for inspection; `bridge.py unlock --worktrees` removes it (what it " \
+                  "holds is committed to %s as WIP first)" % (result["reason"], git_state["branch"])
+        git_state["worktree_kept"] = why
+
+    def remove_worktree(self, result):
+        """Remove the task's worktree once its result is written, unless keeps_worktree kept it
+        (git refuses to remove one holding changes: then it stays, and the log says so). A
+        branch made for a task that failed before the agent ran goes too (nothing is on it)."""
+        git_state, run = result["git"], self.current
+        if not git_state.get("worktree") or not (run and run.owned) or git_state["worktree_kept"]:
+            return
+        with self.git_lock:
+            gone = self.repo_git.run("worktree", "remove", git_state["worktree"], check=False)
+            if gone.ok and result.get("executor") is None and git_state.get("branch_created"):
+                self.repo_git.run("branch", "-d", git_state["branch"], check=False)
+        run.owned = False
+        if not gone.ok:
+            note = "the worktree %s could not be removed (%s); it stays" % (
+                git_state["worktree"], gone.stderr.strip()[-300:])
+            self.say("%s: %s" % (result["id"], note))
+            self.log(result["id"], "--- %s\n" % note)
+
     def bead_create(self, task, result):
         bead = result["bead"]
         if not self.beads.argv:
@@ -4736,7 +5117,8 @@ class Watcher:
         if not tips.get(branch, (False,))[0]:
             notes.append("HEAD left the task's branch %s (for %s)" % (branch, next(
                 (name for name, (star, _) in tips.items() if star), "another branch or commit")))
-        if base and base != branch and tips.get(base, (0, None))[1] != guard.base_tip:
+        if base and base != branch and guard.base_tip and \
+                tips.get(base, (0, None))[1] != guard.base_tip:
             notes.append("the base branch %s moved from %s to %s" % (
                 base, guard.base_tip, tips.get(base, (0, "nowhere"))[1]))
         if notes:  # nothing is reset or force-moved back: named only
@@ -4757,7 +5139,7 @@ class Watcher:
     def return_to_base(self, result):
         git_state = result["git"]
         base_branch, branch = git_state.get("base_branch"), git_state.get("branch")
-        if not self.config["return_to_base"] or branch == base_branch:
+        if not self.config["return_to_base"] or branch == base_branch or git_state.get("worktree"):
             return
         target = base_branch or git_state.get("base_head") or git_state.get("base_commit")
         args = ("checkout", "-q", target) if base_branch else ("checkout", "-q", "--detach", target)
@@ -4774,10 +5156,12 @@ class Watcher:
             error = self.beads.block(bead_id, "%s: %s" % (result["reason"], result["detail"])[:500])
             if error:
                 result["bead"]["error"] = error
-        if result["reason"] in ("interrupted", "agent_tampered") or (
-                result["status"] == "blocked" and result.get("executor") is None):
-            return  # after tampering git itself may point elsewhere (.git swapped): hands off
         git_state = result["git"]
+        if result["reason"] in ("interrupted", "agent_tampered") or git_state["worktree"] or (
+                result["status"] == "blocked" and result.get("executor") is None):
+            # a worktree stays as it is (see keeps_worktree); after tampering git itself may
+            # point elsewhere (.git swapped): hands off
+            return
         if result.get("executor") is None and git_state.get("branch_created"):
             # Failed before the agent ran (e.g. bead_failed): nothing to inspect, so
             # leave no trace in git: back to base and the empty branch removed.
@@ -4907,7 +5291,7 @@ def approve_task(root, task_id):
     return task
 
 
-def queue_status(root, recent=5):
+def queue_status(root, recent=5, config=None):
     handoff = Handoff(root)
     handoff.require()
     counts = {state: len(list_task_files(handoff.dir(state)))
@@ -4938,7 +5322,53 @@ def queue_status(root, recent=5):
     return {"queued": counts["tasks"], "running": counts["running"], "pending": counts["pending"],
             "failed": counts["failed"], "results": by_status, "worker": worker,
             "recent_failures": failures[:recent], "waiting": waiting_tasks(handoff),
-            "skipped_in_tasks": skipped_task_files(handoff.dir("tasks"))}
+            "skipped_in_tasks": skipped_task_files(handoff.dir("tasks")),
+            "worktrees": [{"id": task_id, "path": path, "why": worktree_state(handoff, task_id)
+                           or "nothing needs it (the next watcher start removes it)"}
+                          for task_id, path in task_worktrees(root, config)]}
+
+
+def task_worktrees(root, config):
+    """[(task id, path)] of the task worktrees in the worktree folder (see worktree_root)."""
+    if config is None:
+        return []
+    try:
+        folder = worktree_root(root, config, Git(root))
+        return [(name, os.path.join(folder, name)) for name in sorted(os.listdir(folder))]
+    except (BridgeError, OSError):
+        return []
+
+
+def remove_worktrees(root, config):
+    """`unlock --worktrees`, with no watcher running: each task worktree whose task is not
+    queued or running is committed to its branch as WIP (when it holds changes) and removed;
+    the branch stays. Lines saying what was done."""
+    handoff = Handoff(root)
+    handoff.require()
+    lock = FileLock(handoff.path("locks", WORKER_LOCK), meta={"role": "unlock --worktrees"})
+    if not lock.acquire():
+        raise BridgeError("a watcher holds the worker lock (%s): stop it first, its tasks' "
+                          "worktrees are in use" % describe_holder(lock.holder), EXIT_LOCKED)
+    lines, repo = [], Git(root)
+    try:
+        repo.run("worktree", "prune", check=False)
+        for task_id, path in task_worktrees(root, config):
+            busy = next((why for state, why in (("running", "running"), ("tasks", "queued"))
+                         if os.path.lexists(handoff.path(state, task_id + ".json"))), None)
+            try:
+                if busy:
+                    raise BridgeError("its task is %s" % busy)
+                git = open_worktree(path)[0]
+                wip = git.commit_all("WIP(bridge): %s worktree removed by unlock --worktrees - "
+                                     "NOT verified\n" % task_id)
+                repo.run("worktree", "remove", path)
+                lines.append("removed the worktree %s%s" % (path, "; what it held is WIP commit %s "
+                             "on %s" % (wip, git.current_branch() or "its branch") if wip else ""))
+            except BridgeError as exc:
+                lines.append("kept the worktree %s: %s" % (path, exc.message))
+    finally:
+        lock.release()
+    return lines or ["no task worktrees"]
 
 
 def waiting_tasks(handoff):
@@ -12209,8 +12639,8 @@ def cmd_watch(args):
 
 
 def cmd_status(args):
-    root, _config = load_args_config(args)
-    report = queue_status(root)
+    root, config = load_args_config(args)
+    report = queue_status(root, config=config)
     if args.json:  # ASCII only: an agent-written name or reason cannot drive the terminal
         print(json.dumps(report, indent=2))
         return EXIT_OK
@@ -12232,6 +12662,8 @@ def cmd_status(args):
                                      else "will be blocked: " + item["detail"])))
     for item in report["skipped_in_tasks"]:
         print(printable("skipped in tasks/: %s (%s)" % (item["name"], item["reason"])))
+    for item in report["worktrees"]:
+        print(printable("worktree %s: %s" % (item["path"], item["why"])))
     return EXIT_OK
 
 
@@ -12243,7 +12675,10 @@ def cmd_approve(args):
 
 
 def cmd_unlock(args):
-    root, _config = load_args_config(args)
+    root, config = load_args_config(args)
+    if args.worktrees:
+        print("\n".join(remove_worktrees(root, config)))
+        return EXIT_OK
     print(unlock_worker(root, force=args.force))
     return EXIT_OK
 
@@ -13200,9 +13635,12 @@ def build_parser():
             "python3 scripts/bridge.py approve 2026-11-22_01_add-greeting",
             row("id", help="the task id")),
         row("unlock", cmd_unlock, "clear the worker lock when it is provably stale (or --force)",
-            "python3 scripts/bridge.py unlock",
+            "python3 scripts/bridge.py unlock\npython3 scripts/bridge.py unlock --worktrees",
             row("--force", action="store_true",
-                help="clear it even when its holder may still run (dangerous)")),
+                help="clear it even when its holder may still run (dangerous)"),
+            row("--worktrees", action="store_true",
+                help="instead remove the task worktrees kept (isolation \"worktree\"), "
+                     "their changes committed to their branches as WIP first")),
         None,  # the seam verbs
         row("hooks", "install, remove or check the seam's hooks in Claude Code, Codex or Pi",
             "Write the _bridge/ seam's hooks into a host's settings (keeping every hook already "

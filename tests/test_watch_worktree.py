@@ -1,0 +1,241 @@
+"""isolation "worktree" and workers > 1: each task in a git worktree of its own, several at once.
+
+Through the CLI on real repositories with real `git worktree`s; the agents are fixtures/agent.py
+processes running at the same time. Overlap is proven by a barrier the agents pass only when
+all of them run at once (fixtures/agent.py `barrier`), never by timing.
+"""
+import json
+import os
+import signal
+import subprocess
+
+from conftest import BRIDGE, PYTHON, git, process_running
+from test_watch import Queue, branch, head, wait_for
+
+USER_FILES = {"README.md": "# test repo\nmy uncommitted edit\n", "mine.txt": "my own file\n"}
+
+
+def worktree_queue(repo, tmp_path, **config):
+    config.setdefault("isolation", "worktree")
+    queue = Queue(repo, tmp_path, **config)
+    for name, text in USER_FILES.items():  # the user's uncommitted work: never touched, never seen
+        (queue.repo / name).write_text(text)
+    queue.user_status = git(queue.repo, "status", "--porcelain", "--untracked-files=all")
+    queue.user_head = head(queue.repo)
+    return queue
+
+
+def assert_user_checkout_untouched(queue):
+    assert branch(queue.repo) == "main" and head(queue.repo) == queue.user_head
+    assert git(queue.repo, "status", "--porcelain", "--untracked-files=all") == queue.user_status
+    for name, text in USER_FILES.items():
+        assert (queue.repo / name).read_text() == text
+
+
+def worktrees(queue):
+    """Paths of the linked worktrees git knows, and what is in the worktree folder."""
+    listed = [line[9:] for line in git(queue.repo, "worktree", "list", "--porcelain").splitlines()
+              if line.startswith("worktree ")][1:]
+    folder = queue.repo / ".git" / "bridge-worktrees"
+    return listed + (sorted(p.name for p in folder.iterdir()) if folder.exists() else [])
+
+
+def test_worktree_success_leaves_your_checkout_and_uncommitted_work_alone(git_repo, tmp_path):
+    queue = worktree_queue(git_repo, tmp_path)
+    queue.put(queue.task("w1", agent={"write": {"src/new.py": "print('hi')\n"}},
+                         commands_to_run=["test -f src/new.py", "test ! -e mine.txt",
+                                          "grep -qv uncommitted README.md", "pwd"]))
+    out = queue.watch()
+    assert out.returncode == 0, out.stderr
+    r = queue.result("w1")
+    assert (r["status"], r["reason"]) == ("success", "verified"), r["detail"]
+    g = r["git"]
+    path = str(queue.repo / ".git" / "bridge-worktrees" / "w1")
+    assert r["commands"][3]["stdout"].strip() == os.path.realpath(path)  # verified in the worktree
+    assert (g["worktree"], g["worktree_kept"], g["base_branch"]) == (path, None, "main")
+    assert g["base_commit"] == queue.user_head and g["branch"] == "feat/ai/w1"
+    assert g["branch_created"] is True and g["dirty_before"] is False
+    assert "?? src/new.py" in g["status_after_verify"] and g["returned_to_base"] is None
+    assert git(queue.repo, "show", "feat/ai/w1:src/new.py") == "print('hi')\n"
+    assert head(queue.repo, "feat/ai/w1") == g["commit"]
+    assert git(queue.repo, "rev-parse", g["commit"] + "^").strip() == queue.user_head
+    assert "src/new.py" in (queue.handoff / r["artifacts"]["patch_post"]).read_text()
+    assert worktrees(queue) == []  # removed once the result was written
+    assert_user_checkout_untouched(queue)
+    assert queue.names("running") == [] and queue.names("locks") == ["__worker__.lock"]
+
+
+def test_worktree_failure_is_kept_listed_and_removed_by_unlock(git_repo, tmp_path):
+    queue = worktree_queue(git_repo, tmp_path)
+    queue.put(queue.task("w2", agent={"write": {"half.txt": "half done\n"}},
+                         commands_to_run=["false"]))
+    assert queue.watch().returncode == 1
+    r = queue.result("w2")
+    path = queue.repo / ".git" / "bridge-worktrees" / "w2"
+    assert r["reason"] == "verify_failed" and "unlock --worktrees" in r["git"]["worktree_kept"]
+    assert (path / "half.txt").read_text() == "half done\n"  # as the agent left it
+    status = json.loads(queue.bridge("status", "--json").stdout)
+    assert status["worktrees"] == [{"id": "w2", "path": str(path), "why": r["git"]["worktree_kept"]}]
+    assert "worktree %s: verify_failed" % path in queue.bridge("status").stdout
+    again = queue.watch()  # a restart keeps it, saying why
+    assert "kept the worktree %s: verify_failed" % path in again.stderr
+    out = queue.bridge("unlock", "--worktrees")
+    assert out.returncode == 0 and "removed the worktree %s" % path in out.stdout, out.stderr
+    assert worktrees(queue) == []
+    assert git(queue.repo, "show", "feat/ai/w2:half.txt") == "half done\n"  # WIP on its branch
+    assert "WIP(bridge)" in git(queue.repo, "log", "-1", "--format=%s", "feat/ai/w2")
+    assert json.loads(queue.bridge("status", "--json").stdout)["worktrees"] == []
+    assert_user_checkout_untouched(queue)
+
+
+def test_a_retry_uses_the_kept_worktree_after_committing_it(git_repo, tmp_path):
+    queue = worktree_queue(git_repo, tmp_path)
+    task = queue.task("w3", agent={"write": {"a.txt": "first\n"}}, commands_to_run=["false"])
+    queue.put(task)
+    assert queue.watch().returncode == 1
+    retry = tmp_path / "w3.json"
+    task.update(fixture_agent={"write": {"b.txt": "second\n"}}, commands_to_run=["test -f a.txt"])
+    retry.write_text(json.dumps(task))
+    assert queue.bridge("submit", "--retry", retry).returncode == 0
+    out = queue.watch()
+    assert out.returncode == 0, out.stderr
+    r = queue.result("w3")
+    assert (r["status"], r["attempt"], r["git"]["branch_created"]) == ("success", 2, False)
+    assert git(queue.repo, "show", "feat/ai/w3:a.txt") == "first\n"
+    assert git(queue.repo, "show", "feat/ai/w3:b.txt") == "second\n"
+    subjects = git(queue.repo, "log", "--format=%s", "main..feat/ai/w3").splitlines()
+    assert subjects[0].startswith("bridge: w3") and "WIP(bridge): w3" in subjects[1]
+    assert worktrees(queue) == []
+    assert_user_checkout_untouched(queue)
+
+
+def test_worktree_add_runs_no_hook_and_no_filter(git_repo, tmp_path):
+    """A post-checkout hook and a smudge filter planted in the repository do not run when
+    the watcher makes a worktree (its git pins them off)."""
+    marks = tmp_path / "ran"
+    hook = git_repo / ".git" / "hooks" / "post-checkout"
+    hook.write_text("#!/bin/sh\necho hook >> %s\n" % marks)
+    hook.chmod(0o755)
+    (git_repo / ".gitattributes").write_text("*.txt filter=evil\n")
+    (git_repo / "f.txt").write_text("text\n")
+    git(git_repo, "add", ".gitattributes", "f.txt")
+    git(git_repo, "commit", "-q", "-m", "attributes")
+    git(git_repo, "config", "filter.evil.smudge", "sh -c 'echo smudge >> %s; cat'" % marks)
+    queue = worktree_queue(git_repo, tmp_path)
+    queue.put(queue.task("w4"))
+    out = queue.watch()
+    assert out.returncode == 0, out.stderr
+    assert not marks.exists()
+
+
+def test_an_agent_rewriting_its_worktree_link_is_tampering(git_repo, tmp_path):
+    queue = worktree_queue(git_repo, tmp_path)
+    queue.put(queue.task("w5", agent={"write": {".git": "gitdir: /tmp/elsewhere\n"}}))
+    assert queue.watch().returncode == 1
+    r = queue.result("w5")
+    assert r["reason"] == "agent_tampered" and any(".git changed" in t for t in r["tampered"])
+    path = queue.repo / ".git" / "bridge-worktrees" / "w5"
+    assert (path / ".git").read_text().startswith("gitdir: %s" % (queue.repo / ".git" / "worktrees"))
+    assert r["git"]["worktree_kept"]
+    assert_user_checkout_untouched(queue)
+
+
+def test_config_refusals_name_the_key(git_repo, tmp_path):
+    for config, words in (({"workers": 2}, "workers 2 needs isolation \"worktree\""),
+                          ({"isolation": "container"}, "isolation must be"),
+                          ({"isolation": "worktree", "worktree_dir": "trees"}, "is inside the work tree"),
+                          ({"isolation": "worktree", "workers": 0}, "workers must be")):
+        queue = Queue(git_repo, tmp_path, **config)
+        out = queue.watch()
+        assert out.returncode == 2 and words in out.stderr, (config, out.stderr)
+    queue = Queue(git_repo, tmp_path, isolation="worktree", worktree_dir="../trees")
+    queue.put(queue.task("w6"))
+    assert queue.watch().returncode == 0
+    assert queue.result("w6")["git"]["worktree"] == str(tmp_path / "trees" / "w6")
+
+
+# ---- several at once -----------------------------------------------------------
+
+def test_three_workers_really_overlap(git_repo, tmp_path):
+    queue = worktree_queue(git_repo, tmp_path, workers=3)
+    barrier = tmp_path / "barrier"
+    for n in (1, 2, 3, 4):  # each of the first three waits for the other two: none passes alone
+        queue.put(queue.task("p%d" % n, agent={"write": {"p%d.txt" % n: "%d\n" % n},
+                                               "barrier": [str(barrier), 3, 60]}))
+    out = queue.watch(timeout=120)
+    assert out.returncode == 0, out.stderr
+    for n in (1, 2, 3, 4):
+        r = queue.result("p%d" % n)
+        assert r["status"] == "success", (n, r["detail"], r["executor"])
+        assert git(queue.repo, "show", "feat/ai/p%d:p%d.txt" % (n, n)) == "%d\n" % n
+        assert r["git"]["base_commit"] == queue.user_head
+    assert set(barrier.read_text().splitlines()[:3]) == {"p1", "p2", "p3"}  # queue order
+    assert worktrees(queue) == [] and queue.names("locks") == ["__worker__.lock"]
+    assert_user_checkout_untouched(queue)
+
+
+def start_three(queue, tmp_path, **agent):
+    pids = tmp_path / "pids"
+    for n in (1, 2, 3):
+        queue.put(queue.task("s%d" % n, agent=dict(
+            {"write": {"s%d.txt" % n: "%d\n" % n}, "pidfile": str(pids), "grandchild": True},
+            **agent), retry_policy={"max_attempts": 2}))
+    watcher = queue.popen_watch("--once")
+    assert wait_for(lambda: pids.exists() and len(pids.read_text().splitlines()) == 3, 60)
+    return watcher, [int(p) for p in pids.read_text().split()]
+
+
+def test_sigterm_stops_every_running_task_and_requeues_it(git_repo, tmp_path):
+    queue = worktree_queue(git_repo, tmp_path, workers=3)
+    watcher, pids = start_three(queue, tmp_path, sleep=60)
+    watcher.send_signal(signal.SIGTERM)
+    assert watcher.wait(30) == 128 + signal.SIGTERM
+    assert queue.names("tasks") == ["s1.json", "s2.json", "s3.json"] and queue.names("running") == []
+    for n in (1, 2, 3):
+        assert [h["reason"] for h in queue.history("s%d" % n)] == ["interrupted"]
+        assert git(queue.repo, "show", "feat/ai/s%d:s%d.txt" % (n, n)) == "%d\n" % n  # parked
+    assert worktrees(queue) == [] and queue.names("locks") == ["__worker__.lock"]
+    for pid in pids:
+        assert wait_for(lambda: not process_running(pid), 10), pid
+    assert_user_checkout_untouched(queue)
+
+
+def test_sigkill_while_three_run_then_restart(git_repo, tmp_path):
+    """The watcher is SIGKILLed while three agents run: the next start recovers each one
+    (its groups killed, its work parked on its branch, its worktree removed), re-runs it, and
+    every task ends with exactly one result; nothing left that no result explains."""
+    queue = worktree_queue(git_repo, tmp_path, workers=3)
+    watcher, pids = start_three(queue, tmp_path, sleep=60, sleep_attempts=[1])
+    watcher.send_signal(signal.SIGKILL)
+    assert watcher.wait(10) == -signal.SIGKILL
+    assert queue.names("running") == ["s1.json", "s2.json", "s3.json"]
+    out = queue.watch(timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert queue.names("results") == ["s1.json", "s2.json", "s3.json"]
+    for n in (1, 2, 3):
+        r = queue.result("s%d" % n)
+        assert (r["status"], r["attempt"]) == ("success", 2), r["detail"]
+        assert [h["reason"] for h in queue.history("s%d" % n)] == ["stale_lock_recovered"]
+        assert git(queue.repo, "show", "feat/ai/s%d:s%d.txt" % (n, n)) == "%d\n" % n
+    branches = git(queue.repo, "for-each-ref", "--format=%(refname:short)", "refs/heads").split()
+    assert sorted(branches) == ["feat/ai/s1", "feat/ai/s2", "feat/ai/s3", "main"]
+    assert worktrees(queue) == [] and queue.names("locks") == ["__worker__.lock"]
+    assert queue.names("running") == [] and queue.names("tasks") == []
+    for pid in pids:
+        assert wait_for(lambda: not process_running(pid), 10), pid
+    assert_user_checkout_untouched(queue)
+
+
+def test_a_failure_stops_the_queue_after_the_running_tasks_end(git_repo, tmp_path):
+    queue = worktree_queue(git_repo, tmp_path, workers=2)
+    barrier = tmp_path / "barrier"
+    queue.put(queue.task("f1", agent={"barrier": [str(barrier), 2, 60]}, commands_to_run=["false"]))
+    queue.put(queue.task("f2", agent={"barrier": [str(barrier), 2, 60]}, commands_to_run=[
+        "until test -e %s; do sleep 0.05; done" % (queue.handoff / "results" / "f1.json")]))
+    queue.put(queue.task("f3"))
+    out = queue.watch(timeout=120)
+    assert out.returncode == 1, out.stderr
+    assert queue.result("f1")["reason"] == "verify_failed"
+    assert queue.result("f2")["status"] == "success"  # it ran alongside: finished, not cut
+    assert queue.names("tasks") == ["f3.json"]
+    assert "the queue stopped on the failure of f1" in out.stderr
