@@ -4978,7 +4978,7 @@ class Watcher:
         if self.git.current_branch() != branch:
             raise Stop("blocked", "branch_checkout_failed", "%s is not a worktree on %s; remove it "
                        "(`bridge.py unlock --worktrees`) or rename the task" % (path, branch))
-        run.owned = True
+        self.current.owned = True
         snap = self.git_snapshot()
         if reused and snap["dirty"]:
             wip = self.commit_all("WIP(bridge): %s left by an earlier run - NOT verified\n" % task_id)

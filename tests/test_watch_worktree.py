@@ -239,3 +239,18 @@ def test_a_failure_stops_the_queue_after_the_running_tasks_end(git_repo, tmp_pat
     assert queue.result("f2")["status"] == "success"  # it ran alongside: finished, not cut
     assert queue.names("tasks") == ["f3.json"]
     assert "the queue stopped on the failure of f1" in out.stderr
+
+
+def test_a_dependent_task_waits_and_starts_from_its_dependency_in_its_worktree(git_repo, tmp_path):
+    queue = worktree_queue(git_repo, tmp_path, workers=2)
+    queue.put(queue.task("d1", agent={"write": {"d1.txt": "one\n"}}))
+    queue.put(queue.task("d2", agent={"write": {"d2.txt": "two\n"}}, depends_on=["d1"],
+                         commands_to_run=["test -f d1.txt"]))
+    out = queue.watch(timeout=120)
+    assert out.returncode == 0, out.stderr
+    first, second = queue.result("d1"), queue.result("d2")
+    assert second["status"] == "success", second["detail"]
+    assert second["git"]["base_commit"] == first["git"]["commit"]  # a chain
+    assert git(queue.repo, "show", "feat/ai/d2:d1.txt") == "one\n"
+    assert worktrees(queue) == []
+    assert_user_checkout_untouched(queue)
