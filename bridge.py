@@ -1465,7 +1465,7 @@ _CLI_FLAGS = {
            (b"ldappasswd",)), ""),
     "N": (((b"ssh-keygen",),), ""), "P": (((b"ssh-keygen",),), ""),
 }
-_NETRC_GATE = rb"password[ \t]{1,8}(?=[^\s:=])"
+_NETRC_GATE = rb"word(?<=password)[ \t]{1,8}(?=[^\s:=])"     # led by its rare w
 # A secret piped or fed to a login that reads it from stdin: `echo X | docker login
 # --password-stdin`, `gh auth login --with-token <<< X`, `echo X | sudo -S`.
 _STDIN_GATE = r"-(?:-password-stdin|-with-token|S\b(?<=sudo -S))"
@@ -1484,10 +1484,9 @@ _SECRET_COMMAND = (r"(?i:base64 +(?:-d|--decode|-D)\b|kubectl\b.{0,200}\bsecrets
                    r"|\bop +read\b|print-(?:access|identity)-token|secrets +versions +access"
                    r"|keyvault +secret +show|\bcat +\S*(?:secret|token|passw|cred|\.key\b|_key\b|apikey))")
 
-_BEARER_GATE = rb"bearer[ \t]{1,8}[a-z0-9._~+/-]{8}"
-_BASIC_GATE = rb"basic[ \t]{1,8}[a-z0-9+/]{6}"
-_BEARER_RULE = r"(?i:bearer)[ \t]{1,8}(?P<v>[A-Za-z0-9._~+/-]{8,4096}={0,8})"
-_BASIC_RULE = r"(?i:basic)[ \t]{1,8}(?P<v>[A-Za-z0-9+/]{6,4096}={0,2})(?![A-Za-z0-9+/=])"
+_SCHEME_GATE = rb"b(?:earer[ \t]{1,8}[a-z0-9._~+/-]{8}|asic[ \t]{1,8}[a-z0-9+/]{6})"
+_SCHEME_RULE = (r"(?i:bearer)[ \t]{1,8}(?P<bearer>[A-Za-z0-9._~+/-]{8,4096}={0,8})"
+                r"|(?i:basic)[ \t]{1,8}(?P<basic>[A-Za-z0-9+/]{6,4096}={0,2})(?![A-Za-z0-9+/=])")
 
 # Percent- and \u-escapes of "=", ":", "@", quotes: a stretch holding one is decoded and
 # its rules run on the decoded text (spans mapped back).
@@ -1559,8 +1558,7 @@ class _Regexes(dict):
                 "netrc": lambda: re.compile(_NETRC_GATE),
                 "lone_line": lambda: re.compile(_LONE_LINE),
                 "secret_command": lambda: re.compile(_SECRET_COMMAND),
-                "bearer": lambda: (re.compile(_BEARER_GATE), re.compile(_BEARER_RULE)),
-                "basic": lambda: (re.compile(_BASIC_GATE), re.compile(_BASIC_RULE)),
+                "scheme": lambda: (re.compile(_SCHEME_GATE), re.compile(_SCHEME_RULE)),
                 "escape_gates": lambda: [re.compile(gate) for gate in _ESCAPE_GATES],
                 "escape": lambda: re.compile(_ESCAPE),
                 "env_name": lambda: re.compile(_ENV_SECRET_NAME, re.I),
@@ -1825,7 +1823,7 @@ class Redactor:
         short = len(text) <= 65536
         self._prefixed(text, spans, short)
         for index, head in enumerate("AELGS"):
-            if short and head not in text:
+            if head not in text:
                 continue
             for m in rx["upper", index].finditer(text):
                 start, token = m.start(), m.group()
@@ -1838,11 +1836,12 @@ class Redactor:
                 if token[:2] in ("SK", "AC") and (token[2:].isdigit() or token[2:].isalpha()):
                     continue
                 spans.append((start, _token_end(text, m.end())))
-        # Prefilters for short texts (a hook's ids, one log line): a rule whose literal is not
-        # there is not even compiled. A long text gets every rule: their own literal-led scans
-        # are as fast as a prefilter's, which would only scan it twice.
+        # Prefilters: a rule whose literal is not in a short text (a hook's ids, one log line)
+        # is not even compiled. A long text is only looked up for the literal's first
+        # character: one memchr, where a search for several characters costs as much as
+        # the rule's own literal-led scan.
         for index, literal in enumerate(rx["literals"]):
-            if short and literal not in text:
+            if (literal if short else literal[0]) not in text:
                 continue
             back = _LITERAL_RULES[index][1]
             for m in rx["literal", index].finditer(text):
@@ -1858,7 +1857,7 @@ class Redactor:
                         continue
                 spans.append((start, end))
         for index, heads in enumerate((("LS0tLS1",), ("Z2", "ZXlK"), ("QUtJQ", "QVNJQ"))):
-            if short and not any(head in text for head in heads):
+            if not any((head if short else head[0]) in text for head in heads):
                 continue
             for m in rx["b64", index].finditer(text):
                 if (m.start() and (text[m.start() - 1].isalnum() or text[m.start() - 1] in "+/")) \
@@ -1881,7 +1880,8 @@ class Redactor:
         rx = self._rx
         tails = rx["prefix_tails"]
         for sep in "_-.~":
-            if short and not any(text[at - 2:at + 1] in tails for at in _positions(text, sep)) \
+            if sep not in text or short and not any(
+                    text[at - 2:at + 1] in tails for at in _positions(text, sep)) \
                     and not (sep in _SEP_INSIDE and _SEP_INSIDE[sep][3] in text):
                 continue                          # (no scan to compile for a hook's ids)
             pos = 0
@@ -2083,18 +2083,19 @@ class Redactor:
                     end = rx["line_rest"].match(text, begin).end()
                 spans.append((begin, end))
                 pos = max(pos, end)
-        for m in _matches_at(low, rx["bearer"], text) if not short or b"bearer" in low else ():
-            value = m.group("v")
-            if any(c.isdigit() for c in value) or (value.lower() != value and value.upper() != value):
-                spans.append(m.span("v"))
-        for m in _matches_at(low, rx["basic"], text) if not short or b"basic" in low else ():
+        for m in _matches_at(low, rx["scheme"], text) if not short or b"bearer" in low or b"basic" in low else ():
+            value = m.group(m.lastgroup)
+            if m.lastgroup == "bearer":
+                if any(c.isdigit() for c in value) or (value.lower() != value and value.upper() != value):
+                    spans.append(m.span("bearer"))
+                continue
             import binascii
             try:
-                decoded = binascii.a2b_base64(m.group("v") + "=" * (-len(m.group("v")) % 4))
+                decoded = binascii.a2b_base64(value + "=" * (-len(value) % 4))
             except (binascii.Error, ValueError):
                 continue
             if b":" in decoded and decoded.isascii() and decoded.decode("ascii").isprintable():
-                spans.append(m.span("v"))      # "user:password" ("Basic Options" is prose)
+                spans.append(m.span("basic"))  # "user:password" ("Basic Options" is prose)
         if not short or "</" in text:
             for m in rx["xml_element"].finditer(text):
                 name = m.group(1).lower().rpartition(":")[2]
@@ -2176,7 +2177,7 @@ class Redactor:
                     spans.append(m.span(m.lastindex))
         if not short or b"password" in low:
             for g in rx["netrc"].finditer(low):
-                line = low[_line_start(low, g.start(), b"\n", 512):g.start()]
+                line = low[_line_start(low, g.start(), b"\n", 512):g.start() - 4]    # before "password"
                 if line.strip() and b"machine " not in line and b"login " not in line:
                     continue
                 value = rx["cli_value"].match(text, g.end())
@@ -2215,9 +2216,11 @@ class Redactor:
         """The rules again on stretches holding a percent- or \\u-escaped "=", ":", "@" or
         quote, decoded; found spans are mapped back onto the escaped text."""
         rx = self._rx
-        if "%" not in text and "\\u" not in text:
+        if "%" not in text and "\\" not in text:
             return
-        for gate in rx["escape_gates"]:
+        for lead, gate in zip("%\\", rx["escape_gates"]):
+            if lead not in text:
+                continue
             done = 0
             while True:                           # one pass per line (8 KiB at most)
                 g = gate.search(text, done)
