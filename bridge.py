@@ -5859,10 +5859,9 @@ def one_line_summary(text, limit):
     return "".join(out).strip()
 
 
-def _session_from_env(host, env=None):
-    env = os.environ if env is None else env
+def _session_from_env(host):
     name = HOST_SESSION_ENV.get(host)
-    return env.get("SD_SESSION_ID") or (env.get(name, "") if name else "")
+    return os.environ.get("SD_SESSION_ID") or (os.environ.get(name, "") if name else "")
 
 
 def seam_config(root):
@@ -7267,6 +7266,9 @@ def _yaml_plain_re():
     return _YAML_PLAIN_OK
 
 
+_YAML_ESCAPES = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\t": "\\t", "\r": "\\r"}
+
+
 def yaml_quote_double(text):
     """Return `text` as a one-line double-quoted YAML scalar.
 
@@ -7275,43 +7277,22 @@ def yaml_quote_double(text):
     U+FFFE/F) are escaped; everything else, astral characters included, is
     written raw so a reader never sees surrogate pairs.
     """
-    out = ['"']
-    for ch in text:
-        o = ord(ch)
-        if ch == '"':
-            out.append('\\"')
-        elif ch == "\\":
-            out.append("\\\\")
-        elif ch == "\n":
-            out.append("\\n")
-        elif ch == "\t":
-            out.append("\\t")
-        elif ch == "\r":
-            out.append("\\r")
-        elif o < 0x20 or 0x7f <= o <= 0x9f:
-            out.append("\\x%02x" % o)
-        elif o in (0x2028, 0x2029, 0xfeff, 0xfffe, 0xffff):
-            out.append("\\u%04x" % o)
-        elif 0xd800 <= o <= 0xdfff:
-            raise BridgeError("text contains a lone surrogate (U+%04X); "
-                              "it is not valid UTF-8" % o, EXIT_USAGE)
-        else:
-            out.append(ch)
-    out.append('"')
-    return "".join(out)
+    lone = re.search("[\ud800-\udfff]", text)
+    if lone:
+        raise BridgeError("text contains a lone surrogate (U+%04X); it is not valid UTF-8"
+                          % ord(lone.group()), EXIT_USAGE)
+
+    def escape(match):
+        ch = match.group()
+        return _YAML_ESCAPES.get(ch) or ("\\x%02x" if ord(ch) < 0x100 else "\\u%04x") % ord(ch)
+    return '"%s"' % re.sub('["\\\\\x00-\x1f\x7f-\x9f\u2028\u2029\ufeff\ufffe\uffff]', escape, text)
 
 
 def _yaml_is_printable(text):
     """True when every character may appear raw in a PyYAML-read file and
     none of them is a line break other than \\n (tabs are allowed)."""
-    for ch in text:
-        o = ord(ch)
-        if o < 0x20 and ch not in "\n\t":
-            return False
-        if 0x7f <= o <= 0x9f or o in (0x2028, 0x2029, 0xfeff, 0xfffe, 0xffff) \
-                or 0xd800 <= o <= 0xdfff:
-            return False
-    return True
+    return re.search("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\ufeff\ufffe\uffff\ud800-\udfff]",
+                     text) is None
 
 
 def yaml_scalar_lines(text, indent):
