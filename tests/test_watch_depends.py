@@ -277,3 +277,18 @@ def test_a_chained_task_that_fails_before_its_agent_leaves_no_branch(queue, tmp_
     b = queue.result("b")
     assert (b["reason"], b["executor"], b["git"]["branch_created"]) == ("bead_failed", None, False)
     assert git(queue.repo, "branch", "--list", "feat/ai/*").split() == ["feat/ai/a"]
+
+
+def test_blocking_a_dependent_while_another_task_runs_is_no_tampering(git_repo, tmp_path):
+    """workers 2: the watcher writes the blocked dependent's result while a task runs
+    alongside; that task's guard must know the watcher wrote it, not its agent."""
+    queue = Queue(git_repo, tmp_path, isolation="worktree", workers=2, continue_on_failure=True)
+    queue.put(queue.task("1_a", commands_to_run=["false"]))
+    queue.put(queue.task("2_b", depends_on=["1_a"]))
+    queue.put(queue.task("3_x", commands_to_run=[
+        "until test -e %s; do sleep 0.05; done" % (queue.handoff / "results" / "2_b.json")]))
+    out = queue.watch(timeout=120)
+    assert out.returncode == 4, out.stderr
+    assert queue.result("2_b")["reason"] == "dependency_failed"
+    x = queue.result("3_x")
+    assert x["status"] == "success", (x["reason"], x["detail"])
