@@ -9332,8 +9332,8 @@ class Proxy:
                 self.hung("hung", now)
             else:
                 child.doubted = True
-                self.log("warn", "the Doctor (generation %d) has not answered a health check while busy for %.0f s; it "
-                         "may handle one request at a time, so it is not treated as hung" % (
+                self.log("warn", "the Doctor (generation %d) has not answered a health check while busy for "
+                         "%.0f s; it may handle one request at a time, so it is not treated as hung" % (
                              child.gen, now - child.ping_at))
 
     def hung(self, reason, now):

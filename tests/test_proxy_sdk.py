@@ -95,3 +95,59 @@ async def session(tmp_path):
 def test_sdk_session_survives_a_crash_and_a_reload(tmp_path):
     err = asyncio.run(asyncio.wait_for(session(tmp_path), WHOLE))
     assert "doctor:fatal" not in err
+
+
+async def modern_session(tmp_path):
+    """The SDK as a 2026-07-28 client (no handshake) of a strict 2026-07-28 server through the proxy:
+    its subscriptions/listen stream outlives a crash and a reload of the server."""
+    folder = tmp_path / "srv"
+    folder.mkdir()
+    server = folder / "server.py"
+    shutil.copy(str(FIXTURES / "mcp_server.py"), str(server))
+    log, errlog = tmp_path / "server.jsonl", tmp_path / "stderr.txt"
+    (tmp_path / "cfg.json").write_text(json.dumps({"lifecycle": {"cooldown": 20},
+                                                   "doctor": {"watch_debounce_ms": 150}}))
+    params = StdioServerParameters(        # mcp.Client takes no errlog: bridge.py's stderr to the file
+        command="sh",
+        args=["-c", 'exec "$@" 2>>"$0"', str(errlog), PYTHON, str(BRIDGE), "proxy", "--config",
+              str(tmp_path / "cfg.json"), "--watch", str(folder), "--", PYTHON, str(server), "--modern",
+              "--log", str(log)],
+        env={"BRIDGE_OBS_ENABLED": "false", "XDG_CONFIG_HOME": str(tmp_path / "config")},
+        cwd=str(tmp_path))
+
+    async def changed(events):
+        return type(await asyncio.wait_for(events.__anext__(), STEP)).__name__
+
+    errlog.write_text("")
+    async with mcp.Client(params, read_timeout_seconds=STEP) as client:
+        assert client.protocol_version == "2026-07-28"
+        async with client.listen(tools_list_changed=True) as sub:
+            assert sub.honored.tools_list_changed is True
+            events = sub.__aiter__()
+            await client.call_tool("listchanged", {})
+            assert await changed(events) == "ToolsListChanged"
+            with pytest.raises(MCPError) as crashed:
+                await client.call_tool("crash", {"code": 3})
+            assert crashed.value.error.data["reason"] == "crashed"
+            # the stream goes on: re-established on the new server, which may list other tools
+            assert await changed(events) == "ToolsListChanged"
+            assert text_of(await client.call_tool("echo", {"text": "two"})) == "two"
+            await client.call_tool("listchanged", {})                # the new server's own
+            assert await changed(events) == "ToolsListChanged"
+            await wait_for(lambda: "bridge proxy: info: watch: " in errlog.read_text(), "the watch's first look")
+            text = server.read_text()
+            start = text.index("EXTRA_TOOLS = ")
+            server.write_text(text[:start] + "EXTRA_TOOLS = {'added': {'type': 'object'}}"
+                              + text[text.index("\n", start):])
+            assert await changed(events) == "ToolsListChanged"
+            await wait_for(lambda: "doctor:reloaded" in errlog.read_text(), "doctor:reloaded")
+            assert "added" in [t.name for t in (await client.list_tools()).tools]
+            assert len(starts(log)) == 3
+    return errlog.read_text()
+
+
+def test_sdk_2026_client_keeps_its_subscription_across_a_crash_and_a_reload(tmp_path):
+    if not hasattr(mcp, "Client") or not hasattr(mcp.Client, "listen"):
+        pytest.skip("this MCP Python SDK has no 2026-07-28 client (mcp.Client.listen); 2.3.0 has")
+    err = asyncio.run(asyncio.wait_for(modern_session(tmp_path), WHOLE))
+    assert "doctor:fatal" not in err and "doctor:reloaded" in err
