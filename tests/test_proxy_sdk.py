@@ -43,7 +43,10 @@ def text_of(result):
     return result.content[0].text
 
 
-async def session(tmp_path):
+def proxied(tmp_path, *server_args, stderr_by_shell=False):
+    """(SDK server parameters, server copy, its --log, bridge.py's stderr file): `bridge.py proxy
+    --watch` in front of a copy of the fixture server; with stderr_by_shell, bridge.py's stderr is
+    appended to that file by a shell (for clients that take no errlog)."""
     folder = tmp_path / "srv"
     folder.mkdir()
     server = folder / "server.py"
@@ -51,12 +54,24 @@ async def session(tmp_path):
     log, errlog = tmp_path / "server.jsonl", tmp_path / "stderr.txt"
     (tmp_path / "cfg.json").write_text(json.dumps({"lifecycle": {"cooldown": 20},
                                                    "doctor": {"watch_debounce_ms": 150}}))
-    params = StdioServerParameters(
-        command=PYTHON,
-        args=[str(BRIDGE), "proxy", "--config", str(tmp_path / "cfg.json"), "--watch", str(folder),
-              "--", PYTHON, str(server), "--log", str(log)],
-        env={"BRIDGE_OBS_ENABLED": "false", "XDG_CONFIG_HOME": str(tmp_path / "config")},
-        cwd=str(tmp_path))
+    argv = [PYTHON, str(BRIDGE), "proxy", "--config", str(tmp_path / "cfg.json"), "--watch", str(folder),
+            "--", PYTHON, str(server), "--log", str(log)] + list(server_args)
+    if stderr_by_shell:
+        argv = ["sh", "-c", 'exec "$@" 2>>"$0"', str(errlog)] + argv
+    params = StdioServerParameters(command=argv[0], args=argv[1:], cwd=str(tmp_path),
+                                   env={"BRIDGE_OBS_ENABLED": "false", "XDG_CONFIG_HOME": str(tmp_path / "config")})
+    return params, server, log, errlog
+
+
+def add_tool(server):
+    """Edit the watched server copy the way an editor saves: one more tool, `added`."""
+    text = server.read_text()
+    start = text.index("EXTRA_TOOLS = ")
+    server.write_text(text[:start] + "EXTRA_TOOLS = {'added': {'type': 'object'}}" + text[text.index("\n", start):])
+
+
+async def session(tmp_path):
+    params, server, log, errlog = proxied(tmp_path)
     with open(str(errlog), "w") as err:
         async with stdio_client(params, errlog=err) as (read, write):
             async with mcp.ClientSession(read, write, read_timeout_seconds=STEP) as client:
@@ -80,10 +95,7 @@ async def session(tmp_path):
 
                 # an edit of the watched server file reloads it; the session still goes on
                 await wait_for(lambda: "bridge proxy: info: watch: " in errlog.read_text(), "the watch's first look")
-                text = server.read_text()
-                start = text.index("EXTRA_TOOLS = ")
-                server.write_text(text[:start] + "EXTRA_TOOLS = {'added': {'type': 'object'}}"
-                                  + text[text.index("\n", start):])
+                add_tool(server)
                 await wait_for(lambda: "doctor:reloaded" in errlog.read_text(), "doctor:reloaded")
                 names = [t.name for t in (await client.list_tools()).tools]
                 assert "added" in names and "echo" in names
@@ -100,20 +112,7 @@ def test_sdk_session_survives_a_crash_and_a_reload(tmp_path):
 async def modern_session(tmp_path):
     """The SDK as a 2026-07-28 client (no handshake) of a strict 2026-07-28 server through the proxy:
     its subscriptions/listen stream outlives a crash and a reload of the server."""
-    folder = tmp_path / "srv"
-    folder.mkdir()
-    server = folder / "server.py"
-    shutil.copy(str(FIXTURES / "mcp_server.py"), str(server))
-    log, errlog = tmp_path / "server.jsonl", tmp_path / "stderr.txt"
-    (tmp_path / "cfg.json").write_text(json.dumps({"lifecycle": {"cooldown": 20},
-                                                   "doctor": {"watch_debounce_ms": 150}}))
-    params = StdioServerParameters(        # mcp.Client takes no errlog: bridge.py's stderr to the file
-        command="sh",
-        args=["-c", 'exec "$@" 2>>"$0"', str(errlog), PYTHON, str(BRIDGE), "proxy", "--config",
-              str(tmp_path / "cfg.json"), "--watch", str(folder), "--", PYTHON, str(server), "--modern",
-              "--log", str(log)],
-        env={"BRIDGE_OBS_ENABLED": "false", "XDG_CONFIG_HOME": str(tmp_path / "config")},
-        cwd=str(tmp_path))
+    params, server, log, errlog = proxied(tmp_path, "--modern", stderr_by_shell=True)
 
     async def changed(events):
         return type(await asyncio.wait_for(events.__anext__(), STEP)).__name__
@@ -135,10 +134,7 @@ async def modern_session(tmp_path):
             await client.call_tool("listchanged", {})                # the new server's own
             assert await changed(events) == "ToolsListChanged"
             await wait_for(lambda: "bridge proxy: info: watch: " in errlog.read_text(), "the watch's first look")
-            text = server.read_text()
-            start = text.index("EXTRA_TOOLS = ")
-            server.write_text(text[:start] + "EXTRA_TOOLS = {'added': {'type': 'object'}}"
-                              + text[text.index("\n", start):])
+            add_tool(server)
             assert await changed(events) == "ToolsListChanged"
             await wait_for(lambda: "doctor:reloaded" in errlog.read_text(), "doctor:reloaded")
             assert "added" in [t.name for t in (await client.list_tools()).tools]
