@@ -12301,16 +12301,15 @@ class ChangeExecutor:
                 else:
                     results.append({"task_id": task["id"], "tool": task["tool"]})
                 execution["completed_task_ids"].append(task["id"])
-        except Stop as exc:
-            return self._fail(cs_id, meta, status, decision, execution, exc.reason, exc.detail)
-        except McpError as exc:
-            code = "stale_lease" if exc.mcp_code == "STALE_LEASE" else "mcp_error"
-            return self._fail(cs_id, meta, status, decision, execution, code, str(exc))
-        except McpServerGone as exc:
-            return self._fail(cs_id, meta, status, decision, execution, "mcp_server_gone",
-                              str(exc))
-        except BridgeError as exc:
-            return self._fail(cs_id, meta, status, decision, execution, "mcp_error", str(exc))
+        except (Stop, BridgeError) as exc:
+            if isinstance(exc, Stop):
+                error = "%s: %s" % (exc.reason, exc.detail)
+            else:
+                error = "%s: %s" % ("mcp_server_gone" if isinstance(exc, McpServerGone) else
+                                    "stale_lease" if getattr(exc, "mcp_code", None) == "STALE_LEASE"
+                                    else "mcp_error", exc)
+            execution["last_error"] = error
+            return self.fail(cs_id, decision, error, meta=meta, prev=status, execution=execution)
         execution["started_task_id"] = None
         extra = {"execution": execution, "results": results}
         if base["kind"] == "snapshot":
@@ -12319,11 +12318,6 @@ class ChangeExecutor:
                                    % len(plan["tasks"]), meta=meta, prev=status, **extra)
         sets.say("%s: completed (%s)" % (cs_id, decision))
         return "completed"
-
-    def _fail(self, cs_id, meta, status, decision, execution, code, message):
-        execution["last_error"] = "%s: %s" % (code, message)
-        return self.fail(cs_id, decision, execution["last_error"], meta=meta, prev=status,
-                         execution=execution)
 
 
 def _rejects_text(rejects):
