@@ -1306,9 +1306,10 @@ for _names, _body, _edge in (
 del _names, _body, _edge, _name
 # Prefixes whose token starts before them: Terraform Cloud is 14 characters, ".atlasv1.".
 _BACK = {".atlasv1.": "[A-Za-z0-9]{14}"}
-# A separator after the last two characters of a known prefix, followed by 8 token
-# characters (after "_" base64 too: Fly.io, Grafana Cloud).
-_SEP_SCAN = r"%s(?:(?=%s{8}|\d-[A-Za-z0-9])(?<=(?:%s)%s)%s)"   # lookahead first: it fails sooner
+# A separator followed by 8 token characters (after "_" base64 too: Fly.io, Grafana
+# Cloud), after the last two characters of a known prefix, then the whole prefix with
+# its left boundary (see _sep_scan).
+_SEP_SCAN = r"%s(?:(?=%s{8})(?<=(?:%s)%s)(?:%s)%s)"   # lookahead first: it fails sooner
 # Formats whose separator is inside: separator -> (lookaround after it, characters of the
 # token before it, its length): MaxMind license keys (6, "_", 29, "_mmk"), Airtable
 # personal access tokens ("pat", 14, ".", 64 hex).
@@ -1518,10 +1519,7 @@ class _Regexes(dict):
             value = re.compile({"literal": lambda: _LITERAL_RULES[name][0],
                                 "upper": lambda: _UPPER_RULES[name],
                                 "b64": lambda: _B64_RULES[name],
-                                "sep": lambda: _SEP_SCAN % (
-                                    re.escape(name), "[A-Za-z0-9+/_-]" if name == "_" else "[A-Za-z0-9_-]",
-                                    "|".join(sorted({re.escape(p[-3:-1]) for p in _PREFIXED if p[-1] == name})),
-                                    re.escape(name), "|" + _SEP_INSIDE[name][0] if name in _SEP_INSIDE else ""),
+                                "sep": lambda: _sep_scan(name),
                                 "prefixed": lambda: _PREFIXED[name][0],
                                 "back": lambda: _BACK[name]}[kind]())
         else:
@@ -1571,6 +1569,21 @@ class _Regexes(dict):
 
 
 _COMPILED = _Regexes()
+
+
+def _sep_scan(sep):
+    """The scan for the tokens of _PREFIXED whose prefix ends in `sep`: the last two
+    characters of a prefix before it (a quick filter), then a whole prefix with its left
+    boundary, so that words such as `risk-` and `::test_` never reach Python."""
+    prefixes = sorted(p for p in _PREFIXED if p[-1] == sep)
+    edges = {"": "", "w": "(?<![A-Za-z0-9])", "t": "(?<![A-Za-z0-9_-])"}
+    whole = ["(?<=%s)" % "|".join(edges[_PREFIXED[p][1]] + re.escape(p) for p in group)
+             for group in _group_by(prefixes, len).values()]
+    if sep == "-":
+        whole.append("(?<=sk-)(?=[A-Za-z0-9]{0,392}T3BlbkFJ)")    # OpenAI's marker, see _prefix_at
+    return _SEP_SCAN % (re.escape(sep), "[A-Za-z0-9+/_-]" if sep == "_" else "[A-Za-z0-9_-]",
+                        "|".join(sorted({re.escape(p[-3:-1]) for p in prefixes})), re.escape(sep),
+                        "|".join(whole), "|" + _SEP_INSIDE[sep][0] if sep in _SEP_INSIDE else "")
 
 
 def _redaction_regexes():
