@@ -12247,15 +12247,7 @@ class ChangeExecutor:
                 return "pending_review"
             return self.execute(client, cs_id, meta, plan, status, decision, details)
         except Exception as exc:  # nothing may leave a change set silently half-decided
-            if isinstance(exc, McpServerGone):
-                code = "mcp_server_gone"
-            elif isinstance(exc, BridgeError):
-                code = "mcp_error"
-            else:
-                code = "internal_error"
-                exc = "%s: %s" % (type(exc).__name__, exc)
-            return self.fail(cs_id, status["decision"], "%s: %s" % (code, exc), meta=meta,
-                             prev=status)
+            return self.fail(cs_id, status["decision"], _failure_text(exc), meta=meta, prev=status)
         finally:
             client.close()
 
@@ -12315,14 +12307,9 @@ class ChangeExecutor:
                     results.append({"task_id": task["id"], "tool": task["tool"]})
                 execution["completed_task_ids"].append(task["id"])
         except (Stop, BridgeError) as exc:
-            if isinstance(exc, Stop):
-                error = "%s: %s" % (exc.reason, exc.detail)
-            else:
-                error = "%s: %s" % ("mcp_server_gone" if isinstance(exc, McpServerGone) else
-                                    "stale_lease" if getattr(exc, "mcp_code", None) == "STALE_LEASE"
-                                    else "mcp_error", exc)
-            execution["last_error"] = error
-            return self.fail(cs_id, decision, error, meta=meta, prev=status, execution=execution)
+            execution["last_error"] = _failure_text(exc)
+            return self.fail(cs_id, decision, execution["last_error"], meta=meta, prev=status,
+                             execution=execution)
         execution["started_task_id"] = None
         extra = {"execution": execution, "results": results}
         if base["kind"] == "snapshot":
@@ -12331,6 +12318,19 @@ class ChangeExecutor:
                                    % len(plan["tasks"]), meta=meta, prev=status, **extra)
         sets.say("%s: completed (%s)" % (cs_id, decision))
         return "completed"
+
+
+def _failure_text(exc):
+    """`code: message` for what stopped a change set's work: a task's Stop, the MCP server
+    gone, a stale lease or any other MCP error, or a bug in bridge.py (internal_error)."""
+    if isinstance(exc, Stop):
+        return "%s: %s" % (exc.reason, exc.detail)
+    if isinstance(exc, McpServerGone):
+        return "mcp_server_gone: %s" % exc
+    if isinstance(exc, BridgeError):
+        return "%s: %s" % ("stale_lease" if getattr(exc, "mcp_code", None) == "STALE_LEASE"
+                           else "mcp_error", exc)
+    return "internal_error: %s: %s" % (type(exc).__name__, exc)
 
 
 def _rejects_text(rejects):
