@@ -9136,7 +9136,7 @@ class Proxy:
                     doctorUptime=round(now - child.started, 3) if alive else 0,
                     dashboardClients=self.obs.client_count if self.obs is not None else 0,
                     state=self.state(), paused=self.paused, pending=len(self.pending),
-                    held=len(self.held), crashesInWindow=len(self.crashes))
+                    held=len(self.held), subscriptions=len(self.listens), crashesInWindow=len(self.crashes))
 
     def sample_counts(self, now):
         """Once a second: the counters now, keeping the newest sample at least PROXY_RATE_WINDOW

@@ -137,6 +137,7 @@ def test_an_open_listen_ends_with_an_error_only_when_no_server_follows(session):
     assert got["error"]["data"]["reason"] == "crashed" and notes == []
     s.wait_event("doctor:restarting")
     s.nothing()                                                          # "a" waits for the next server
+    assert s.ctl("bridge:stats")[0]["data"]["result"]["subscriptions"] == 1
     s.ctl("doctor:kill")
     got = s.recv()
     assert got["id"] == "a" and got["error"]["data"]["reason"] == "kill", got
