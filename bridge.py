@@ -12960,10 +12960,6 @@ def _cmd_inbox_check(rest):
     return EXIT_OK
 
 
-def cmd_seam(args):
-    return seam_main([args.seam_verb] + list(args.seam_args))
-
-
 # ---- hooks commands (install, uninstall, doctor) ----
 # `hooks install` writes the hook configuration the README documents, so nobody pastes a
 # one-line Python program by hand. Both forms load scripts/bridge.py from its cached
@@ -13706,17 +13702,13 @@ def build_parser():
                 "python3 bridge.py changes approve fix-login--0123456789ab", row("id", metavar="ID"))]),
     ]
     for entry in commands:
-        if entry is not None:
+        if entry is None:  # listed only: main() hands a seam verb to seam_main before argparse
+            for verb in SEAM_VERBS:
+                subparsers.add_parser(verb, help=next(
+                    seam["help"] for name, seam in SEAM_COMMANDS.items() if name.split()[0] == verb))
+        else:
             values, options = entry
             (add_group if "verbs" in options else add_command)(subparsers, *values, **options)
-            continue
-        for verb in SEAM_VERBS:
-            rows = [seam for name, seam in SEAM_COMMANDS.items() if name.split()[0] == verb]
-            # prefix_chars that no flag uses: every word after the verb reaches seam_main
-            seam = subparsers.add_parser(verb, help=rows[0]["help"], add_help=False, prefix_chars="\x01",
-                                         usage="\n  ".join("bridge.py " + r["usage"] for r in rows))
-            seam.add_argument("seam_args", nargs="*")
-            seam.set_defaults(func=cmd_seam, seam_verb=verb)
     return parser
 
 
