@@ -1442,15 +1442,14 @@ _XML_ELEMENT = r"<([A-Za-z][\w.:-]{0,63})>([^<\r\n]{1,2048})</\1>"
 _XML_NAMED = (r"=(?:(?<=key=)|(?<=name=))([\"'])([^\"'\r\n]{1,64})\1(?:[ \t]{1,8}value=([\"'])([^\"'\r\n]{1,2048})\3"
               r"|[^<>\r\n]{0,200}?>([^<\r\n]{1,2048})</)")
 
-# Credentials given to commands as flags, found from " -" on the lowercased copy (led by
-# "-": a scan led by the space, the commonest character, costs more) and
+# Credentials given to commands as flags, found from " -" on the lowercased copy and
 # checked against the command earlier on the line: flag as typed -> (the words that must
 # come before it on the line, one tuple per command), and what separates a user name from
 # the password in the value ("" for none): curl -u/--user user:PASS, docker/az login -p
 # PASS, mysql -pPASS, sshpass -p PASS, smbclient -U user%PASS, redis-cli -a PASS,
 # ldapsearch -w PASS, ssh-keygen -N/-P PASS; htpasswd -b FILE USER PASS and openssl ...
 # -pass pass:PASS apart; .netrc's `password PASS` (no operator at all).
-_CLI_GATE = (rb"-(?<= -)(?:-user[ \t=]|pass(?:in|out|word)?[ \t]{1,8}pass:|[puawn](?=[^\s-])|[puawn][ \t]"
+_CLI_GATE = (rb" -(?:-user[ \t=]|pass(?:in|out|word)?[ \t]{1,8}pass:|[puawn](?=[^\s-])|[puawn][ \t]"
              rb"|[a-z]{0,4}b[a-z]{0,4}[ \t])")
 _CLI_VALUE = r"[ \t=]{0,8}(?:'([^'\r\n]{1,512})'|\"([^\"\r\n]{1,512})\"|([^\s'\"]{1,512}))"
 # one shell word, quotes and all (curl -u user:'pass')
@@ -2127,31 +2126,31 @@ class Redactor:
         short = len(text) <= 65536
         if not short or b" -" in low:
             for g in rx["cli_gate"].finditer(low):
-                flag = low[g.start() + 1:g.end()].rstrip(b" \t=").decode("ascii")
+                flag = low[g.start() + 2:g.end()].rstrip(b" \t=").decode("ascii")
                 start = _line_start(low, g.start(), b"\n", 512)
                 if low[max(0, start - 3):start].rstrip(b"\r\n").endswith(b"\\"):
                     start = _line_start(low, start - 2, b"\n", 512)      # `curl ... \` above
-                line = low[start:g.start() - 1]
+                line = low[start:g.start()]
                 if flag.startswith("pass") and b"pass:" in low[g.start():g.end()]:
                     value = rx["cli_value"].match(text, g.end())      # openssl pass:VALUE
                     if value:
                         spans.append(value.span(value.lastindex))
                     continue
-                word = low[g.start() + 1:g.start() + 11].split(None, 1)[0].decode("ascii")
+                word = low[g.start() + 2:g.start() + 12].split(None, 1)[0].decode("ascii")
                 if "b" in word and word.isalpha() and b"htpasswd" in line:
-                    self._htpasswd(text, g.start() + 1 + len(word), word, spans)
+                    self._htpasswd(text, g.start() + 2 + len(word), word, spans)
                     continue
                 if len(flag) > 1 and flag != "-user":
                     continue
                 if len(flag) == 1:
-                    flag = text[g.start() + 1]          # as typed: -P3306 is mysql's port
+                    flag = text[g.start() + 2]          # as typed: -P3306 is mysql's port
                 commands, separator = _CLI_FLAGS.get(flag, ((), ""))
                 if not any(all(word in line for word in words) for words in commands):
                     continue
-                if flag == "p" and text[g.start() + 2] in " \t" and not any(
+                if flag == "p" and text[g.start() + 3] in " \t" and not any(
                         word in line for word in (b"docker", b"az", b"sshpass")):
                     continue                        # mysql -p DB: -p alone asks for it
-                value = rx["cli_word" if separator else "cli_value"].match(text, g.start() + 1 + len(flag))
+                value = rx["cli_word" if separator else "cli_value"].match(text, g.start() + 2 + len(flag))
                 if not value:
                     continue
                 begin, end = value.span(value.lastindex)
