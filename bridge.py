@@ -12566,15 +12566,14 @@ def add_command(subparsers, name, func, help, example, *arguments, description=N
     return parser
 
 
-def add_group(subparsers, name, help, description, examples, metavar, verbs, required=False):
+def add_group(subparsers, name, help, description, examples, metavar, verbs):
     """A command with verbs (`hooks install`): each of `verbs` is a row() of add_command.
-    Without a verb it prints its help and exits 2 (argparse's usage error when `required`)."""
+    Without a verb it prints its help and exits 2."""
     import argparse
     top = subparsers.add_parser(
         name, help=help, description=description, epilog="examples:\n  " + "\n  ".join(examples),
         formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = top.add_subparsers(dest=name + "_verb", metavar=metavar)
-    sub.required = required
     top.set_defaults(func=lambda args: (top.print_help(sys.stderr), EXIT_USAGE)[1])
     for values, options in verbs:
         add_command(sub, *values, **options)
@@ -13632,7 +13631,7 @@ def build_parser():
             "Write the _bridge/ seam's hooks into a host's settings (keeping every hook already "
             "there), remove exactly those, or check and time them.",
             ["python3 scripts/bridge.py hooks install --host claude",
-             "python3 scripts/bridge.py hooks doctor"], "VERB", required=True, verbs=[
+             "python3 scripts/bridge.py hooks doctor"], "VERB", verbs=[
             row(verb, cmd_hooks, text, "python3 scripts/bridge.py hooks %s%s" % (
                 verb, " --host claude" if verb != "doctor" else ""),
                 row("--host", choices=("claude", "codex", "pi"), required=verb != "doctor"),
