@@ -12081,16 +12081,16 @@ def _canonical_safe_text(text):
     return text.encode("utf-8", "replace").decode("utf-8")
 
 
-def _violation_text(violations):
-    parts = []
-    for v in violations[:5]:
-        if isinstance(v, dict):
-            parts.append("%s %s" % (v.get("code"), v.get("path") or v.get("feature_id") or ""))
-        else:
-            parts.append(str(v))
-    if len(violations) > 5:
-        parts.append("... %d more" % (len(violations) - 5))
+def _five_of(items, describe):
+    """Up to five of a server's `items` on one line (a dict through `describe`)."""
+    parts = [describe(item) if isinstance(item, dict) else str(item) for item in items[:5]]
+    parts += ["... %d more" % (len(items) - 5)] if len(items) > 5 else []
     return "; ".join(p.strip() for p in parts) or "(none listed)"
+
+
+def _violation_text(violations):
+    return _five_of(violations, lambda v: "%s %s" % (
+        v.get("code"), v.get("path") or v.get("feature_id") or ""))
 
 
 # ---- the executor ---------------------------------------------------------------------------
@@ -12333,15 +12333,9 @@ def _failure_text(exc):
 
 
 def _rejects_text(rejects):
-    parts = []
-    for rej in rejects[:5]:
-        if isinstance(rej, dict):
-            reasons = sorted({str(h.get("reason")) for h in rej.get("hunks") or []
-                              if isinstance(h, dict)})
-            parts.append("%s (%s)" % (rej.get("path"), ", ".join(reasons) or "rejected"))
-        else:
-            parts.append(str(rej))
-    return "; ".join(parts)
+    return _five_of(rejects, lambda rej: "%s (%s)" % (rej.get("path"), ", ".join(sorted(
+        {str(h.get("reason")) for h in rej.get("hunks") or [] if isinstance(h, dict)}))
+        or "rejected"))
 
 
 # ---- creating and approving change sets ---------------------------------------------------
