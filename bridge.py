@@ -12531,7 +12531,7 @@ def poll_seconds(text):
         raise argparse.ArgumentTypeError(exc.message)
 
 
-def row(*values, **options):
+def spec(*values, **options):
     """One row of the command table (build_parser): the values and options of a call to
     add_command, or of an argument to argparse's add_argument."""
     return values, options
@@ -12540,7 +12540,7 @@ def row(*values, **options):
 def add_command(subparsers, name, func, help, example, *arguments, description=None,
                 config=True):
     """Register a subcommand: the options every command takes (--root, and --config unless
-    config=False), then its `arguments` (row()s; a list of them is a mutually exclusive
+    config=False), then its `arguments` (spec()s; a list of them is a mutually exclusive
     group), its help and an example."""
     import argparse
     parser = subparsers.add_parser(
@@ -12561,7 +12561,7 @@ def add_command(subparsers, name, func, help, example, *arguments, description=N
 
 
 def add_group(subparsers, name, help, description, examples, metavar, verbs):
-    """A command with verbs (`hooks install`): each of `verbs` is a row() of add_command.
+    """A command with verbs (`hooks install`): each of `verbs` is a spec() of add_command.
     Without a verb it prints its help and exits 2."""
     import argparse
     top = subparsers.add_parser(
@@ -13563,7 +13563,7 @@ def cmd_changes_approve(args):
 
 
 def build_parser():
-    """The argparse tree: one row() per command (name, function, help, example, arguments).
+    """The argparse tree: one spec() per command (name, function, help, example, arguments).
     The seam verbs parse their own flags (seam_main); argparse only lists them."""
     import argparse
     parser = argparse.ArgumentParser(
@@ -13573,33 +13573,33 @@ def build_parser():
         formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version="bridge.py " + __version__)
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
-    as_json = row("--json", action="store_true", help="machine-readable output")
-    subject = row("--subject", required=True, help="brief description of the intent")
-    anchor = [row("--snapshot", metavar="ID", help="anchor to this MCP snapshot id"),
-              row("--worktree", action="store_true",
+    as_json = spec("--json", action="store_true", help="machine-readable output")
+    subject = spec("--subject", required=True, help="brief description of the intent")
+    anchor = [spec("--snapshot", metavar="ID", help="anchor to this MCP snapshot id"),
+              spec("--worktree", action="store_true",
                   help="anchor to the worktree fingerprint (snapshot.info; the default)")]
-    ids = (row("captain_id"), row("cluster_session"))
+    ids = (spec("captain_id"), spec("cluster_session"))
     commands = [
-        row("redact", cmd_redact, "copy stdin to stdout with secrets replaced by [REDACTED]",
+        spec("redact", cmd_redact, "copy stdin to stdout with secrets replaced by [REDACTED]",
             "some-tool 2>&1 | python3 scripts/bridge.py redact > tool.log",
             description="Copy stdin to stdout with the redaction every part of bridge.py uses: "
                         "known token formats, values after secret-named keys, secret-named "
                         "environment variables (and their encoded forms) and the config's "
                         "redaction_patterns. Output is written as input arrives (per read of "
                         "complete lines), so it works in pipelines and hooks."),
-        row("init", cmd_init, "create .ai-handoff/ and make git ignore it locally",
+        spec("init", cmd_init, "create .ai-handoff/ and make git ignore it locally",
             "python3 scripts/bridge.py init            # in the repository"),
-        row("submit", cmd_submit, "validate a task and queue it atomically in .ai-handoff/tasks/",
+        spec("submit", cmd_submit, "validate a task and queue it atomically in .ai-handoff/tasks/",
             "python3 scripts/bridge.py submit task.json\n"
             "python3 scripts/bridge.py submit --retry .ai-handoff/failed/ID.json",
-            row("task", metavar="TASK.json", help="the task file ('-' reads stdin)"),
-            row("--retry", action="store_true",
+            spec("task", metavar="TASK.json", help="the task file ('-' reads stdin)"),
+            spec("--retry", action="store_true",
                 help="the task already has a result: archive it and queue the next attempt")),
-        row("watch", cmd_watch, "run the watcher: take queued tasks through the Bridge Protocol",
+        spec("watch", cmd_watch, "run the watcher: take queued tasks through the Bridge Protocol",
             "python3 scripts/bridge.py watch --once     # process the queue, then exit\n"
             "python3 scripts/bridge.py watch --poll 2   # keep watching",
-            row("--once", action="store_true", help="process what is queued, then exit"),
-            row("--poll", type=poll_seconds, metavar="SECONDS",
+            spec("--once", action="store_true", help="process what is queued, then exit"),
+            spec("--poll", type=poll_seconds, metavar="SECONDS",
                 help="polling interval when idle (default: poll_sec, 1 s)"),
             description="run the watcher: take queued tasks through the Bridge Protocol\n\n"
                         "exit codes: 0 all done, 1 the queue stopped on a failure, 2 usage or "
@@ -13607,91 +13607,91 @@ def build_parser():
                         "needs a person (blocked,\nrefused, failed, waiting for approval or its "
                         "dependencies), 128+N "
                         "signal N interrupted a task (re-queued)"),
-        row("status", cmd_status, "counts per state and the most recent failures with their reasons",
+        spec("status", cmd_status, "counts per state and the most recent failures with their reasons",
             "python3 scripts/bridge.py status --json", as_json),
-        row("approve", cmd_approve,
+        spec("approve", cmd_approve,
             "release a task waiting in pending/ so the next watcher run executes it",
             "python3 scripts/bridge.py approve 2026-11-22_01_add-greeting",
-            row("id", help="the task id")),
-        row("unlock", cmd_unlock, "clear the worker lock when it is provably stale (or --force)",
+            spec("id", help="the task id")),
+        spec("unlock", cmd_unlock, "clear the worker lock when it is provably stale (or --force)",
             "python3 scripts/bridge.py unlock\npython3 scripts/bridge.py unlock --worktrees",
-            row("--force", action="store_true",
+            spec("--force", action="store_true",
                 help="clear it even when its holder may still run (dangerous)"),
-            row("--worktrees", action="store_true",
+            spec("--worktrees", action="store_true",
                 help="instead remove the task worktrees kept (isolation \"worktree\"), "
                      "their changes committed to their branches as WIP first")),
         None,  # the seam verbs
-        row("hooks", "install, remove or check the seam's hooks in Claude Code, Codex or Pi",
+        spec("hooks", "install, remove or check the seam's hooks in Claude Code, Codex or Pi",
             "Write the _bridge/ seam's hooks into a host's settings (keeping every hook already "
             "there), remove exactly those, or check and time them.",
             ["python3 scripts/bridge.py hooks install --host claude",
              "python3 scripts/bridge.py hooks doctor"], "VERB", verbs=[
-            row(verb, cmd_hooks, text, "python3 scripts/bridge.py hooks %s%s" % (
+            spec(verb, cmd_hooks, text, "python3 scripts/bridge.py hooks %s%s" % (
                 verb, " --host claude" if verb != "doctor" else ""),
-                row("--host", choices=("claude", "codex", "pi"), required=verb != "doctor"),
-                row("--scope", choices=("project", "user"),
+                spec("--host", choices=("claude", "codex", "pi"), required=verb != "doctor"),
+                spec("--scope", choices=("project", "user"),
                     help="the repository's settings (default) or the user's" +
                          (" (doctor: both)" if verb == "doctor" else "")), config=False)
             for verb, text in (
                 ("install", "write the hooks (idempotent; a backup the first time)"),
                 ("uninstall", "remove exactly the bridge.py hooks"),
                 ("doctor", "run every bridge.py hook once with a sample payload, and time it"))]),
-        row("relay", "the Agent Teams <-> YAML queue relay (down|up)",
+        spec("relay", "the Agent Teams <-> YAML queue relay (down|up)",
             "Hand commands down to the YAML work queue and report results up. Run `bridge.py "
             "relay down --help` or `relay up --help` for the arguments.",
             ["python3 scripts/bridge.py relay down miho main-cluster \"Fix the watcher.\" gup-v2",
              "python3 scripts/bridge.py relay up miho main-cluster cmd_049 done \"Fixed.\""],
             "VERB", verbs=[
-            row("down", cmd_relay_down,
+            spec("down", cmd_relay_down,
                 "append a command to the queue as cmd_NNN and nudge the vice captain",
                 "python3 scripts/bridge.py relay down miho main-cluster \\\n"
                 "    \"GuP-v2 の inbox_watcher.sh を改修せよ。\" gup-v2-self-watch high \\\n"
                 "    \"self-watch が実装されること\ntestで確認されること\"\n"
                 "# a message starting with '-': put -- before the arguments",
-                *ids, row("message"), row("project"),
-                row("priority", nargs="?", default="", help="high, medium (default) or low"),
-                row("acceptance_criteria", nargs="?", default="", help="one criterion per line")),
-            row("up", cmd_relay_up,
+                *ids, spec("message"), spec("project"),
+                spec("priority", nargs="?", default="", help="high, medium (default) or low"),
+                spec("acceptance_criteria", nargs="?", default="", help="one criterion per line")),
+            spec("up", cmd_relay_up,
                 "print the report line for Agent Teams (unless the entry must not be relayed)",
                 "python3 scripts/bridge.py relay up miho main-cluster cmd_049 done \\\n"
                 "    \"self-watch 機能実装完了。\"",
-                *ids, row("cmd_id"), row("status", help="one of " + ", ".join(RELAY_STATUSES)),
-                row("summary"),
-                row("--force", action="store_true", help="relay even when a no-relay condition holds"))]),
-        row("proxy", cmd_proxy,
+                *ids, spec("cmd_id"), spec("status", help="one of " + ", ".join(RELAY_STATUSES)),
+                spec("summary"),
+                spec("--force", action="store_true", help="relay even when a no-relay condition holds"))]),
+        spec("proxy", cmd_proxy,
             "run an MCP stdio server under supervision: relay, restart on crash, observe",
             "python3 bridge.py proxy -- npx -y @modelcontextprotocol/server-filesystem .\n"
             "BRIDGE_DOCTOR_CMD='python3 server.py' python3 bridge.py proxy",
-            row("--watch", action="append", default=[], metavar="PATH",
+            spec("--watch", action="append", default=[], metavar="PATH",
                 help="restart the server when a file under PATH changes (repeatable; adds to "
                      "doctor.watch)"),
-            row("server", nargs=argparse.REMAINDER, metavar="-- SERVER COMMAND...",
+            spec("server", nargs=argparse.REMAINDER, metavar="-- SERVER COMMAND...",
                 help="the server's argv (default: doctor.command/args or BRIDGE_DOCTOR_CMD)")),
-        row("changes", "deterministic change sets, validated and executed through an MCP server",
+        spec("changes", "deterministic change sets, validated and executed through an MCP server",
             "Change sets under changes/<id>/: a planning agent proposes, the executor validates "
             "against the MCP server and applies, or gates for review.",
             ["python3 bridge.py changes new --subject 'Fix login' --plan plan.json",
              "python3 bridge.py changes run --once"], "ACTION", verbs=[
-            row("id", cmd_changes_id, "print the changeset_id_v1 id for a subject",
+            spec("id", cmd_changes_id, "print the changeset_id_v1 id for a subject",
                 "python3 bridge.py changes id --subject 'Refactor login flow' --snapshot snap1",
                 subject, anchor),
-            row("new", cmd_changes_new, "create changes/<id>/ from a plan",
+            spec("new", cmd_changes_new, "create changes/<id>/ from a plan",
                 "python3 bridge.py changes new --subject 'Fix typo' --plan plan.json "
                 "--architecture notes.md", subject,
-                row("--plan", required=True, metavar="PLAN.json", help="a plan_v1 document"),
-                row("--architecture", metavar="FILE.md", help="copied to 01-architecture.md"), anchor),
-            row("validate", cmd_changes_validate,
+                spec("--plan", required=True, metavar="PLAN.json", help="a plan_v1 document"),
+                spec("--architecture", metavar="FILE.md", help="copied to 01-architecture.md"), anchor),
+            spec("validate", cmd_changes_validate,
                 "check a change set (offline, then through the MCP server if configured)",
-                "python3 bridge.py changes validate fix-typo--0123456789ab", row("id", metavar="ID")),
-            row("run", cmd_changes_run, "the executor: validate, gate and apply",
+                "python3 bridge.py changes validate fix-typo--0123456789ab", spec("id", metavar="ID")),
+            spec("run", cmd_changes_run, "the executor: validate, gate and apply",
                 "python3 bridge.py changes run --once",
-                row("--once", action="store_true", help="one pass over changes/, then exit"),
-                row("--poll", type=poll_seconds, metavar="SECONDS",
+                spec("--once", action="store_true", help="one pass over changes/, then exit"),
+                spec("--poll", type=poll_seconds, metavar="SECONDS",
                     help="seconds between passes (default changes.poll_sec)")),
-            row("status", cmd_changes_status, "states and decisions of change sets",
-                "python3 bridge.py changes status --json", row("id", nargs="?", metavar="ID"), as_json),
-            row("approve", cmd_changes_approve, "Tier-2 human approval of a change set waiting for review",
-                "python3 bridge.py changes approve fix-login--0123456789ab", row("id", metavar="ID"))]),
+            spec("status", cmd_changes_status, "states and decisions of change sets",
+                "python3 bridge.py changes status --json", spec("id", nargs="?", metavar="ID"), as_json),
+            spec("approve", cmd_changes_approve, "Tier-2 human approval of a change set waiting for review",
+                "python3 bridge.py changes approve fix-login--0123456789ab", spec("id", metavar="ID"))]),
     ]
     for entry in commands:
         if entry is None:  # listed only: main() hands a seam verb to seam_main before argparse
