@@ -3589,7 +3589,8 @@ class Fingerprint:
 
     KEEP_MAX = 1 << 20  # .git files larger than this are compared, not restored
 
-    def __init__(self, handoff, git_dir, task_id, config_files=(), branches=(), work=None):
+    def __init__(self, handoff, git_dir, task_id, config_files=(), branches=(), work=None,
+                 others=()):
         self.handoff, self.task_id = handoff, task_id
         common = _read_small(os.path.join(git_dir, "commondir"))
         common = os.path.normpath(os.path.join(git_dir, common)) if common else git_dir
@@ -3599,7 +3600,7 @@ class Fingerprint:
         if work != handoff.root:  # a worktree: what ties it to its git directory
             self.git_paths += [os.path.join(work, ".git"), os.path.join(git_dir, "commondir"),
                                os.path.join(git_dir, "gitdir")]
-        self.others = set()  # ids of tasks running alongside: the watcher writes their files
+        self.others = others  # ids of tasks running alongside: the watcher writes their files
         inside = tuple(os.path.join(top, "") for top in (handoff.root, git_dir, common, work))
         for path in map(os.path.normpath, config_files):
             if path.startswith(inside) and path not in self.git_paths \
@@ -3769,9 +3770,9 @@ class TaskRun:
         self.lock = None              # the task lock (FileLock)
         self.child = None             # the agent or verification command running now
         self.result = None            # the result being built (see internal_error)
-        self.guard = None             # its Fingerprint while the agent may run
         self.start = None             # the ref it starts from (start_point)
         self.owned = False            # its worktree is the task's own (made or checked by us)
+        self.others = set()           # ids of the tasks the watcher wrote for alongside it
 
 
 def worktree_root(root, config, git):
@@ -3848,6 +3849,7 @@ class Watcher:
         self.git_lock = threading.Lock()  # worktree add/remove, branch create/delete, commits
         self.wake = threading.Event()   # a task thread finished: the loop looks again
         self.finished = []              # (file name, outcome) of task threads, for the loop
+        self.writers = set()            # ids of the tasks the watcher handles now (writes_for)
         self.worktrees = None           # the folder of the task worktrees (worktree_root)
         self.redactor = get_redactor(config)
         self.once = once
@@ -4121,6 +4123,7 @@ class Watcher:
         run = TaskRun(name, self.repo_git, self.repo_git_dir, self.root)
         self.local.run = run
         self.writes_for(run.task_id)
+        task = None
         try:
             task = self.claim(run)
             if isinstance(task, dict) and self.workers > 1:
@@ -4132,6 +4135,8 @@ class Watcher:
             return self.internal_error(name, exc)
         finally:
             self.local.run = None
+            if not isinstance(task, dict) or self.workers == 1:
+                self.writes_for(run.task_id, done=True)
 
     def task_thread(self, run, task):
         """A task thread (workers > 1): the task to its end, its outcome for the loop."""
@@ -4140,17 +4145,22 @@ class Watcher:
             outcome = self.finish(run, task)
         except Exception as exc:
             outcome = self.internal_error(run.name, exc)
+        self.writes_for(run.task_id, done=True)
         with self.beat_lock:
             self.finished.append((run.name, outcome))
         self.wake.set()
 
-    def writes_for(self, task_id):
-        """The watcher is about to write the files of `task_id` under .ai-handoff/: for the
-        tasks running alongside, that is no agent tampering."""
+    def writes_for(self, task_id, done=False):
+        """The watcher is about to write the files of `task_id` under .ai-handoff/ (until
+        `done`): for the tasks running alongside, that is no agent tampering."""
         with self.beat_lock:
+            if done:
+                self.writers.discard(task_id)
+                return
+            self.writers.add(task_id)
             for run in self.runs.values():
-                if run.guard is not None and run.task_id != task_id:
-                    run.guard.others.add(task_id)
+                if run.task_id != task_id:
+                    run.others.add(task_id)
 
     def join_tasks(self):
         """Wait for the task threads: each ends by itself (a stop ends its commands)."""
@@ -4810,14 +4820,14 @@ class Watcher:
         env.update(BRIDGE_TASK_ID=task_id, BRIDGE_TASK_FILE=running, BRIDGE_PROMPT_FILE=prompt_path,
                    BRIDGE_ROOT=self.work)
         self.say("%s: running the editing agent (%s)" % (task_id, name or template[0]))
+        with self.beat_lock:  # the watcher's writes for tasks running alongside are not the agent's
+            self.current.others.update(self.writers - {task_id})
         guard = Fingerprint(self.handoff, self.git_dir, task_id, self.git.config_files(),
-                            (git_state["branch"], git_state["base_branch"]), self.work)
+                            (git_state["branch"], git_state["base_branch"]), self.work,
+                            self.current.others)
         # the base branch's tip, taken before the checkout; in a worktree the base branch is
         # yours to commit on meanwhile
         guard.base_tip = None if git_state["worktree"] else snap["head"]
-        with self.beat_lock:  # the watcher's writes for tasks running alongside are not the agent's
-            guard.others = set(self.runs) - {task_id}
-            self.current.guard = guard
         attributes = attribute_filter_lines(self.audit(git_state["base_commit"])[0]) \
             if snap["dirty"] else set()
         try:

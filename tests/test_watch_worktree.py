@@ -6,10 +6,11 @@ all of them run at once (fixtures/agent.py `barrier`), never by timing.
 """
 import json
 import os
+import shutil
 import signal
-import subprocess
 
-from conftest import BRIDGE, PYTHON, git, process_running
+
+from conftest import git, process_running
 from test_watch import Queue, branch, head, wait_for
 
 USER_FILES = {"README.md": "# test repo\nmy uncommitted edit\n", "mine.txt": "my own file\n"}
@@ -254,3 +255,29 @@ def test_a_dependent_task_waits_and_starts_from_its_dependency_in_its_worktree(g
     assert git(queue.repo, "show", "feat/ai/d2:d1.txt") == "one\n"
     assert worktrees(queue) == []
     assert_user_checkout_untouched(queue)
+
+
+def test_a_task_started_while_another_takes_its_record_is_not_its_tampering(git_repo, tmp_path):
+    """The watcher writes the files of each task it starts (task file to running/, prompt,
+    log, result) while other agents run: none of that is their doing. Found by the benchmark:
+    task b, started just as task a recorded what its agent must not change, was taken for a's
+    tampering. A `git` on PATH holds b's start (its dependency check asks `git merge-base`)
+    until a's agent runs, so a's record is taken in that moment, every time."""
+    queue = worktree_queue(git_repo, tmp_path, workers=2)
+    queue.put(queue.task("z"))
+    assert queue.watch().returncode == 0
+    pids, barrier, bin_dir = tmp_path / "pids", tmp_path / "barrier", tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "git").write_text(  # b's start asks `merge-base` (is z's work in HEAD?)
+        '#!/bin/sh\ncase " $* " in *" merge-base "*)\n'
+        '  n=0; while [ ! -s "%s" ] && [ $n -lt 400 ]; do sleep 0.05; n=$((n+1)); done ;;\n'
+        'esac\nexec "%s" "$@"\n' % (pids, shutil.which("git")))
+    (bin_dir / "git").chmod(0o755)
+    queue.put(queue.task("a", agent={"pidfile": str(pids), "barrier": [str(barrier), 2, 60]}))
+    queue.put(queue.task("b", depends_on=["z"], agent={"barrier": [str(barrier), 2, 60]}))
+    out = queue.watch(env=dict(queue.env, PATH="%s%s%s" % (bin_dir, os.pathsep, queue.env["PATH"])),
+                      timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert queue.result("a")["status"] == queue.result("b")["status"] == "success"
+
+
