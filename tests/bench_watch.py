@@ -66,23 +66,26 @@ def env():
     return {k: v for k, v in os.environ.items() if not k.startswith("BRIDGE_")}
 
 
-def watcher_round(tmp, tasks):
+def watcher_round(tmp, tasks, config=None, agent=None):
+    """Wall time of `watch --once` over `tasks` queued tasks and the agents' and verifications'
+    own time (from the results). `config` defaults to a no-op agent; `agent` is each task's
+    fixture_agent (for fixtures/agent.py)."""
     repo = os.path.join(tmp, "repo")
     make_repo(repo)
-    config = os.path.join(tmp, "config.json")
-    with open(config, "w") as handle:
-        json.dump({"executor": {"command": ["true"]}}, handle)
+    path = os.path.join(tmp, "config.json")
+    with open(path, "w") as handle:
+        json.dump(config or {"executor": {"command": ["true"]}}, handle)
     subprocess.run([PY, BRIDGE, "init", "--root", repo], check=True, capture_output=True)
+    past = time.time() - 10
     for n in range(tasks):
         task = {"id": "2026-01-15_%03d_bench" % n, "bead_title": "bench %d" % n, "prompt": "nothing",
-                "commands_to_run": ["true"]}
-        with open(os.path.join(repo, ".ai-handoff", "tasks", task["id"] + ".json"), "w") as handle:
+                "commands_to_run": ["true"], "fixture_agent": agent or {}}
+        name = os.path.join(repo, ".ai-handoff", "tasks", task["id"] + ".json")
+        with open(name, "w") as handle:
             json.dump(task, handle)
-    past = time.time() - 10
-    for name in os.listdir(os.path.join(repo, ".ai-handoff", "tasks")):
-        os.utime(os.path.join(repo, ".ai-handoff", "tasks", name), (past, past))
+        os.utime(name, (past, past))
     started = time.perf_counter()
-    out = subprocess.run([PY, BRIDGE, "watch", "--once", "--root", repo, "--config", config],
+    out = subprocess.run([PY, BRIDGE, "watch", "--once", "--root", repo, "--config", path],
                          capture_output=True, text=True, env=env(), stdin=subprocess.DEVNULL)
     wall = time.perf_counter() - started
     if out.returncode != 0:

@@ -10,59 +10,24 @@
 Medians of several rounds, side by side in one run. Not a test: figures only.
 Usage: python3 tests/bench_workers.py [ROUNDS] [NOOP_TASKS]
 """
-import json
 import os
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
-import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from bench_watch import BRIDGE, PY, env, make_repo, startup_seconds  # noqa: E402
+from bench_watch import PY, startup_seconds, watcher_round  # noqa: E402
 
 AGENT = os.path.join(HERE, "..", "fixtures", "agent.py")
 
 
-def run_queue(tmp, tasks, agent, sleep=0, **config):
-    """Wall time of `watch --once` over `tasks` tasks, and the agents' and verifications' time."""
-    repo = os.path.join(tmp, "repo")
-    make_repo(repo)
-    path = os.path.join(tmp, "config.json")
-    with open(path, "w") as handle:
-        json.dump(dict({"executor": {"command": agent}}, **config), handle)
-    subprocess.run([PY, BRIDGE, "init", "--root", repo], check=True, capture_output=True)
-    past = time.time() - 10
-    for n in range(tasks):
-        task = {"id": "2026-01-15_%03d_bench" % n, "bead_title": "bench %d" % n, "prompt": "work",
-                "commands_to_run": ["true"], "fixture_agent": {"sleep": sleep} if sleep else {}}
-        name = os.path.join(repo, ".ai-handoff", "tasks", task["id"] + ".json")
-        with open(name, "w") as handle:
-            json.dump(task, handle)
-        os.utime(name, (past, past))
-    started = time.perf_counter()
-    out = subprocess.run([PY, BRIDGE, "watch", "--once", "--root", repo, "--config", path],
-                         capture_output=True, text=True, env=env(), stdin=subprocess.DEVNULL)
-    wall = time.perf_counter() - started
-    if out.returncode != 0:
-        sys.exit("watch failed: %s" % out.stderr[-2000:])
-    child = 0.0
-    results = os.path.join(repo, ".ai-handoff", "results")
-    for name in os.listdir(results):
-        with open(os.path.join(results, name)) as handle:
-            result = json.load(handle)
-        assert result["status"] == "success", result
-        child += result["executor"]["duration_ms"] / 1000.0
-        child += sum(c["duration_ms"] for c in result["commands"]) / 1000.0
-    return wall, child
-
-
-def in_tmp(function, *args, **kwargs):
+def in_tmp(function, *args):
     tmp = tempfile.mkdtemp(prefix="bench-workers-")
     try:
-        return function(tmp, *args, **kwargs)
+        return function(tmp, *args)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
@@ -73,11 +38,14 @@ def main():
     sleeper = [PY, AGENT, "--task", "{task_file}"]
     four, one, worktree, checkout = [], [], [], []
     for _ in range(rounds):
-        four.append(in_tmp(run_queue, 8, sleeper, 1, isolation="worktree", workers=4)[0])
-        one.append(in_tmp(run_queue, 8, sleeper, 1, isolation="worktree", workers=1)[0])
+        for workers, into in ((4, four), (1, one)):
+            into.append(in_tmp(watcher_round, 8, {"executor": {"command": sleeper},
+                                                  "isolation": "worktree", "workers": workers},
+                               {"sleep": 1})[0])
         start = startup_seconds()
         for mode, into in (("worktree", worktree), ("checkout", checkout)):
-            wall, child = in_tmp(run_queue, noop, ["true"], isolation=mode)
+            wall, child = in_tmp(watcher_round, noop, {"executor": {"command": ["true"]},
+                                                       "isolation": mode})
             into.append((wall - child - start) / noop * 1000)
     four, one, worktree, checkout = (statistics.median(x) for x in (four, one, worktree, checkout))
     print("several tasks at once: 8 tasks, fixture agent sleeping 1 s, isolation worktree, "
