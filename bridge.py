@@ -1381,7 +1381,8 @@ _PEM_WINDOW = 65536
 # followed by an assignment operator on the lowercased copy (one literal-led scan each),
 # and only those hits reach Python. `--password VALUE` flags have their own gate. A scan
 # costs a little per occurrence of its first letter, so each gate starts at a rare
-# letter of its words (the w of password) and looks back for the rest.
+# letter of its words (the w of password) and looks back for the rest; after it, letters
+# come before lookbehinds, since a literal fails fastest.
 _STRONG_KEY_PREFIXES = (b"api", b"access", b"secret", b"private", b"account", b"sharedaccess",
                         b"master", b"auth", b"client", b"signing", b"encryption", b"license",
                         b"subscription", b"storage", b"service", b"app", b"consumer", b"admin",
@@ -1391,12 +1392,12 @@ _STRONG_KEY_PREFIXES = (b"api", b"access", b"secret", b"private", b"account", b"
 _KV_OP = (rb"(\\{0,2}[\"']?[ \t]{0,8}(?::=|=>|=|:|%3d))"
           rb"(?=[ \t]{0,8}(?:\"[^\"\\\r\n]|'[^'\r\n]|\\{1,3}\"[^\"\\]|[^\s\"'`,;&<>(){}\[\]\\]))")
 _KV_GATES = (   # grouped by that letter: one scan per group
-    rb"w(?:(?<=passw)(?:or)?d|(?<=pw)d)", rb"h(?:(?<=auth)(?:orization)?|(?<=passph)rase)",
-    rb"c(?:(?<=sec)ret(?:[-_.]?key[-_.]?base)?|redentials?)", rb"s(?:ig(?:nature)?|ession)",
-    rb"k(?:(?<=tok)en|(?<=cook)ie|ey(?=\\{0,2}[\"']?[ \t]{0,8}[:=%])(?:" + b"|".join(
+    rb"w(?:ord(?<=password)|d(?:(?<=passwd)|(?<=pwd)))", rb"h(?:rase(?<=passphrase)|(?<=auth)(?:orization)?)",
+    rb"c(?:ret(?<=secret)(?:[-_.]?key[-_.]?base)?|redentials?)", rb"s(?:ig(?:nature)?|ession)",
+    rb"k(?:e(?:n(?<=token)|y(?=\\{0,2}[\"']?[ \t]{0,8}[:=%])(?:" + b"|".join(
         b"(?<=(?:%s)%skey)" % (b"|".join(p for p in _STRONG_KEY_PREFIXES if len(p) == size), sep)
         for size in sorted({len(p) for p in _STRONG_KEY_PREFIXES}) for sep in (b"", b"[-_.]"))
-        + b"))")
+        + b"))|ie(?<=cookie))")
 _UPPER_KEY_GATE = rb"_KEY([ \t]{0,8}[:=])"   # STRIPE_KEY=..., searched on the text itself
 _FLAG_GATE = rb"--(?:[a-z0-9]{1,20}-){0,3}(?:passw(?:or)?d|passphrase|secret|token|api-?key|auth)([ \t])"
 _KV_RULE = (r"(?P<q>\\{0,2}[\"']?)"
