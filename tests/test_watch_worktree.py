@@ -8,10 +8,13 @@ import json
 import os
 import shutil
 import signal
+import subprocess
 
+import pytest
 
-from conftest import git, process_running
+from conftest import BRIDGE, PYTHON, REPO, git, process_running
 from test_watch import Queue, branch, head, wait_for
+from test_watch_crash import git_wrapper
 
 USER_FILES = {"README.md": "# test repo\nmy uncommitted edit\n", "mine.txt": "my own file\n"}
 
@@ -281,3 +284,42 @@ def test_a_task_started_while_another_takes_its_record_is_not_its_tampering(git_
     assert queue.result("a")["status"] == queue.result("b")["status"] == "success"
 
 
+
+
+# step -> (how the watcher dies, the attempt that finally succeeds)
+WORKTREE_STEPS = {
+    "worktree add": ("worktree add -q -b feat/ai/k", 2),
+    "commit": ("commit -q --no-verify", 2),
+    "result write": ({"event": "os.rename", "args": {"0": ".tmp", "1": "/results/k.json"}}, 2),
+    "worktree remove": ("worktree remove", 1),
+}
+
+
+@pytest.mark.parametrize("step", list(WORKTREE_STEPS))
+def test_sigkill_at_each_worktree_step_then_restart(git_repo, tmp_path, step):
+    """The watcher dies right after making the worktree, committing in it, before writing
+    the result, or after removing the worktree: the next start ends the task with one
+    result, leaves no worktree behind and never touches your checkout."""
+    how, final_attempt = WORKTREE_STEPS[step]
+    queue = worktree_queue(git_repo, tmp_path)
+    queue.put(queue.task("k", agent={"write": {"k.txt": "k\n"}}, retry_policy={"max_attempts": 2}))
+    env, argv = dict(queue.env), [PYTHON, str(BRIDGE)]
+    if isinstance(how, dict):
+        argv = [PYTHON, str(REPO / "tests" / "crashpoint.py"), str(BRIDGE)]
+        env["CRASH_AT"] = json.dumps(how)
+    else:
+        env["PATH"] = git_wrapper(tmp_path / "bin", how, tmp_path / "crashed") + os.pathsep + env["PATH"]
+    crashed = subprocess.run(argv + ["watch", "--once", "--root", str(queue.repo), "--config",
+                                     str(queue.config_path)], env=env, capture_output=True,
+                             text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr
+    out = queue.watch()
+    assert out.returncode == 0, out.stderr
+    assert queue.names("results") == ["k.json"]
+    r = queue.result("k")
+    assert (r["status"], r["attempt"]) == ("success", final_attempt), r["detail"]
+    assert queue.names("running") == [] and queue.names("tasks") == []
+    assert queue.names("locks") == ["__worker__.lock"]
+    assert worktrees(queue) == []
+    assert git(queue.repo, "show", "feat/ai/k:k.txt") == "k\n"
+    assert_user_checkout_untouched(queue)
