@@ -4200,8 +4200,9 @@ class Watcher:
                 self.local.run = None
         for name in os.listdir(self.handoff.dir("locks")):  # a task that ended, its lock not
             path = self.handoff.path("locks", name)         # dropped yet when the watcher died
-            if name.endswith(".lock") and name != WORKER_LOCK and not os.path.lexists(
-                    self.handoff.path("running", name[:-5] + ".json")) \
+            if name.endswith(".lock") and name != WORKER_LOCK and not os.path.islink(path) \
+                    and os.path.isfile(path) and not os.path.lexists(
+                        self.handoff.path("running", name[:-5] + ".json")) \
                     and FileLock.probe(path)[0] != "held":
                 self.drop_lock_file(path)
         self.sweep_worktrees()
