@@ -574,26 +574,10 @@ def append_jsonl(path, record):
     append_text(path, json_compact(record) + "\n")
 
 
-class JsonlLine(tuple):
-    """One complete line of a JSONL file: (number, record, error, raw).
-
-    `number` is 1-based and counts every complete line, malformed ones included,
-    so it can serve as a cursor. `record` is None and `error` says why when the
-    line is not JSON.
-    """
-    __slots__ = ()
-
-    def __new__(cls, number, record, error, raw):
-        return tuple.__new__(cls, (number, record, error, raw))
-
-    number = property(lambda self: self[0])
-    record = property(lambda self: self[1])
-    error = property(lambda self: self[2])
-    raw = property(lambda self: self[3])
-
-
 def scan_jsonl(path, start=0):
-    """Yield JsonlLine for each complete line after the first `start` lines.
+    """Yield (number, record, raw bytes) for each complete line after the first `start`
+    lines. `number` is 1-based and counts every complete line, malformed ones included, so it
+    can serve as a cursor; `record` is None when the line is not JSON.
 
     A last line without its newline is still being written: it is neither counted
     nor yielded (the `wc -l` rule). Lines of any length are read. A missing file
@@ -610,9 +594,10 @@ def scan_jsonl(path, start=0):
                 break
             number += 1
             try:
-                yield JsonlLine(number, parse_json(raw), None, raw)
-            except ValueError as exc:
-                yield JsonlLine(number, None, "line %d: %s" % (number, exc), raw)
+                record = parse_json(raw)
+            except ValueError:
+                record = None
+            yield number, record, raw
 
 
 def _skip_lines(handle, count):
@@ -3308,7 +3293,7 @@ def result_history(handoff, task_id):
     """Archived results of earlier attempts/gates of a task, oldest first."""
     path = handoff.history_path(task_id)
     try:
-        return [line.record for line in scan_jsonl(path) if line.record]
+        return [record for _, record, _ in scan_jsonl(path) if record]
     except OSError as exc:
         raise BridgeError("cannot read result history %s: %s" % (path, exc.strerror or exc))
 
@@ -6676,8 +6661,8 @@ def inbox_ack(root, opts):
     request_id = id_flag(opts, "request-id")
     bdir = bridge_dir(root)
     rec = None
-    for item in scan_jsonl(os.path.join(bdir, "inbox.jsonl"), line - 1):
-        rec = parse_intent(item.record) if item.record is not None else False
+    for _, record, _ in scan_jsonl(os.path.join(bdir, "inbox.jsonl"), line - 1):
+        rec = parse_intent(record) if record is not None else False
         break
     if rec is None:
         raise SeamFailure("inbox line %d does not exist (%s has %d complete lines)" % (
@@ -6950,10 +6935,10 @@ def _open_gates(bdir, head, tail):
 def _decided_requests(bdir):
     """request_ids the captain has decided (inbox `decision` lines), for gate eviction."""
     decided = set()
-    for item in scan_jsonl(os.path.join(bdir, "inbox.jsonl")):
-        if b'"decision"' not in item.raw:
+    for _, record, raw in scan_jsonl(os.path.join(bdir, "inbox.jsonl")):
+        if b'"decision"' not in raw:
             continue
-        rec = go_fields(item.record, INTENT_FIELDS)
+        rec = go_fields(record, INTENT_FIELDS)
         if isinstance(rec, dict) and rec.get("kind") == "decision" and isinstance(rec.get("request_id"), str):
             decided.add(rec["request_id"])
     return decided
@@ -7227,8 +7212,8 @@ def _resumable_session(bdir, slug):
     if best:
         return best[2]
     latest = None
-    for item in scan_jsonl(os.path.join(bdir, "events.jsonl")):
-        rec = go_fields(item.record, EVENT_FIELDS)
+    for _, record, _ in scan_jsonl(os.path.join(bdir, "events.jsonl")):
+        rec = go_fields(record, EVENT_FIELDS)
         if not isinstance(rec, dict) or rec.get("host") != "codex":
             continue
         sid, when = rec.get("session_id"), parse_rfc3339(rec.get("ts"))

@@ -65,12 +65,12 @@ def test_scan_jsonl_counts_complete_lines_only(tmp_path):
     path = tmp_path / "x.jsonl"
     path.write_bytes(b'{"a":1}\nnot json\n' + b'{"big":"' + b"x" * 3_000_000 + b'"}\n{"torn":')
     lines = list(bridge.scan_jsonl(path))
-    assert [line.number for line in lines] == [1, 2, 3]
-    assert lines[0].record == {"a": 1}
-    assert lines[1].record is None and "line 2" in lines[1].error
-    assert len(lines[2].record["big"]) == 3_000_000
+    assert [number for number, _, _ in lines] == [1, 2, 3]
+    assert lines[0][1:] == ({"a": 1}, b'{"a":1}\n')
+    assert lines[1][1:] == (None, b"not json\n")
+    assert len(lines[2][1]["big"]) == 3_000_000
     assert bridge.count_complete_lines(path) == 3
-    assert [line.number for line in bridge.scan_jsonl(path, start=2)] == [3]
+    assert [number for number, _, _ in bridge.scan_jsonl(path, start=2)] == [3]
     assert list(bridge.scan_jsonl(tmp_path / "missing")) == []
 
 
@@ -85,7 +85,7 @@ def test_append_jsonl_concurrent_processes_never_interleave(tmp_path):
     """ % str(BRIDGE))
     procs = [subprocess.Popen([PYTHON, "-c", script, str(path), str(w)]) for w in range(6)]
     assert all(p.wait(timeout=60) == 0 for p in procs)
-    records = [line.record for line in bridge.scan_jsonl(path)]
+    records = [record for _, record, _ in bridge.scan_jsonl(path)]
     assert len(records) == 1200 and all(r is not None for r in records)
     for w in range(6):
         assert [r["i"] for r in records if r["w"] == str(w)] == list(range(200))
