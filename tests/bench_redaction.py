@@ -10,6 +10,8 @@ average, since on a shared busy machine wall time mostly measures the other proc
   - the same log through the CLI, `bridge.py redact < log > /dev/null` (process start included);
   - the seed's six minimum patterns as one `re.sub` on the same log, for reference;
   - seconds for each 1 MB adversarial shape (target: well under 1 s each).
+Usage: bench_redaction.py [BRIDGE.py]: another bridge.py (`git show main:bridge.py > /tmp/m.py`)
+to time instead of this checkout's, e.g. two runs side by side on a busy machine.
 """
 import importlib.util
 import os
@@ -24,7 +26,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
 import redaction_corpus  # noqa: E402
 from redaction_corpus import ordinary_log  # noqa: E402
-BRIDGE = os.path.join(os.path.dirname(HERE), "bridge.py")
+BRIDGE = os.path.abspath(sys.argv[1]) if len(sys.argv) > 1 else os.path.join(os.path.dirname(HERE), "bridge.py")
 spec = importlib.util.spec_from_file_location("bridge_bench", BRIDGE)
 bridge = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(bridge)
