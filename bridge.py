@@ -1291,10 +1291,6 @@ for _names, _body, _edge in (
 del _names, _body, _edge, _name
 # Prefixes whose token starts before them: Terraform Cloud is 14 characters, ".atlasv1.".
 _BACK = {".atlasv1.": "[A-Za-z0-9]{14}"}
-# A separator followed by 8 token characters (after "_" base64 too: Fly.io, Grafana
-# Cloud), after the last two characters of a known prefix, then the whole prefix with
-# its left boundary (see _sep_scan).
-_SEP_SCAN = r"%s(?:(?=%s{8})(?<=(?:%s)%s)(?:%s)%s)"   # lookahead first: it fails sooner
 # Formats whose separator is inside: separator -> (lookaround after it, characters of the
 # token before it, its length): MaxMind license keys (6, "_", 29, "_mmk"), Airtable
 # personal access tokens ("pat", 14, ".", 64 hex).
@@ -1340,8 +1336,7 @@ _LITERAL_RULES = (
 # letter stops at a third of all characters.)
 _B64_RULES = tuple(head + r"[A-Za-z0-9+/]{16,65536}={0,2}" for head in (
     r"LS0tLS1CRUdJT", r"Z(?:2h[wv1zy]X|2l0aHViX3BhdF|2xwYXQt|XlK)", r"Q(?:UtJQ|VNJQ)"))
-# Discord bot tokens have no literal prefix; searched only when "discord" (any case) is
-# in the text.
+# Discord bot tokens have no literal prefix: searched only where "discord" is (any case).
 _DISCORD_RULE = (r"\.(?:(?<=[MNO][A-Za-z0-9_-]{23}\.)|(?<=[MNO][A-Za-z0-9_-]{24}\.)"
                  r"|(?<=[MNO][A-Za-z0-9_-]{25}\.))[A-Za-z0-9_-]{6}\.[A-Za-z0-9_-]{27,40}")
 
@@ -1557,18 +1552,21 @@ _COMPILED = _Regexes()
 
 
 def _sep_scan(sep):
-    """The scan for the tokens of _PREFIXED whose prefix ends in `sep`: the last two
-    characters of a prefix before it (a quick filter), then a whole prefix with its left
-    boundary, so that words such as `risk-` and `::test_` never reach Python."""
+    """The scan for the tokens of _PREFIXED whose prefix ends in `sep`: `sep` followed by 8
+    token characters (after "_" base64 too: Fly.io, Grafana Cloud; checked first, it fails
+    soonest), after the last two characters of a known prefix (a quick filter), then after
+    a whole prefix with its left boundary, so that words such as `risk-` and `::test_` never
+    reach Python; or the shape of a format in _SEP_INSIDE."""
     prefixes = sorted(p for p in _PREFIXED if p[-1] == sep)
     edges = {"": "", "w": "(?<![A-Za-z0-9])", "t": "(?<![A-Za-z0-9_-])"}
     whole = ["(?<=%s)" % "|".join(edges[_PREFIXED[p][1]] + re.escape(p) for p in group)
              for group in _group_by(prefixes, len).values()]
     if sep == "-":
         whole.append("(?<=sk-)(?=[A-Za-z0-9]{0,392}T3BlbkFJ)")    # OpenAI's marker, see _prefix_at
-    return _SEP_SCAN % (re.escape(sep), "[A-Za-z0-9+/_-]" if sep == "_" else "[A-Za-z0-9_-]",
-                        "|".join(sorted({re.escape(p[-3:-1]) for p in prefixes})), re.escape(sep),
-                        "|".join(whole), "|" + _SEP_INSIDE[sep][0] if sep in _SEP_INSIDE else "")
+    return r"%s(?:(?=%s{8})(?<=(?:%s)%s)(?:%s)%s)" % (
+        re.escape(sep), "[A-Za-z0-9+/_-]" if sep == "_" else "[A-Za-z0-9_-]",
+        "|".join(sorted({re.escape(p[-3:-1]) for p in prefixes})), re.escape(sep),
+        "|".join(whole), "|" + _SEP_INSIDE[sep][0] if sep in _SEP_INSIDE else "")
 
 
 def _redaction_regexes():
@@ -2081,7 +2079,8 @@ class Redactor:
                     end = rx["line_rest"].match(text, begin).end()
                 spans.append((begin, end))
                 pos = max(pos, end)
-        for m in _matches_at(low, rx["scheme"], text) if not short or b"bearer" in low or b"basic" in low else ():
+        schemes = not short or b"bearer" in low or b"basic" in low
+        for m in _matches_at(low, rx["scheme"], text) if schemes else ():
             value = m.group(m.lastgroup)
             if m.lastgroup == "bearer":
                 if any(c.isdigit() for c in value) or (value.lower() != value and value.upper() != value):
