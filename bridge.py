@@ -7417,10 +7417,6 @@ class QueueLayout:
         self.scan = None             # "\n" + text, set by relay_layout
 
 
-def _line_no(text, offset):
-    return text.count("\n", 0, offset) + 1
-
-
 def _line_at(text, offset):
     end = text.find("\n", offset)
     return text[offset:len(text) if end < 0 else end]
@@ -7428,7 +7424,7 @@ def _line_at(text, offset):
 
 def _refuse(path, text, offset, why):
     raise BridgeError("%s line %d: %s; the file was not changed" % (
-        path, _line_no(text, offset), why), EXIT_FAILED)
+        path, text.count("\n", 0, offset) + 1, why), EXIT_FAILED)
 
 
 def relay_decode(path, raw):
@@ -11352,7 +11348,9 @@ class McpClient:
         if not isinstance(result, dict):
             return result
         if result.get("isError"):
-            raise McpError(printable("%s failed: %s" % (name, _mcp_text(result))), "tool_error")
+            text = " ".join(str(block.get("text")) for block in result.get("content") or []
+                            if isinstance(block, dict) and block.get("type") == "text")
+            raise McpError(printable("%s failed: %s" % (name, text or "error")), "tool_error")
         if "structuredContent" in result:
             return result["structuredContent"]
         blocks = result.get("content")
@@ -11403,14 +11401,6 @@ def _mcp_label(method, params):
     if method == "tools/call" and isinstance(params, dict):
         return str(params.get("name"))
     return method
-
-
-def _mcp_text(result):
-    parts = []
-    for block in result.get("content") or []:
-        if isinstance(block, dict) and block.get("type") == "text":
-            parts.append(str(block.get("text")))
-    return " ".join(parts) or "error"
 
 
 # ---- change sets on disk ------------------------------------------------------------------
