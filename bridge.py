@@ -1378,7 +1378,7 @@ _KV_GATES = (   # grouped by that letter: one scan per group
         b"(?<=(?:%s)%skey)" % (b"|".join(p for p in _STRONG_KEY_PREFIXES if len(p) == size), sep)
         for size in sorted({len(p) for p in _STRONG_KEY_PREFIXES}) for sep in (b"", b"[-_.]"))
         + b"))|ie(?<=cookie))")
-_UPPER_KEY_GATE = rb"_KEY([ \t]{0,8}[:=])"   # STRIPE_KEY=..., searched on the text itself
+_UPPER_KEY_GATE = rb"KEY(?<=_KEY)([ \t]{0,8}[:=])"   # STRIPE_KEY=..., searched on the text itself
 _FLAG_GATE = rb"--(?:[a-z0-9]{1,20}-){0,3}(?:passw(?:or)?d|passphrase|secret|token|api-?key|auth)([ \t])"
 _KV_RULE = (r"(?P<q>\\{0,2}[\"']?)"
             r"(?P<op>[ \t]{0,8}(?::=|=>|=|:|%3[dD])[ \t]{0,8}|[ \t]{1,8})"
