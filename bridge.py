@@ -3793,9 +3793,9 @@ def open_worktree(path):
 def worktree_state(handoff, task_id):
     """Why the worktree of task `task_id` stays; None when nothing needs it any more (its task
     succeeded and its work is committed on its branch)."""
-    for state, why in (("running", "its task is running"), ("tasks", "its task is queued")):
-        if os.path.lexists(handoff.path(state, task_id + ".json")):
-            return why
+    place = task_place(handoff, task_id, ("running", "tasks"))
+    if place:
+        return "its task is in %s/" % place
     try:
         result = read_result(handoff, task_id)
     except BridgeError as exc:
@@ -5370,11 +5370,10 @@ def remove_worktrees(root, config):
     try:
         repo.run("worktree", "prune", check=False)
         for task_id, path in task_worktrees(root, config):
-            busy = next((why for state, why in (("running", "running"), ("tasks", "queued"))
-                         if os.path.lexists(handoff.path(state, task_id + ".json"))), None)
+            place = task_place(handoff, task_id, ("running", "tasks"))
             try:
-                if busy:
-                    raise BridgeError("its task is %s" % busy)
+                if place:
+                    raise BridgeError("its task is in %s/" % place)
                 git = open_worktree(path)[0]
                 wip = git.commit_all("WIP(bridge): %s worktree removed by unlock --worktrees - "
                                      "NOT verified\n" % task_id)
