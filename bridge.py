@@ -13122,7 +13122,7 @@ def merge_hooks(config, plan, ours):
         if not isinstance(groups, list):
             raise BridgeError("\"hooks\".%s is not a JSON array" % event)
         wanted = copy.deepcopy(plan.get(event, {"hooks": []}))
-        todo, home, emptied = list(wanted["hooks"]), None, False
+        todo, home, emptied = list(wanted["hooks"]), None, []
         for group in groups:
             if not isinstance(group, dict) or not isinstance(group.get("hooks"), list):
                 continue
@@ -13142,10 +13142,11 @@ def merge_hooks(config, plan, ours):
                     home = home or group
                 else:
                     changes.append("removed %s: %s" % (event, verb))
-            emptied = emptied or (group["hooks"] and not kept)
+            if group["hooks"] and not kept:
+                emptied.append(group)
             group["hooks"] = kept
-        if emptied:
-            groups = [g for g in groups if not (isinstance(g, dict) and g.get("hooks") == [])]
+        if emptied:  # only the groups emptied here: one the user left empty stays
+            groups = [g for g in groups if not any(g is e for e in emptied)]
         if todo:
             if home is None:
                 home = dict(wanted, hooks=[])
@@ -13229,7 +13230,7 @@ def hooks_install(host, scope, root, remove=False):
         if path in exc.message:
             raise
         raise BridgeError("settings file %s: %s; not changed" % (path, exc.message))
-    notes = [printable("%s %s" % (path, note)) for note in notes]
+    notes = ["%s %s" % (path, note) for note in notes]
     if not changes:
         return ["%s: unchanged (the bridge.py hooks are %s)" % (
             path, "absent" if remove else "in place")] + notes
@@ -13271,7 +13272,7 @@ def cmd_hooks(args):
     if args.hooks_verb == "doctor":
         return hooks_doctor(root, hosts, args.scope)
     for line in hooks_install(args.host, args.scope or "project", root, args.hooks_verb == "uninstall"):
-        print(line)
+        print(printable(line))  # event names are the settings file's, so an agent's too
     return EXIT_OK
 
 
@@ -13293,22 +13294,33 @@ def hooks_doctor(root, hosts, scope=None, runs=5):
     for host in hosts:
         for where in ([scope] if scope else ["project", "user"]):
             path, _base = hooks_file(host, where, root)
-            if host == "pi":
-                if os.path.lexists(path):
-                    found += 1
-                    same = read_input(path, "Pi extension") == PI_EXTENSION.encode("utf-8")
-                    print("%s  %s: %s" % ("ok    " if same else "broken", path, "bridge.py's extension"
-                                         if same else "not this bridge.py's extension: hooks install --host pi"))
-                    if not same:
-                        broken.append(path)
+            # the user's own folder is trusted: a dotfile manager's link there is read through
+            real = os.path.realpath(path) if where == "user" else path
+            try:
+                if host == "pi":
+                    if os.path.lexists(real):
+                        if read_input(real, "Pi extension") != PI_EXTENSION.encode("utf-8"):
+                            raise BridgeError("%s: not this bridge.py's extension: hooks install "
+                                              "--host pi" % path)
+                        found += 1
+                        print("ok      %s: bridge.py's extension" % path)
+                    continue
+                table = read_settings(real).get("hooks", {})
+                if not isinstance(table, dict):
+                    raise BridgeError("settings file %s: \"hooks\" is not a JSON object" % path)
+            except BridgeError as exc:  # named, and the other files are still checked
+                found += 1
+                broken.append(path)
+                print(printable("broken  " + exc.message))
                 continue
             # Only the commands install writes for this host, scope and event are run (the
             # settings file is agent-writable); any other bridge.py-looking one is named.
             plan, ours, commands = hook_plan(host, where), install_commands(host), {}
-            for event, groups in read_settings(path).get("hooks", {}).items():
+            for event, groups in table.items():
                 wanted = [h["command"] for h in plan.get(event, {}).get("hooks", ())]
                 for group in groups if isinstance(groups, list) else ():
-                    for hook in group.get("hooks", ()) if isinstance(group, dict) else ():
+                    hooks = group.get("hooks") if isinstance(group, dict) else None
+                    for hook in hooks if isinstance(hooks, list) else ():
                         command = hook_command_of(hook)
                         if command in wanted:
                             commands.setdefault(command, []).append(event)
@@ -13350,7 +13362,7 @@ def hooks_doctor(root, hosts, scope=None, runs=5):
         print("no bridge.py hooks found for %s: run `bridge.py hooks install --host HOST`" % ", ".join(hosts))
         return EXIT_FAILED
     if broken:
-        print("%d broken: %s" % (len(broken), "; ".join(broken)))
+        print(printable("%d broken: %s" % (len(broken), "; ".join(broken))))
         return EXIT_FAILED
     return EXIT_OK
 

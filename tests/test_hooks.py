@@ -345,3 +345,51 @@ def test_installed_hooks_accept_payload_drift_without_failing_the_host(project, 
     assert "OUTPUT-TEXT" not in raw and "SECRET-PROMPT-TEXT" not in raw
     result = run_hook(check, project, dict(data, stop_hook_active=False), CLAUDE_PROJECT_DIR=project)
     assert (result.returncode, result.stdout, result.stderr) == (0, "{}\n", ""), result
+
+
+def test_event_names_an_agent_wrote_reach_the_terminal_inert_and_malformed_tables_are_named(project, home):
+    """Settings files are agent-writable, event names included: one holding our command under an
+    event named with terminal escapes is spelled out in every line install, uninstall and doctor
+    print (their summaries too); a "hooks" that is not an object, or a group whose hooks are not a
+    list, is named by doctor (broken, exit 1), never a traceback."""
+    assert hooks("install", "--host", "claude", cwd=project, home=home).returncode == 0
+    settings_file = project / ".claude" / "settings.json"
+    planted = json.loads(settings_file.read_text())
+    check = planted["hooks"]["Stop"][0]["hooks"][1]["command"]
+    planted["hooks"]["\x1b]0;PWNED\x07\x1b[2J"] = [{"hooks": [{"type": "command", "command": check}]}]
+    planted["hooks"]["Stop"].append({"matcher": "mine", "hooks": 5})
+    for verb in ("doctor", "install", "uninstall"):
+        settings_file.write_text(json.dumps(planted))
+        out = hooks(verb, "--host", "claude", cwd=project, home=home)
+        assert out.returncode == (1 if verb == "doctor" else 0), (verb, out)
+        assert "\x1b" not in out.stdout + out.stderr and "\x07" not in out.stdout, (verb, out.stdout)
+        assert "\\x1b]0;PWNED\\x07\\x1b[2J" in out.stdout and "internal error" not in out.stderr, (verb, out)
+        assert {"matcher": "mine", "hooks": 5} in json.loads(settings_file.read_text())["hooks"]["Stop"]
+    for table in ("[]", "null", '"x"'):
+        settings_file.write_text('{"hooks": %s}' % table)
+        out = hooks("doctor", cwd=project, home=home)
+        assert out.returncode == 1 and "internal error" not in out.stderr, out
+        assert 'broken  settings file %s: "hooks" is not a JSON object' % settings_file in out.stdout, out.stdout
+
+
+def test_uninstall_keeps_a_users_own_empty_group(project, home):
+    """Only a group uninstall empties is removed: one the user left empty stays as it was."""
+    settings_file = project / ".claude" / "settings.json"
+    settings_file.parent.mkdir()
+    mine = {"hooks": {"Stop": [{"matcher": "disabled-for-now", "hooks": []}]}}
+    settings_file.write_text(json.dumps(mine))
+    assert hooks("install", "--host", "claude", cwd=project, home=home).returncode == 0
+    assert hooks("uninstall", "--host", "claude", cwd=project, home=home).returncode == 0
+    assert json.loads(settings_file.read_text()) == mine
+
+
+def test_doctor_reads_a_user_settings_file_a_dotfile_manager_links(project, home, tmp_path):
+    """~/.claude/settings.json linked by a dotfile manager (stow) is the user's own: doctor checks
+    the hooks in the file it points to instead of stopping at the link."""
+    assert hooks("install", "--host", "claude", "--scope", "user", cwd=project, home=home).returncode == 0
+    dotfiles = tmp_path / "dotfiles"
+    dotfiles.mkdir()
+    (home / ".claude" / "settings.json").rename(dotfiles / "settings.json")
+    (home / ".claude" / "settings.json").symlink_to(dotfiles / "settings.json")
+    out = hooks("doctor", "--host", "claude", cwd=project, home=home)
+    assert out.returncode == 0 and [l[:2] for l in out.stdout.splitlines()] == ["ok"] * 2, out
