@@ -1556,14 +1556,15 @@ def _sep_scan(sep):
     token characters (after "_" base64 too: Fly.io, Grafana Cloud; checked first, it fails
     soonest), after the last two characters of a known prefix (a quick filter), then after
     a whole prefix with its left boundary, so that words such as `risk-` and `::test_` never
-    reach Python; or the shape of a format in _SEP_INSIDE."""
+    reach Python; or the shape of a format in _SEP_INSIDE (8 token characters follow it
+    too)."""
     prefixes = sorted(p for p in _PREFIXED if p[-1] == sep)
     edges = {"": "", "w": "(?<![A-Za-z0-9])", "t": "(?<![A-Za-z0-9_-])"}
     whole = ["(?<=%s)" % "|".join(edges[_PREFIXED[p][1]] + re.escape(p) for p in group)
              for group in _group_by(prefixes, len).values()]
     if sep == "-":
         whole.append("(?<=sk-)(?=[A-Za-z0-9]{0,392}T3BlbkFJ)")    # OpenAI's marker, see _prefix_at
-    return r"%s(?:(?=%s{8})(?<=(?:%s)%s)(?:%s)%s)" % (
+    return r"%s(?=%s{8})(?:(?<=(?:%s)%s)(?:%s)%s)" % (
         re.escape(sep), "[A-Za-z0-9+/_-]" if sep == "_" else "[A-Za-z0-9_-]",
         "|".join(sorted({re.escape(p[-3:-1]) for p in prefixes})), re.escape(sep),
         "|".join(whole), "|" + _SEP_INSIDE[sep][0] if sep in _SEP_INSIDE else "")
