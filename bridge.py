@@ -2879,56 +2879,44 @@ def git_exclude(root, pattern, comment=None):
 
 # ---- JSON-RPC framing -----------------------------------------------------------
 
-class MessageReader:
-    """Reads JSON-RPC messages from a binary stream in either framing.
-
-    MCP's stdio transport is newline-delimited JSON; some servers (and LSP-style
-    tools) use `Content-Length: N` headers instead. The framing is detected per
-    message, so one reader serves both; `framing` records the last one seen.
-    read() returns the message bytes, or None at end of stream.
-    """
-
-    def __init__(self, stream, max_bytes=16 << 20):
-        self.stream = stream
-        self.max_bytes = max_bytes
-        self.framing = None
-
-    def read(self):
-        while True:
-            # Bounded: a server that streams without newlines must not grow one line forever.
-            line = self.stream.readline(self.max_bytes + 3)
-            if not line:
+def read_message(stream, max_bytes=16 << 20):
+    """The next JSON-RPC message's bytes from a binary stream in either framing, or None at
+    end of stream. MCP's stdio transport is newline-delimited JSON; some servers (and
+    LSP-style tools) use `Content-Length: N` headers instead. The framing is detected per
+    message, so one reader serves both."""
+    while True:
+        # Bounded: a server that streams without newlines must not grow one line forever.
+        line = stream.readline(max_bytes + 3)
+        if not line:
+            return None
+        if len(line.rstrip(b"\r\n")) > max_bytes:
+            raise BridgeError("a message line exceeds the %d byte limit" % max_bytes, EXIT_FAILED)
+        stripped = line.strip()
+        if not stripped:
+            continue
+        if stripped[:15].lower() != b"content-length:":
+            return stripped
+        try:
+            length = int(stripped[15:].strip())
+        except ValueError:
+            raise BridgeError("bad Content-Length header: %r" % stripped[:80], EXIT_FAILED)
+        if not 0 <= length <= max_bytes:
+            raise BridgeError("Content-Length %d exceeds the %d byte limit" % (
+                length, max_bytes), EXIT_FAILED)
+        for _ in range(32):  # further headers (Content-Type) until the blank line
+            header = stream.readline(1024)
+            if not header:
                 return None
-            if len(line.rstrip(b"\r\n")) > self.max_bytes:
-                raise BridgeError("a message line exceeds the %d byte limit" % self.max_bytes, EXIT_FAILED)
-            stripped = line.strip()
-            if not stripped:
-                continue
-            if stripped[:15].lower() != b"content-length:":
-                self.framing = "line"
-                return stripped
-            try:
-                length = int(stripped[15:].strip())
-            except ValueError:
-                raise BridgeError("bad Content-Length header: %r" % stripped[:80], EXIT_FAILED)
-            if not 0 <= length <= self.max_bytes:
-                raise BridgeError("Content-Length %d exceeds the %d byte limit" % (
-                    length, self.max_bytes), EXIT_FAILED)
-            for _ in range(32):  # further headers (Content-Type) until the blank line
-                header = self.stream.readline(1024)
-                if not header:
-                    return None
-                if not header.strip():
-                    break
-                if not header.endswith(b"\n"):
-                    raise BridgeError("a header line exceeds 1024 bytes", EXIT_FAILED)
-            else:
-                raise BridgeError("more than 32 header lines", EXIT_FAILED)
-            body = self.stream.read(length)
-            if body is None or len(body) < length:
-                return None
-            self.framing = "content-length"
-            return body
+            if not header.strip():
+                break
+            if not header.endswith(b"\n"):
+                raise BridgeError("a header line exceeds 1024 bytes", EXIT_FAILED)
+        else:
+            raise BridgeError("more than 32 header lines", EXIT_FAILED)
+        body = stream.read(length)
+        if body is None or len(body) < length:
+            return None
+        return body
 
 
 def frame_message(message, framing="line"):
@@ -11185,7 +11173,7 @@ class McpClient:
     """JSON-RPC client for one MCP server process over stdio.
 
     Sends in the configured framing (`content-length`, what axiomregent reads, or `line`, the
-    MCP standard) and reads either (kernel MessageReader). Replies are matched by id; replies
+    MCP standard) and reads either (kernel read_message). Replies are matched by id; replies
     with a null id (axiomregent answers notifications) and unknown ids are ignored. One process
     lives for a whole change set so the server's in-memory leases stay valid."""
 
@@ -11233,10 +11221,9 @@ class McpClient:
         return self
 
     def _read_stdout(self):
-        reader = MessageReader(self.proc.stdout)
         while True:
             try:
-                raw = reader.read()
+                raw = read_message(self.proc.stdout)
             except Exception as exc:  # framing error: the stream is unusable
                 self._replies.put(("gone", "unreadable server output: %s" % exc))
                 return

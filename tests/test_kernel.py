@@ -256,22 +256,20 @@ def test_message_reader_both_framings():
     stream = io.BytesIO(bridge.frame_message({"id": 1}) + b"\r\n" +
                         bridge.frame_message({"id": 2}, "content-length") +
                         b"Content-Length: 9\r\nContent-Type: x\r\n\r\n{\"id\":3}\n")
-    reader = bridge.MessageReader(stream)
-    assert json.loads(reader.read()) == {"id": 1} and reader.framing == "line"
-    assert json.loads(reader.read()) == {"id": 2} and reader.framing == "content-length"
-    assert json.loads(reader.read()) == {"id": 3}
-    assert reader.read() is None
+    assert json.loads(bridge.read_message(stream)) == {"id": 1}
+    assert json.loads(bridge.read_message(stream)) == {"id": 2}
+    assert json.loads(bridge.read_message(stream)) == {"id": 3}
+    assert bridge.read_message(stream) is None
 
 
 def test_message_reader_bounds_a_line():
     import io
-    reader = bridge.MessageReader(io.BytesIO(b'{"id":1}\n' + b"x" * 100), max_bytes=64)
-    assert reader.read() == b'{"id":1}'
+    stream = io.BytesIO(b'{"id":1}\n' + b"x" * 100)
+    assert bridge.read_message(stream, max_bytes=64) == b'{"id":1}'
     with pytest.raises(bridge.BridgeError) as err:
-        reader.read()
+        bridge.read_message(stream, max_bytes=64)
     assert "64 byte limit" in err.value.message
-    exact = bridge.MessageReader(io.BytesIO(b"y" * 64 + b"\r\n"), max_bytes=64)
-    assert exact.read() == b"y" * 64
+    assert bridge.read_message(io.BytesIO(b"y" * 64 + b"\r\n"), max_bytes=64) == b"y" * 64
 
 
 def test_example_config_loads_without_warnings(tmp_path):
