@@ -868,14 +868,6 @@ class FileLock:
         finally:
             self.fd = None
 
-    def __enter__(self):
-        if not self.acquire():
-            raise BridgeError("%s is held by %s" % (self.path, describe_holder(self.holder)), EXIT_LOCKED)
-        return self
-
-    def __exit__(self, *exc):
-        self.release()
-
 
 def describe_holder(meta):
     """A short human description of a lock holder's metadata."""
