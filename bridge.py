@@ -4360,6 +4360,13 @@ class Watcher:
         if os.path.exists(self.handoff.path("results", task_id + ".json")):
             done_attempt = (existing or {}).get("attempt", 1)
             if existing is None or not isinstance(done_attempt, int) or done_attempt >= task["attempt"]:
+                if existing and done_attempt == task["attempt"] and existing.get("reason") in (
+                        "dependency_failed", "dependency_cycle"):  # blocked from tasks/, the
+                    self.file_away(path, existing)  # watcher died before the move: finish it
+                    self.say("%s: blocked (%s) by an earlier run; its task file is now in "
+                             "failed/" % (task_id, existing["reason"]))
+                    self.outcomes[task_id] = "blocked"
+                    return "blocked"
                 if task_id not in self.warned:
                     self.warned.add(task_id)
                     self.say("%s already has a result for attempt %s: skipped (idempotency); use "

@@ -292,3 +292,30 @@ def test_blocking_a_dependent_while_another_task_runs_is_no_tampering(git_repo, 
     assert queue.result("2_b")["reason"] == "dependency_failed"
     x = queue.result("3_x")
     assert x["status"] == "success", (x["reason"], x["detail"])
+
+
+def test_a_crash_between_a_dependency_block_and_its_move_is_finished_at_the_next_start(queue):
+    """The blocked result is written while the task file is still in tasks/; a SIGKILL
+    before its move to failed/ must not leave it queued for ever (skipped by idempotency,
+    holding its own dependents in `waiting`): the next start files it away."""
+    import signal
+    import subprocess
+    from conftest import BRIDGE, REPO
+    queue.put(queue.task("a", commands_to_run=["false"]))
+    queue.put(queue.task("b", depends_on=["a"]))
+    queue.put(queue.task("c", depends_on=["b"]))
+    env = dict(queue.env, CRASH_AT=json.dumps(
+        {"event": "os.rename", "args": {"0": "/tasks/b.json", "1": "/failed/"}}))
+    crashed = subprocess.run([PYTHON, str(REPO / "tests" / "crashpoint.py"), str(BRIDGE), "watch",
+                              "--once", "--root", str(queue.repo), "--config", str(queue.config_path)],
+                             env=env, capture_output=True, text=True, timeout=60,
+                             stdin=subprocess.DEVNULL)
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr
+    before = queue.result("b")
+    assert before["reason"] == "dependency_failed" and queue.names("tasks") == ["b.json", "c.json"]
+    out = queue.watch()
+    assert out.returncode == 4, out.stderr
+    assert queue.result("b") == before  # the result stands: finished, not run again
+    assert queue.names("tasks") == [] and queue.names("failed") == ["a.json", "b.json", "c.json"]
+    assert queue.result("c")["detail"] == "dependency b ended blocked (dependency_failed)"
+    assert status(queue)["waiting"] == []
