@@ -3739,6 +3739,7 @@ class TaskRun:
         self.start = None             # the ref it starts from (start_point)
         self.owned = False            # its worktree is the task's own (made or checked by us)
         self.others = set()           # ids of the tasks the watcher wrote for alongside it
+        self.since = time.time_ns()   # before its agent starts (see Watcher.doubted)
 
 
 def worktree_root(root, config, git):
@@ -3816,6 +3817,7 @@ class Watcher:
         self.wake = threading.Event()   # a task thread finished: the loop looks again
         self.finished = []              # (file name, outcome) of task threads, for the loop
         self.writers = set()            # ids of the tasks the watcher handles now (writes_for)
+        self.wrote = {}                 # result path -> (inode, ctime) of our last write of it
         self.worktrees = None           # the folder of the task worktrees (worktree_root)
         self.redactor = get_redactor(config)
         self.once = once
@@ -4088,7 +4090,6 @@ class Watcher:
         import threading
         run = TaskRun(name, self.repo_git, self.repo_git_dir, self.root)
         self.local.run = run
-        self.writes_for(run.task_id)
         task = None
         try:
             task = self.claim(run)
@@ -4362,6 +4363,7 @@ class Watcher:
             if existing is None or not isinstance(done_attempt, int) or done_attempt >= task["attempt"]:
                 if existing and done_attempt == task["attempt"] and existing.get("reason") in (
                         "dependency_failed", "dependency_cycle"):  # blocked from tasks/, the
+                    self.writes_for(task_id)
                     self.file_away(path, existing)  # watcher died before the move: finish it
                     self.say("%s: blocked (%s) by an earlier run; its task file is now in "
                              "failed/" % (task_id, existing["reason"]))
@@ -4372,6 +4374,7 @@ class Watcher:
                     self.say("%s already has a result for attempt %s: skipped (idempotency); use "
                              "`submit --retry` to run it again" % (task_id, task["attempt"]))
                 return None
+            self.writes_for(task_id)
             archive_result(self.handoff, task_id, "superseded by attempt %d" % task["attempt"])
         running = self.handoff.path("running", name)
         if os.path.lexists(running):
@@ -4383,6 +4386,7 @@ class Watcher:
         run.start = self.start_point(path, task)
         if not isinstance(run.start, tuple):
             return run.start
+        self.writes_for(task_id)  # only now: a task that waits is no reason to look away
         lock = FileLock(self.handoff.path("locks", task_id + ".lock"),
                         meta={"task_id": task_id, "timeout_sec": task["timeout_sec"],
                               "attempt": task["attempt"]})
@@ -4424,6 +4428,10 @@ class Watcher:
         start; None while it waits (said once; the queue goes on with the next task);
         else the outcome of blocking it (dependency_failed, dependency_cycle)."""
         found = dependency_state(self.handoff, task, self.git)
+        doubted = self.doubted(found["deps"]) if found["state"] != "waiting" else []
+        if doubted:
+            found.update(state="waiting", detail="waiting: the result of %s was written while "
+                         "other agents ran; it counts once their checks passed" % ", ".join(doubted))
         state, detail = found["state"], found["detail"]
         if state == "ready":
             return found["start"], found["deps"]
@@ -4433,6 +4441,7 @@ class Watcher:
                 self.warned.add((task["id"], detail))
                 self.say("%s: %s" % (task["id"], detail))
             return None
+        self.writes_for(task["id"])
         result = self.new_result(task)
         result.update(status="blocked", exit_path="blocked", reason=found["reason"], detail=detail,
                       dependencies=found["deps"], finished_at=now_iso())
@@ -4441,6 +4450,27 @@ class Watcher:
         move_no_clobber(path, self.handoff.dir("failed"), os.path.basename(path))
         self.say("%s: blocked (%s): %s" % (task["id"], found["reason"], detail))
         return "blocked"
+
+    def doubted(self, deps):
+        """Ids of `deps` whose record (result, else history) an agent running now may have
+        forged: not this watcher's own write, and changed since the first running task
+        started (ctime, which no agent can set back). Its tamper check moves a forgery away
+        when it ends; until then the record decides nothing."""
+        with self.beat_lock:
+            since = min((run.since for run in self.runs.values()), default=None)
+        doubted = []
+        for dep in deps if since is not None else ():
+            for path in (self.handoff.path("results", dep["id"] + ".json"),
+                         self.handoff.history_path(dep["id"])):
+                try:
+                    info = os.lstat(path)
+                except FileNotFoundError:
+                    continue
+                if info.st_ctime_ns >= since and self.wrote.get(path) != (info.st_ino,
+                                                                           info.st_ctime_ns):
+                    doubted.append(dep["id"])
+                break
+        return doubted
 
     def refuse(self, path, stem, exc):
         """schema_invalid: result (exit_path skipped), file moved to failed/."""
@@ -4519,8 +4549,11 @@ class Watcher:
             result["result_error"] = "the full result could not be encoded (%s: %s); only its " \
                 "outcome is kept" % (type(exc).__name__, str(exc)[:200])
             data = json.dumps(self.redactor.redact_obj(result), ensure_ascii=False, indent=2)
-        atomic_write(self.handoff.path("results", task_id + ".json"), data + "\n")
+        path = self.handoff.path("results", task_id + ".json")
+        atomic_write(path, data + "\n")
+        info = os.lstat(path)
         with self.beat_lock:  # task threads write results at once
+            self.wrote[path] = (info.st_ino, info.st_ctime_ns)
             self.counts[result.get("exit_path")] = self.counts.get(result.get("exit_path"), 0) + 1
             self.outcomes[task_id] = result.get("exit_path")
         if final:
@@ -4713,6 +4746,7 @@ class Watcher:
         cannot be done is said, never raised."""
         stem = name[:-5] if name.endswith(".json") else name
         task_id = stem if re.fullmatch(TASK_ID_PATTERN, stem) else "invalid-" + random_hex()
+        self.writes_for(task_id)
         run = self.current
         result = (run and run.result) or self.new_result(None, task_id)
         if run:
