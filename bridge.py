@@ -870,14 +870,15 @@ class FileLock:
 
 
 def describe_holder(meta):
-    """A short human description of a lock holder's metadata."""
+    """A short human description of a lock holder's metadata (the lock file is agent-writable:
+    its control characters spelled out)."""
     if not meta:
         return "an unknown process"
     if "unreadable" in meta:
         return "an unknown process (unreadable lock content)"
-    return "pid %s on %s since %s (last heartbeat %s)" % (
+    return printable("pid %s on %s since %s (last heartbeat %s)" % (
         meta.get("pid", "?"), meta.get("host", "?"), meta.get("created_at", "?"),
-        meta.get("heartbeat_at", "?"))
+        meta.get("heartbeat_at", "?")))
 
 
 def flock_within(fd, operation, seconds, interval=0.002):
@@ -12640,8 +12641,8 @@ def cmd_status(args):
         print(json.dumps(report, indent=2))
         return EXIT_OK
     print("queued %(queued)d  running %(running)d  pending %(pending)d  failed/ %(failed)d" % report)
-    print("results: " + (", ".join("%s %d" % item for item in sorted(report["results"].items()))
-                         or "none"))
+    print(printable("results: " + (", ".join("%s %d" % item for item in sorted(report["results"].items()))
+                                   or "none")))
     worker = report["worker"]
     print("watcher: " + ("running, %s" % describe_holder(worker) if worker else "not running"))
     # results and task names are agent-writable: control characters spelled out (printable)
@@ -13420,8 +13421,9 @@ def cmd_proxy(args):
     root, cfg = load_args_config(args)
     obs = cfg["observability"]
     # share_token writes the drawn token there; outside a git work tree there is no repository
-    if obs["enabled"] and obs["token"] is None and git_toplevel(root):
-        outside_repository(os.path.dirname(user_config_file("proxy.url")), root,
+    top = git_toplevel(root)
+    if obs["enabled"] and obs["token"] is None and top:
+        outside_repository(os.path.dirname(user_config_file("proxy.url")), top,
                            "the dashboard token's folder", "point XDG_CONFIG_HOME outside it")
     server = args.server[1:] if args.server[:1] == ["--"] else args.server
     argv, cwd, env = proxy_command(cfg, server)

@@ -1285,6 +1285,13 @@ def test_dashboard_token_file_inside_the_repository_is_refused(tmp_path):
     assert out.returncode == 2 and str(config / "bridge") in out.stderr, out.stderr
     assert "inside the repository" in out.stderr and "Traceback" not in out.stderr
     assert not config.exists()
+    # --root a subfolder of the repository: the whole repository is the agent's, not just the subfolder
+    (repo / "sub").mkdir()
+    out = subprocess.run([PYTHON, str(BRIDGE), "proxy", "--root", "sub", "--"] + SERVER, cwd=repo,
+                         input="", env=clean_env(BRIDGE_OBS_PORT=0, XDG_CONFIG_HOME=config),
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "inside the repository" in out.stderr, out.stderr
+    assert not config.exists()
 
 
 def test_readme_proxy_quick_start_runs_as_written(tmp_path):

@@ -824,6 +824,23 @@ def test_status_json_spells_out_c1_control_characters(queue):
     assert "\\u009b" in out.stdout
 
 
+def test_status_text_spells_out_control_characters_in_result_states_and_the_lock_holder(queue):
+    """The result files and the worker lock's content are agent-writable: `status` prints a result's
+    status and the lock holder's host with their control characters spelled `\\xNN`."""
+    import fcntl
+    (queue.handoff / "results" / "r1.json").write_text(json.dumps({"id": "r1", "status": "ok\x1b[2J"}))
+    lock = queue.handoff / "locks" / "__worker__.lock"
+    lock.parent.mkdir(exist_ok=True)
+    with open(lock, "w") as handle:
+        handle.write(json.dumps({"pid": 1, "host": "h\x1b]0;pwned\x07", "created_at": "x\x9b2J"}))
+        handle.flush()
+        fcntl.flock(handle, fcntl.LOCK_EX)  # held, as a running watcher holds it
+        out = queue.bridge("status")
+    assert out.returncode == 0, out.stderr
+    assert re.search("[\x00-\x08\x0b-\x1f\x7f-\x9f]", out.stdout) is None, out.stdout
+    assert "ok\\x1b[2J 1" in out.stdout and "h\\x1b]0;pwned\\x07" in out.stdout, out.stdout
+
+
 def test_log_size_cap_must_be_at_least_one_kb(queue, tmp_path):
     bad = tmp_path / "cap.json"
     bad.write_text(json.dumps({"log_size_cap_kb": 0}))
