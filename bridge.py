@@ -1352,10 +1352,9 @@ _PEM_WINDOW = 65536
 
 # Context rules. A secret-named key ends in one of these words; each gate finds the word
 # followed by an assignment operator on the lowercased copy (one literal-led scan each),
-# and only those hits reach Python. `--password VALUE` flags have their own gate. A scan
-# costs a little per occurrence of its first letter, so each gate starts at a rare
-# letter of its words (the w of password) and looks back for the rest; after it, letters
-# come before lookbehinds, since a literal fails fastest.
+# and only those hits reach Python. `--password VALUE` flags have their own gate. A gate
+# starts at a rare letter of its words (a scan costs per occurrence of its first letter),
+# then tries letters before lookbehinds: password is w, "ord", (?<=password).
 _STRONG_KEY_PREFIXES = (b"api", b"access", b"secret", b"private", b"account", b"sharedaccess",
                         b"master", b"auth", b"client", b"signing", b"encryption", b"license",
                         b"subscription", b"storage", b"service", b"app", b"consumer", b"admin",
@@ -1545,12 +1544,10 @@ _COMPILED = _Regexes()
 
 
 def _sep_scan(sep):
-    """The scan for the tokens of _PREFIXED whose prefix ends in `sep`: `sep` followed by 8
-    token characters (after "_" base64 too: Fly.io, Grafana Cloud; checked first, it fails
-    soonest), after the last two characters of a known prefix (a quick filter), then after
-    a whole prefix with its left boundary, so that words such as `risk-` and `::test_` never
-    reach Python; or the shape of a format in _SEP_INSIDE (8 token characters follow it
-    too)."""
+    """The scan for the tokens of _PREFIXED whose prefix ends in `sep`: `sep` and 8 token
+    characters (base64 ones after "_": Fly.io, Grafana Cloud), after the last two characters
+    of a prefix (a quick filter), then after a whole prefix and its left boundary (`risk-`,
+    `::test_` never reach Python); or a shape of _SEP_INSIDE."""
     prefixes = sorted(p for p in _PREFIXED if p[-1] == sep)
     edges = {"": "", "w": "(?<![A-Za-z0-9])", "t": "(?<![A-Za-z0-9_-])"}
     whole = ["(?<=%s)" % "|".join(edges[_PREFIXED[p][1]] + re.escape(p) for p in group)
@@ -1561,11 +1558,6 @@ def _sep_scan(sep):
         re.escape(sep), "[A-Za-z0-9+/_-]" if sep == "_" else "[A-Za-z0-9_-]",
         "|".join(sorted({re.escape(p[-3:-1]) for p in prefixes})), re.escape(sep),
         "|".join(whole), "|" + _SEP_INSIDE[sep][0] if sep in _SEP_INSIDE else "")
-
-
-def _redaction_regexes():
-    """The built-in rules, compiled as they are first used (most runs never redact)."""
-    return _COMPILED
 
 
 def _literal_prefix(pattern):
@@ -1704,7 +1696,7 @@ class Redactor:
     """
 
     def __init__(self, extra_patterns=(), env=None, known=()):
-        rx = self._rx = _redaction_regexes()
+        rx = self._rx = _COMPILED
         self.extra = []
         for pattern in extra_patterns:
             if not isinstance(pattern, str) or not pattern:
@@ -1827,9 +1819,8 @@ class Redactor:
                     continue
                 spans.append((start, _token_end(text, m.end())))
         # Prefilters: a rule whose literal is not in a short text (a hook's ids, one log line)
-        # is not even compiled. A long text is only looked up for the literal's first
-        # character: one memchr, where a search for several characters costs as much as
-        # the rule's own literal-led scan.
+        # is not even compiled; a long text is looked up for its first character only (one
+        # memchr: a search for several costs as much as the rule's own literal-led scan).
         for index, literal in enumerate(rx["literals"]):
             if (literal if short else literal[0]) not in text:
                 continue
