@@ -3309,6 +3309,19 @@ def move_no_clobber(src, directory, name):
     return target
 
 
+def duplicate_of(handoff, task):
+    """The result that makes the queued `task` a copy the watcher skips (idempotency): one
+    for its attempt or a later one ({} when it is not a JSON object); None: it is to run."""
+    if not os.path.exists(handoff.path("results", task["id"] + ".json")):
+        return None
+    existing = read_result(handoff, task["id"])
+    existing = existing if isinstance(existing, dict) else {}
+    attempt = existing.get("attempt", 1)
+    if not isinstance(attempt, int) or attempt >= task.get("attempt", 1):
+        return existing
+    return None
+
+
 def read_result(handoff, task_id):
     """The result of a task, or None when there is none or it is not JSON. Anything but a
     regular file in its place is a BridgeError naming it."""
@@ -3354,6 +3367,12 @@ def dependency_state(handoff, task, git=None, base_commit=None):
     deps, waiting, failed = [], [], []
     for dep in task.get("depends_on") or ():
         place = task_place(handoff, dep)
+        try:
+            if place == "tasks" and duplicate_of(handoff, read_task_file(
+                    handoff.path("tasks", dep + ".json"), fresh_sec=0)) is not None:
+                place = None  # a copy the watcher skips: its result stands
+        except (TaskFileError, BridgeError):
+            pass  # refused (a result) when its turn comes
         try:
             record = (latest_result(handoff, dep) if place is None else None) or {}
         except BridgeError as exc:
@@ -4348,24 +4367,23 @@ class Watcher:
             return self.refuse(path, stem, TaskFileError([unknown], raw=task))
         task = task_defaults(task)
         task_id = task["id"]
-        existing = read_result(self.handoff, task_id)
         result_history(self.handoff, task_id)  # unreadable: stop now, not after the agent ran
+        existing = duplicate_of(self.handoff, task)
+        if existing is not None:
+            if existing.get("attempt") == task["attempt"] and existing.get("reason") in (
+                    "dependency_failed", "dependency_cycle"):  # blocked from tasks/, the
+                self.writes_for(task_id)
+                self.file_away(path, existing)  # watcher died before the move: finish it
+                self.say("%s: blocked (%s) by an earlier run; its task file is now in "
+                         "failed/" % (task_id, existing["reason"]))
+                self.outcomes[task_id] = "blocked"
+                return "blocked"
+            if task_id not in self.warned:
+                self.warned.add(task_id)
+                self.say("%s already has a result for attempt %s: skipped (idempotency); use "
+                         "`submit --retry` to run it again" % (task_id, task["attempt"]))
+            return None
         if os.path.exists(self.handoff.path("results", task_id + ".json")):
-            done_attempt = (existing or {}).get("attempt", 1)
-            if existing is None or not isinstance(done_attempt, int) or done_attempt >= task["attempt"]:
-                if existing and done_attempt == task["attempt"] and existing.get("reason") in (
-                        "dependency_failed", "dependency_cycle"):  # blocked from tasks/, the
-                    self.writes_for(task_id)
-                    self.file_away(path, existing)  # watcher died before the move: finish it
-                    self.say("%s: blocked (%s) by an earlier run; its task file is now in "
-                             "failed/" % (task_id, existing["reason"]))
-                    self.outcomes[task_id] = "blocked"
-                    return "blocked"
-                if task_id not in self.warned:
-                    self.warned.add(task_id)
-                    self.say("%s already has a result for attempt %s: skipped (idempotency); use "
-                             "`submit --retry` to run it again" % (task_id, task["attempt"]))
-                return None
             self.writes_for(task_id)
             archive_result(self.handoff, task_id, "superseded by attempt %d" % task["attempt"])
         running = self.handoff.path("running", name)

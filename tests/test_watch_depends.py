@@ -356,3 +356,20 @@ def test_a_result_forged_by_an_agent_running_alongside_never_starts_a_dependent(
     assert queue.result("1_a")["reason"] == "agent_tampered"
     assert not (queue.handoff / "results" / "2_t.json").exists()
     assert queue.names("tasks") == ["2_t.json"]
+
+
+def test_a_dependency_queued_again_after_its_result_holds_nothing(queue):
+    """A planner drops a task file again after it ran: the watcher skips it (idempotency),
+    so its dependents must go by its result instead of waiting for a run that never comes."""
+    queue.put(queue.task("a"))
+    queue.put(queue.task("f", commands_to_run=["false"]))
+    assert queue.watch().returncode == 4
+    queue.put(queue.task("a"))
+    queue.put(queue.task("f", commands_to_run=["false"]))
+    queue.put(queue.task("b", depends_on=["a"], commands_to_run=["test -f a.txt"]))
+    queue.put(queue.task("c", depends_on=["f"]))
+    out = queue.watch()
+    assert out.returncode == 4, out.stderr
+    assert queue.result("b")["status"] == "success", queue.result("b")["detail"]
+    assert queue.result("c")["detail"] == "dependency f ended failed (verify_failed)"
+    assert queue.names("tasks") == ["a.json", "f.json"]  # skipped, as before
