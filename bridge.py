@@ -1787,8 +1787,7 @@ class Redactor:
                     break
                 spans.append((at, at + size))
                 at += size
-        low = text.encode("ascii", "replace").lower() if not text.isascii() \
-            else text.encode("ascii").lower()
+        low = text.encode("ascii", "replace").lower()    # same offsets: one byte a character
         self._tokens(text, low, spans)
         self._context(text, low, spans)
         self._commands(text, low, spans)
