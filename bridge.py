@@ -9071,6 +9071,8 @@ class Proxy:
         self.stopped = False                            # doctor:kill: down until doctor:restart
         self.reload = None                              # the reload in flight: {files, gen, until, ...}
         self.reload_next = None                         # files changed while it was: the next reload
+        self.reload_last = ([], 0.0, 0)                 # the last reload's files, when it ended, and how
+        self.server_writes = set()                      # often in a row; files found written by each start
         self.tools = None                               # {name: input-schema hash}, last seen
         self.remember = PROXY_STATEFUL                  # client requests whose answers tried() reads
         self.restart_tool = cfg["doctor"]["restart_tool"]   # offer and serve bridge_restart_server
@@ -9487,12 +9489,30 @@ class Proxy:
                 self.reload_next = sorted(set(self.reload_next or ()) | set(files))
             return
         now = monotonic()
+        if self.written_by_server(files, now):
+            return
         self.reload = {"files": files, "gen": self.gen, "at": now, "until": now + self.close_grace,
                        "before": self.tools, "tools": {}}
         self.emit("doctor:reloading", {"generation": self.gen, "file": files[0], "files": files[:20],
                                        "pending": len(self.pending), "graceSec": self.close_grace})
         if child is None or child.exit is not None:
             self.spawn_at = 0.0                    # waiting out a crash's cooldown: start now
+
+    def written_by_server(self, files, now):
+        """True for a change the restarted server made itself, which would reload it again and
+        again (a log or database it writes as it starts): the same files changed right after each
+        of the last two reloads ended, or files found so before changed right after a reload."""
+        last, ended, repeats = self.reload_last
+        soon = files != [PROXY_RESTART_TOOL["name"]] and now - ended <= self.watch.debounce + 2.0
+        repeats = repeats + 1 if soon and files == last else 0
+        if repeats >= 2:
+            self.server_writes.update(files)
+        self.reload_last = (files, ended, repeats)
+        if not (soon and self.server_writes.issuperset(files)):
+            return False
+        self.log("warn", "watch: %s changed right after a restart, as after each of the last ones: taken for "
+                 "the server's own writes, not reloaded (add it to doctor.watch_exclude)" % ", ".join(files[:5]))
+        return True
 
     def restart_call(self, mid):
         """A call of bridge_restart_server: a reload (as a changed file makes) answered once the
@@ -9542,6 +9562,7 @@ class Proxy:
 
     def reloaded(self, data):
         reload, self.reload = self.reload, None
+        self.reload_last = (reload["files"], monotonic(), self.reload_last[2])
         before, after = reload["before"], reload["tools"]
         data.update(generation=self.gen, file=reload["files"][0], files=reload["files"][:20],
                     reloadMs=round((monotonic() - reload["at"]) * 1000, 1))
@@ -9698,9 +9719,10 @@ class Proxy:
     def owe(self, reqs, line, now):
         """Requests sent to the Doctor: each is owed an answer (pending), but a subscriptions/listen,
         which stays open until the Doctor ends it or the client cancels it (MCP 2026-07-28): kept
-        with its line, to be re-established on a restarted Doctor (flush_held)."""
+        with its line, to be re-established on a restarted Doctor (flush_held). Not one inside a
+        batch: re-sending its line would re-send the batch's other requests."""
         for rid, rmethod in reqs:
-            if rmethod == "subscriptions/listen":
+            if rmethod == "subscriptions/listen" and line.lstrip()[:1] != b"[":
                 self.listens[rid] = [line, None, self.gen]
             else:
                 self.pending[rid] = (rmethod, now)

@@ -206,3 +206,26 @@ def test_a_hung_server_is_found_without_ping_in_2026(session, era):  # noqa: F81
     mid = call(s, "echo", text="after")
     assert until_reply(s, mid)[1]["result"]["content"][0]["text"] == "after"
     s.close()
+
+
+def test_a_listen_inside_a_batch_is_never_re_sent_with_its_neighbours(session):  # noqa: F811
+    """bridge.py never re-sends a request: a listen that came inside a JSON-RPC batch (which
+    2026-07-28 has no use for) is owed like any request, so a restart answers it with the error
+    reply (the client subscribes again) instead of re-sending the whole batch, whose other
+    requests would run a second time."""
+    s = session(["--modern"], harness=True)
+    listen = {"jsonrpc": "2.0", "id": "sub-b", "method": "subscriptions/listen",
+              "params": {"_meta": META, "notifications": {"toolsListChanged": True}}}
+    side = {"jsonrpc": "2.0", "id": "side-effect", "method": "tools/call",
+            "params": {"_meta": META, "name": "echo", "arguments": {"text": "once"}}}
+    s.send_raw(json.dumps([listen, side]).encode() + b"\n")
+    mid = call(s, "crash", code=3)
+    notes, got = until_reply(s, mid)
+    assert got["error"]["data"]["reason"] == "crashed"
+    assert {n["id"]: n["error"]["data"]["reason"] for n in notes} == {"sub-b": "crashed", "side-effect": "crashed"}
+    ready(s, 2)
+    mid = call(s, "echo", text="after")
+    assert until_reply(s, mid) == ([], {"jsonrpc": "2.0", "id": mid, "result": {
+        "content": [{"type": "text", "text": "after"}], "resultType": "complete"}})
+    assert not [line for line in s.received(s.wait_pids(2)[1]) if "side-effect" in line or "sub-b" in line]
+    s.close()

@@ -293,3 +293,39 @@ def test_bad_watch_settings_exit_2_naming_them(tmp_path):
     assert got.returncode == 2 and "doctor.watch_exclude" in got.stderr and "3" in got.stderr, got.stderr
     got = run_bridge("proxy", "--watch", tmp_path / "missing", "--", PYTHON, "-c", "0", env=env, cwd=tmp_path)
     assert got.returncode == 2 and "missing" in got.stderr and "does not exist" in got.stderr, got.stderr
+
+
+def test_a_server_that_writes_into_the_watched_tree_does_not_reload_forever(tmp_path):
+    """A server that writes a file under a watched folder at every start (a log, a database, a
+    cache) would restart itself again and again: the same files changing right after each reload
+    ends stop reloading, with a warning naming them and doctor.watch_exclude."""
+    folder = server_copy(tmp_path)
+    stamp = folder / "state.db"
+    config = dict(FAST, doctor={"watch": [str(folder)], "watch_debounce_ms": 100})
+    command = ["sh", "-c", 'echo started >> "$0"; exec "$@"', str(stamp), PYTHON, str(folder / "server.py"),
+               "--log", str(tmp_path / "server.jsonl")]
+    s = Session(tmp_path, command=command, harness=True, config=config)
+    try:
+        s.initialize()
+        deadline = time.time() + 10
+        while "bridge proxy: info: watch: " not in s.err() and time.time() < deadline:
+            time.sleep(0.02)
+        edit(folder / "server.py", {"added": {"type": "object"}})
+        deadline = time.time() + 20
+        while "doctor.watch_exclude" not in s.err() and time.time() < deadline:
+            time.sleep(0.05)
+        warning = [line for line in s.err().splitlines() if "doctor.watch_exclude" in line]
+        assert warning and str(stamp) in warning[0], s.err()
+        reloads = len(s.event_list("doctor:reloading"))
+        assert reloads <= 4, reloads
+        s.wait_event("doctor:ready", count=reloads + 1)
+        time.sleep(1.0)                                     # ten debounces: the loop has stopped
+        assert len(s.event_list("doctor:reloading")) == reloads
+        mid = s.call("echo", text="settled")
+        assert s.reply()["id"] == mid
+        # a later save of the server's own code still reloads it
+        edit(folder / "server.py", {"later": {"type": "object"}})
+        done = s.wait_event("doctor:reloaded", count=reloads + 1)[reloads]["data"]
+        assert done["added"] == ["later"], done
+    finally:
+        s.close()
