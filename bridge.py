@@ -141,10 +141,12 @@ def check_text(value, what):
 
 
 def printable(text):
-    """`text` with every control character but tab (C0, DEL, C1) spelled `\\xNN`: what another
-    program wrote (a server's stderr, a request header) reaches the user's terminal inert, on
-    one line. (A pattern string that re caches: not compiled by every hook's import.)"""
-    return re.sub("[\x00-\x08\x0a-\x1f\x7f-\x9f]", lambda m: "\\x%02x" % ord(m.group()), text)
+    """`text` with every control character but tab (C0, DEL, C1) spelled `\\xNN`, and a lone
+    surrogate (JSON's `\\ud800` has no UTF-8 form: printing it would raise) `\\uNNNN`: what
+    another program wrote (a server's stderr, a request header) reaches the user's terminal
+    inert, on one line. (A pattern string that re caches: not compiled by every hook's import.)"""
+    return re.sub("[\x00-\x08\x0a-\x1f\x7f-\x9f\ud800-\udfff]", lambda m: (
+        "\\x%02x" if m.group() <= "\xff" else "\\u%04x") % ord(m.group()), text)
 
 
 def user_config_file(name):
@@ -13342,6 +13344,12 @@ def hooks_doctor(root, hosts, scope=None, runs=5):
     def run(command, data=b""):
         return run_command(command, cwd=root, env=env, shell=True, stdin_data=data, timeout=30)
 
+    def lines_in(path):  # -1 for a symlink, FIFO...: egress emit never appends to one either
+        try:
+            return count_complete_lines(path)
+        except OSError:
+            return -1
+
     events, found, broken = os.path.join(root, SEAM_DIR, "events.jsonl"), 0, []
     for host in hosts:
         for where in ([scope] if scope else ["project", "user"]):
@@ -13385,13 +13393,12 @@ def hooks_doctor(root, hosts, scope=None, runs=5):
                 verb = ours[command]
                 name = "%s %s (%s)" % (path, verb, ", ".join(on))
                 data = json.dumps(dict(sample, hook_event_name=on[0])).encode("utf-8")
-                before = count_complete_lines(events) if os.path.isfile(events) else 0
+                before = lines_in(events)
                 first = run(command, data)
                 said = printable(first.stderr.strip()[-300:])
                 problem = None if first.ok else "%s: %s" % (first.describe(), said)
                 if not problem and verb == "egress emit":
-                    after = count_complete_lines(events) if os.path.isfile(events) else 0
-                    if after <= before:
+                    if lines_in(events) <= before:
                         problem = "wrote nothing to %s (%s)" % (
                             events, said or "scripts/bridge.py not found from %s" % root)
                 elif not problem:

@@ -393,3 +393,18 @@ def test_doctor_reads_a_user_settings_file_a_dotfile_manager_links(project, home
     (home / ".claude" / "settings.json").symlink_to(dotfiles / "settings.json")
     out = hooks("doctor", "--host", "claude", cwd=project, home=home)
     assert out.returncode == 0 and [l[:2] for l in out.stdout.splitlines()] == ["ok"] * 2, out
+
+
+def test_doctor_names_an_events_file_an_agent_replaced_with_a_symlink(project, home, tmp_path):
+    """_bridge/ is agent-writable: a symlink (or FIFO) planted at events.jsonl makes each egress hook
+    broken, named with why (egress emit's own reason), and doctor still checks every hook."""
+    for host in ("claude", "codex"):
+        assert hooks("install", "--host", host, cwd=project, home=home).returncode == 0
+    (tmp_path / "elsewhere").write_text("one\ntwo\n")
+    (project / "_bridge").mkdir()
+    (project / "_bridge" / "events.jsonl").symlink_to(tmp_path / "elsewhere")
+    out = hooks("doctor", cwd=project, home=home)
+    assert out.returncode == 1 and "cannot write" not in out.stderr, out
+    broken = [line for line in out.stdout.splitlines() if line.startswith("broken")]
+    assert len(broken) == 2 and all("wrote nothing to" in l and "symlink" in l for l in broken), out.stdout
+    assert "inbox check (Stop)" in out.stdout and (tmp_path / "elsewhere").read_text() == "one\ntwo\n"

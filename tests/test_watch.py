@@ -839,6 +839,11 @@ def test_status_text_spells_out_control_characters_in_result_states_and_the_lock
     assert out.returncode == 0, out.stderr
     assert re.search("[\x00-\x08\x0b-\x1f\x7f-\x9f]", out.stdout) is None, out.stdout
     assert "ok\\x1b[2J 1" in out.stdout and "h\\x1b]0;pwned\\x07" in out.stdout, out.stdout
+    # a lone surrogate (valid JSON escape, no UTF-8 form) is spelled out, not a crash of status
+    (queue.handoff / "results" / "r2.json").write_text(
+        '{"id": "r2", "status": "failed", "exit_path": "failed", "reason": "x\\ud800y"}')
+    out = queue.bridge("status")
+    assert out.returncode == 0 and "r2  failed/x\\ud800y" in out.stdout, out
 
 
 def test_log_size_cap_must_be_at_least_one_kb(queue, tmp_path):
