@@ -3353,7 +3353,7 @@ def latest_result(handoff, task_id):
     return record if isinstance(record, dict) else None
 
 
-def dependency_state(handoff, task, git=None, base_commit=None):
+def dependency_state(handoff, task, git=None, base_commit=None, graph=None):
     """How far a task's `depends_on` lets it start: {state, reason, detail, deps, start}.
 
     "ready": the latest result of every dependency is a success. "waiting": none failed,
@@ -3364,7 +3364,8 @@ def dependency_state(handoff, task, git=None, base_commit=None):
     other. `deps` is [{id, status, reason, commit}] for the result, where `commit` holds a
     successful dependency's verified work. Given `git`, a ready task's `start` commit is
     asked of task_start_ref (from `base_commit`, the base it would start from otherwise,
-    by default HEAD): it may still wait for a merge, or fail on a commit git lost."""
+    by default HEAD): it may still wait for a merge, or fail on a commit git lost. `graph`:
+    see dependency_cycle."""
     deps, waiting, failed = [], [], []
     for dep in task.get("depends_on") or ():
         place = task_place(handoff, dep)
@@ -3396,7 +3397,7 @@ def dependency_state(handoff, task, git=None, base_commit=None):
         found.update(state="failed", reason="dependency_failed", detail="dependency " + "; ".join(failed))
     elif waiting:
         found.update(state="waiting", detail="waiting for " + ", ".join(waiting))
-        cycle = dependency_cycle(handoff, task)
+        cycle = dependency_cycle(handoff, task, graph)
         if cycle:
             found.update(state="failed", reason="dependency_cycle", detail="depends_on forms a "
                          "cycle (%s): none of its tasks can ever start; fix depends_on and "
@@ -3411,25 +3412,34 @@ def dependency_state(handoff, task, git=None, base_commit=None):
     return found
 
 
-def dependency_cycle(handoff, task):
+def dependency_cycle(handoff, task, graph=None):
     """[id, ..., id] of a cycle of `depends_on` through `task` among the tasks waiting in
-    tasks/ and pending/, or None. Reads only the task files along the way."""
+    tasks/ and pending/, or None. `graph` keeps {id: its depends_on, None when it is not
+    waiting or not readable} across the calls of one look at the queue: each task file is
+    read once, not once per task whose walk reaches it (a long chain: quadratic)."""
+    graph = {} if graph is None else graph
     start = task["id"]
-    paths, stack = {start: [start]}, [(start, task.get("depends_on") or [])]
+    graph[start] = task.get("depends_on") or []
+    parent, stack = {start: None}, [start]
     while stack:
-        here, deps = stack.pop()
-        for dep in deps:
+        here = stack.pop()
+        for dep in graph[here]:
             if dep == start:
-                return paths[here] + [start]
-            place = task_place(handoff, dep, ("tasks", "pending"))
-            if dep in paths or place is None:
-                continue
-            try:
-                other = read_task_file(handoff.path(place, dep + ".json"), fresh_sec=0)
-            except TaskFileError:
-                continue  # refused when its turn comes
-            paths[dep] = paths[here] + [dep]
-            stack.append((dep, other.get("depends_on") or []))
+                path = []
+                while here is not None:
+                    path.append(here)
+                    here = parent[here]
+                return path[::-1] + [start]
+            if dep not in graph:
+                place = task_place(handoff, dep, ("tasks", "pending"))
+                try:
+                    graph[dep] = (read_task_file(handoff.path(place, dep + ".json"), fresh_sec=0)
+                                  .get("depends_on") or []) if place else None
+                except TaskFileError:
+                    graph[dep] = None  # refused when its turn comes
+            if dep not in parent and graph[dep] is not None:
+                parent[dep] = here
+                stack.append(dep)
     return None
 
 
@@ -3830,6 +3840,7 @@ class Watcher:
         self.finished = []              # (file name, outcome) of task threads, for the loop
         self.writers = set()            # ids of the tasks the watcher handles now (writes_for)
         self.wrote = {}                 # result path -> (inode, ctime) of our last write of it
+        self.graph = {}                 # the depends_on of the queue, this scan's (dependency_cycle)
         self.worktrees = None           # the folder of the task worktrees (worktree_root)
         self.redactor = get_redactor(config)
         self.once = once
@@ -4048,7 +4059,7 @@ class Watcher:
                 worked = deferred = False
                 if (mtime != last_mtime or now - last_scan >= 10.0 or self.once) \
                         and len(self.runs) < self.workers:
-                    last_mtime, last_scan = mtime, now
+                    last_mtime, last_scan, self.graph = mtime, now, {}
                     for name in list_task_files(tasks_dir):
                         if self.stopping or len(self.runs) >= self.workers or self.failing:
                             last_mtime = None  # full: look again when a task ends
@@ -4438,7 +4449,7 @@ class Watcher:
         """A task with `depends_on`, before it starts: (start commit, deps) when it may
         start; None while it waits (said once; the queue goes on with the next task);
         else the outcome of blocking it (dependency_failed, dependency_cycle)."""
-        found = dependency_state(self.handoff, task, self.git)
+        found = dependency_state(self.handoff, task, self.git, graph=self.graph)
         doubted = self.doubted(found["deps"]) if found["state"] != "waiting" else []
         if doubted:
             found.update(state="waiting", detail="waiting: the result of %s was written while "
@@ -5423,14 +5434,14 @@ def remove_worktrees(root, config):
 def waiting_tasks(handoff):
     """[{id, state, detail}] of the queued tasks their dependencies hold back: "waiting"
     (and for what) or "failed" (the watcher will block it, and why)."""
-    found, git = [], Git(handoff.root)
+    found, git, graph = [], Git(handoff.root), {}
     for name in list_task_files(handoff.dir("tasks")):
         try:
             task = read_task_file(handoff.path("tasks", name), fresh_sec=0)
         except TaskFileError:
             continue  # refused when its turn comes; not a dependency matter
         if task.get("depends_on"):
-            state = dependency_state(handoff, task, git)
+            state = dependency_state(handoff, task, git, graph=graph)
             if state["state"] != "ready":
                 found.append({"id": task["id"], "state": state["state"], "detail": state["detail"]})
     return found

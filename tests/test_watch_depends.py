@@ -373,3 +373,36 @@ def test_a_dependency_queued_again_after_its_result_holds_nothing(queue):
     assert queue.result("b")["status"] == "success", queue.result("b")["detail"]
     assert queue.result("c")["detail"] == "dependency f ended failed (verify_failed)"
     assert queue.names("tasks") == ["a.json", "f.json"]  # skipped, as before
+
+
+COUNT_OPENS = """import atexit, os, runpy, sys
+opened = [0]
+def hook(event, args):
+    if event == "open" and "/tasks/" in str(args[0]):
+        opened[0] += 1
+sys.addaudithook(hook)
+atexit.register(lambda: os.write(2, b"opened %d task files\\n" % opened[0]))
+sys.argv = sys.argv[1:]
+runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+@pytest.mark.parametrize("command", ["status", "watch"])
+def test_a_long_chain_reads_each_task_file_a_few_times_per_look(queue, command):
+    """60 tasks in a chain, the last waiting for a pending one: every waiting task's cycle
+    check walks the rest of the chain. Each task file is read a bounded number of times per
+    look at the queue, not once per task whose walk reaches it (quadratic: 8 s for 300)."""
+    import subprocess
+    from conftest import BRIDGE
+    queue.put(queue.task("zz_p", requires_confirmation=True))
+    assert queue.watch().returncode == 4
+    count = 60
+    for n in range(count):
+        queue.put(queue.task("t%03d" % n, depends_on=["t%03d" % (n + 1) if n + 1 < count else "zz_p"]))
+    argv = [PYTHON, "-c", COUNT_OPENS, str(BRIDGE), command, "--root", str(queue.repo),
+            "--config", str(queue.config_path)] + (["--once"] if command == "watch" else [])
+    out = subprocess.run(argv, env=queue.env, capture_output=True, text=True, timeout=120,
+                         stdin=subprocess.DEVNULL)
+    assert "waiting for zz_p (pending approval)" in out.stdout + out.stderr, out.stderr
+    opened = int(out.stderr.rsplit("opened ", 1)[1].split()[0])
+    assert opened <= 3 * count, opened
