@@ -13331,12 +13331,22 @@ def pi_extension_install(path, base, remove):
         path, "written" if current is None else "updated")]
 
 
+def script_missing(root):
+    """What to do when ROOT/scripts/bridge.py, the file the project's hooks run, is not there
+    (installed from the clone before copying it, say); else None."""
+    script = os.path.join(root, "scripts", "bridge.py")
+    return None if os.path.isfile(script) else "%s does not exist: copy bridge.py there" % script
+
+
 def cmd_hooks(args):
     root = find_root(args.root)
     hosts = [args.host] if args.host else list(HOOK_PLAN) + ["pi"]
     if args.hooks_verb == "doctor":
         return hooks_doctor(root, hosts, args.scope)
-    for line in hooks_install(args.host, args.scope or "project", root, args.hooks_verb == "uninstall"):
+    lines = hooks_install(args.host, args.scope or "project", root, args.hooks_verb == "uninstall")
+    if args.hooks_verb == "install" and args.scope != "user" and script_missing(root):
+        lines.append(script_missing(root) + " (the hooks run it)")
+    for line in lines:
         print(printable(line))  # event names are the settings file's, so an agent's too
     return EXIT_OK
 
@@ -13362,6 +13372,7 @@ def hooks_doctor(root, hosts, scope=None, runs=5):
             return -1
 
     events, found, broken = os.path.join(root, SEAM_DIR, "events.jsonl"), 0, []
+    missing = script_missing(root)
     for host in hosts:
         for where in ([scope] if scope else ["project", "user"]):
             path, _base = hooks_file(host, where, root)
@@ -13398,7 +13409,9 @@ def hooks_doctor(root, hosts, scope=None, runs=5):
                         elif command in ours or looks_like_bridge(command):
                             found += 1
                             broken.append("%s %s (not run)" % (path, event))
-                            print(printable("not run %s %s: %s" % (path, event, not_ours(command))))
+                            print(printable("not run %s %s: %s: check it is yours (an old bridge.py hook: "
+                                            "remove it, then run `bridge.py hooks install --host %s`)"
+                                            % (path, event, not_ours(command), host)))
             for command, on in commands.items():
                 found += 1
                 verb = ours[command]
@@ -13410,8 +13423,7 @@ def hooks_doctor(root, hosts, scope=None, runs=5):
                 problem = None if first.ok else "%s: %s" % (first.describe(), said)
                 if not problem and verb == "egress emit":
                     if lines_in(events) <= before:
-                        problem = "wrote nothing to %s (%s)" % (
-                            events, said or "scripts/bridge.py not found from %s" % root)
+                        problem = "wrote nothing to %s%s" % (events, " (%s)" % said if said else "")
                 elif not problem:
                     try:
                         if not isinstance(json.loads(first.stdout), dict):
@@ -13419,6 +13431,7 @@ def hooks_doctor(root, hosts, scope=None, runs=5):
                     except ValueError:
                         problem = "answered %s, not a JSON object" % printable(repr(first.stdout[:200]))
                 if problem:
+                    problem += "; " + missing if missing else ""  # what to do about it
                     broken.append(name)
                     print("broken  %s: %s" % (name, problem))
                     continue

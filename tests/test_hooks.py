@@ -261,6 +261,8 @@ def test_doctor_runs_only_the_commands_install_writes_and_names_the_others(proje
     assert '"python3 scripts/bridge.py egress emit; touch PWNED1 \\u001b]0;x\\u0007"' in out.stdout, out.stdout
     not_run = [line for line in out.stdout.splitlines() if line.startswith("not run")]
     assert len(not_run) == 3 and all("not a command hooks install writes: " in l for l in not_run), out.stdout
+    assert all("an old bridge.py hook: remove it, then run `bridge.py hooks install --host " in l
+               for l in not_run), out.stdout  # what to do about it
     assert any(str(codex_file) + " Stop" in l and "PWNED2" in l for l in not_run)
     assert any(str(claude_file) + " Notification" in l and "inbox check" in l for l in not_run)
     # the commands install wrote still run: claude's two and codex's one (its Stop is not among them)
@@ -408,3 +410,20 @@ def test_doctor_names_an_events_file_an_agent_replaced_with_a_symlink(project, h
     broken = [line for line in out.stdout.splitlines() if line.startswith("broken")]
     assert len(broken) == 2 and all("wrote nothing to" in l and "symlink" in l for l in broken), out.stdout
     assert "inbox check (Stop)" in out.stdout and (tmp_path / "elsewhere").read_text() == "one\ntwo\n"
+
+
+def test_install_and_doctor_say_when_scripts_bridge_py_is_missing(tmp_path, home):
+    """Installed from the clone before bridge.py was copied in, the hooks run a file that is not
+    there: install says so at once, and doctor's broken lines say what to do about it."""
+    repo = make_git_repo(tmp_path / "fresh")
+    script = repo / "scripts" / "bridge.py"
+    out = hooks("install", "--host", "claude", cwd=repo, home=home)
+    assert out.returncode == 0 and "%s does not exist: copy bridge.py there" % script in out.stdout, out
+    out = hooks("doctor", cwd=repo, home=home)
+    broken = [line for line in out.stdout.splitlines() if line.startswith("broken")]
+    assert out.returncode == 1 and len(broken) == 2, out.stdout
+    assert all("%s does not exist: copy bridge.py there" % script in line for line in broken), out.stdout
+    script.parent.mkdir()
+    script.write_bytes(BRIDGE.read_bytes())
+    out = hooks("install", "--host", "codex", cwd=repo, home=home)
+    assert out.returncode == 0 and "does not exist" not in out.stdout, out
