@@ -3841,6 +3841,7 @@ class Watcher:
         self.writers = set()            # ids of the tasks the watcher handles now (writes_for)
         self.wrote = {}                 # result path -> (inode, ctime) of our last write of it
         self.graph = {}                 # the depends_on of the queue, this scan's (dependency_cycle)
+        self.ended = {}                 # task id -> (reason, result JSON) until settle (notify)
         self.worktrees = None           # the folder of the task worktrees (worktree_root)
         self.redactor = get_redactor(config)
         self.once = once
@@ -4101,9 +4102,9 @@ class Watcher:
                      "to go on); fix it, then run the watcher again%s" % (
                          name[:-5], " (once the %d running task(s) end)" % len(self.runs)
                          if self.runs else ""))
-            stopped = read_result(self.handoff, name[:-5]) or {}
-            self.notify("queue_stopped", name[:-5], stopped.get("reason"),
-                        json.dumps(stopped, ensure_ascii=False, indent=2))
+            self.notify("queue_stopped", name[:-5], *self.ended.get(name[:-5], (None, "null")))
+        with self.beat_lock:
+            self.ended.pop(name[:-5], None)
         return self.stopped_on_failure
 
     def start(self, name):
@@ -4578,6 +4579,8 @@ class Watcher:
             self.wrote[path] = (info.st_ino, info.st_ctime_ns)
             self.counts[result.get("exit_path")] = self.counts.get(result.get("exit_path"), 0) + 1
             self.outcomes[task_id] = result.get("exit_path")
+            if final:  # settle tells queue_stopped what we wrote, not what the file holds then
+                self.ended[task_id] = (result.get("reason"), data)
         if final:
             self.notify(result.get("status"), task_id, result.get("reason"), data)
 

@@ -242,6 +242,34 @@ def test_notify_on_success_and_when_the_queue_stops(queue, tmp_path):
     assert notified(out_file)[1]["stdin"]["id"] == "q2"
 
 
+def test_queue_stopped_tells_what_the_watcher_wrote_not_a_file_an_agent_changed(git_repo, tmp_path):
+    """workers 2: 1_f fails and stops the queue; while its `failed` notification runs, the
+    agent of 2_x (running alongside: the watcher's writes for 1_f are no tampering to it)
+    replaces results/1_f.json with shell syntax in `reason` and a token. The queue_stopped
+    notification must carry the watcher's reason and redacted result, not that file."""
+    out_file, forged = tmp_path / "notified.jsonl", tmp_path / "forged"
+    forge = ('h=$(dirname "$(dirname "$BRIDGE_TASK_FILE")"); '
+             'until test -e "$h/results/1_f.json"; do sleep 0.05; done; '
+             'printf \'{"id": "1_f", "status": "failed", "reason": "$(touch pwned)", '
+             '"detail": "key %s"}\' > "$h/results/.f"; mv "$h/results/.f" "$h/results/1_f.json"; '
+             'touch %s' % (TOKEN, forged))
+    notifier = ('if [ "$2" = failed ]; then until test -e %s; do sleep 0.05; done; fi; '
+                'exec %s --out %s "$1" "$2" "$3"' % (forged, " ".join(NOTIFY), out_file))
+    queue = Queue(git_repo, tmp_path, isolation="worktree", workers=2,
+                  executors={"forge": ["sh", "-c", forge]},
+                  notify={"command": ["sh", "-c", notifier, "n", "{id}", "{status}", "{reason}"],
+                          "on": ["failed", "queue_stopped"]})
+    queue.put(queue.task("1_f", commands_to_run=["false"]))
+    queue.put(queue.task("2_x", executor="forge"))
+    out = queue.watch(timeout=120)
+    assert out.returncode == 1, out.stderr
+    calls = notified(out_file)
+    assert [c["argv"] for c in calls] == [["1_f", "failed", "verify_failed"],
+                                          ["1_f", "queue_stopped", "verify_failed"]], calls
+    assert calls[1]["stdin"] == calls[0]["stdin"] and calls[1]["stdin"]["reason"] == "verify_failed"
+    assert TOKEN not in out_file.read_text()
+
+
 def test_a_failing_or_hanging_notifier_never_changes_the_outcome(queue, tmp_path):
     queue.config["notify"] = {"command": NOTIFY + ["--hang", "60", "{id}"], "timeout_sec": 1,
                               "on": ["success", "blocked"]}
