@@ -9202,7 +9202,7 @@ class Proxy:
         if self.shutting or self.stopped:
             return "stopping" if self.shutting else "killed"
         if child is None or child.exit is not None or child.stop_reason:
-            return "restarting"
+            return "waiting" if self.spawn_at == float("inf") else "restarting"
         return "ready" if child.ready else "starting"
 
     def sample(self):
@@ -9466,7 +9466,11 @@ class Proxy:
             self.crashes.popleft()
         if len(self.crashes) > self.max_restarts:
             self.emit("doctor:fatal", {"generation": gen, "crashesInWindow": len(self.crashes),
-                                       "restartWindow": self.window, "maxRestarts": self.max_restarts})
+                                       "restartWindow": self.window, "maxRestarts": self.max_restarts,
+                                       "waitingForChange": self.watch is not None})
+            if self.watch is not None:             # a server being written: its fix is one save away
+                self.spawn_at = float("inf")
+                return self.log("warn", "not restarted until a watched file changes (or doctor:restart)")
             self.exit_code = EXIT_FAILED
             return self.shutdown("doctor:fatal")
         self.spawn_at = now + self.cooldown
@@ -9490,13 +9494,17 @@ class Proxy:
         """Restart the Doctor as doctor:restart does (not a crash), but first give the requests
         it is working on close_grace_sec to finish, holding new client messages meanwhile. One
         reload at a time: a change during the grace joins it, a later one makes one more reload
-        once this one is done (listed())."""
-        child = self.child
+        once this one is done (listed()). A Doctor down (crashed: a typo saved?) starts with the
+        new code once the last crash's cooldown is over, even after doctor:fatal."""
+        child, now = self.child, monotonic()
         if self.shutting or self.stopped:
             return self.log("info", "%s changed: not reloaded (%s)" % (
                 files[0], "shutting down" if self.shutting else "stopped by doctor:kill"))
+        down = child is None or child.exit is not None
+        if down:
+            self.spawn_at = min(self.spawn_at, self.crashes[-1] + self.cooldown if self.crashes else 0.0)
         if self.reload is not None:
-            if self.draining():
+            if self.draining() or down:
                 self.reload["files"] = sorted(set(self.reload["files"]) | set(files))
             elif self.listing():                   # a server that never answers must not stall reloads
                 self.reloaded({"error": "no answer to tools/list before the next change"})
@@ -9504,15 +9512,12 @@ class Proxy:
             else:
                 self.reload_next = sorted(set(self.reload_next or ()) | set(files))
             return
-        now = monotonic()
         if self.written_by_server(files, now):
             return
         self.reload = {"files": files, "gen": self.gen, "at": now, "until": now + self.close_grace,
                        "before": self.tools, "tools": {}}
         self.emit("doctor:reloading", {"generation": self.gen, "file": files[0], "files": files[:20],
                                        "pending": len(self.pending), "graceSec": self.close_grace})
-        if child is None or child.exit is not None:
-            self.spawn_at = 0.0                    # waiting out a crash's cooldown: start now
 
     def written_by_server(self, files, now):
         """True for a change the restarted server made itself, which would reload it again and
@@ -9582,7 +9587,8 @@ class Proxy:
         before, after = reload["before"], reload["tools"]
         data.update(generation=self.gen, file=reload["files"][0], files=reload["files"][:20],
                     reloadMs=round((monotonic() - reload["at"]) * 1000, 1))
-        if "error" not in data:
+        if "error" not in data:                    # new code that started: its crashes count afresh
+            self.crashes.clear()
             self.tools = after
             data["tools"] = len(after)
             if before is not None:                 # else nothing to compare with: no diff
@@ -10847,7 +10853,7 @@ h1{font-size:1.3em}#conn{font-size:.7em;color:#777}
 .card{background:#fff;border:1px solid #ddd;border-radius:6px;padding:.5em .9em;min-width:7em}
 .card b{display:block;font-size:1.4em}
 .ready,.running{color:#080}.crashed,.fatal,.killed,.hung{color:#b00}
-.paused,.restarting,.starting,.stopping{color:#a60}
+.paused,.restarting,.starting,.stopping,.waiting{color:#a60}
 #ack{white-space:pre-wrap}
 #crash{background:#fdecea;border:1px solid #d99;border-radius:6px;padding:.5em .9em;margin:.6em 0}
 #crash pre{font:12px ui-monospace,monospace;margin:.4em 0 0;white-space:pre-wrap;max-height:14em;overflow:auto}

@@ -329,3 +329,39 @@ def test_a_server_that_writes_into_the_watched_tree_does_not_reload_forever(tmp_
         assert done["added"] == ["later"], done
     finally:
         s.close()
+
+
+def test_a_typo_saved_waits_for_the_fix_instead_of_ending_the_proxy(tmp_path):
+    """A save that makes the server crash at start (a syntax error) used to crash it maxRestarts
+    times and end bridge.py with doctor:fatal, so the client lost the server for good. With
+    --watch the proxy gives up restarting only until the next change: the fix, saved, starts the
+    server, the reload completes, and its crashes count afresh."""
+    folder = server_copy(tmp_path)
+    config = {"lifecycle": {"cooldown": 20, "maxRestarts": 2}, "doctor": {"watch": [str(folder)],
+                                                                        "watch_debounce_ms": 100}}
+    s = Session(tmp_path, command=[PYTHON, str(folder / "server.py"), "--log", str(tmp_path / "server.jsonl")],
+                harness=True, config=config)
+    try:
+        s.initialize()
+        deadline = time.time() + 10
+        while "bridge proxy: info: watch: " not in s.err() and time.time() < deadline:
+            time.sleep(0.02)
+        good = (folder / "server.py").read_text()
+        (folder / "server.py").write_text(good.replace("import json\n", "import json(\n", 1))
+        fatal = s.wait_event("doctor:fatal")[0]["data"]
+        assert fatal["waitingForChange"] is True and s.proc.poll() is None
+        assert "not restarted until a watched file changes" in s.err()
+        assert s.ctl("bridge:stats")[0]["data"]["result"]["state"] == "waiting"
+        mid = s.call("echo", text="held")                  # held while no server runs
+        starts = len(s.pids())
+        (folder / "server.py").write_text(good)
+        assert s.reply()["id"] == mid
+        done = s.wait_event("doctor:reloaded")[0]["data"]
+        assert "error" not in done and len(s.pids()) == starts + 1, done
+        for n in range(2):                                  # the typo's crashes no longer count
+            mid = s.call("crash", code=3)
+            assert s.reply()["error"]["data"]["reason"] == "crashed"
+            s.wait_event("doctor:ready", count=len(s.event_list("doctor:ready")) + 1)
+        assert len(s.event_list("doctor:fatal")) == 1
+    finally:
+        s.close()
