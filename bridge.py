@@ -2675,9 +2675,10 @@ class Git:
         self.env = {k: v for k, v in os.environ.items() if k not in self.UNSAFE_ENV}
         self.env.update(self.SAFE_ENV)
         self._git_dir = None
-        self._config_seen = None  # (files, their bytes) when the filter drivers were listed
+        # (files, their stat signatures, the -c pairs) when the filter drivers were listed: one
+        # tuple, so a thread reading it never pairs one listing's files with another's pairs
+        self._config_seen = None
         self.stop = None  # run_command's stop(): the watcher's "killed if still running"
-        self._filter_args = []
 
     def _base(self):
         cmd = ["git", "--no-pager"]
@@ -2730,10 +2731,11 @@ class Git:
         listed with one `git config` call, again only when a config file git reads (or
         includes) has changed since (by stat): .git/config can be edited by anyone who can
         write the work tree."""
-        files = self._config_seen[0] if self._config_seen else self._config_files()
+        seen = self._config_seen
+        files = seen[0] if seen else self._config_files()
         contents = self._contents(files)
-        if self._config_seen and self._config_seen[1] == contents:
-            return self._filter_args
+        if seen and seen[1] == contents:
+            return seen[2]
         listed = run_command(self._base() + ["config", "-z", "--show-origin", "--list"],
                              cwd=self.root, env=self.env, timeout=self.timeout)
         drivers, origins, records = set(), [], listed.stdout.split("\0")
@@ -2761,7 +2763,7 @@ class Git:
             for key in ("clean=", "smudge=", "process=", "required=false"):
                 args += ["-c", "filter.%s.%s" % (driver, key)]
         files = self._config_files(origins)
-        self._config_seen, self._filter_args = (files, self._contents(files)), args
+        self._config_seen = (files, self._contents(files), args)
         return args
 
     def config_files(self):
@@ -2800,6 +2802,25 @@ class Git:
             raise BridgeError("git commit failed: %s" % (result.stderr or result.stdout).strip()[-300:],
                               EXIT_FAILED)
         return self.head()
+
+    def worktree(self, path):
+        """(Git, git directory) for the linked worktree at `path`, once git confirms it is the
+        top of a work tree (else a BridgeError). It starts from this Git's list of filter
+        drivers (the worktree reads the same config files, stat-checked on every call as
+        ever, plus its own, watched from now on): one `git config` call less per worktree."""
+        self.filter_config()
+        git = Git(path, self.timeout)
+        git._config_seen = seen = self._config_seen
+        top = git.run("rev-parse", "--show-toplevel", "--absolute-git-dir", check=False)
+        lines = top.stdout.splitlines()
+        if not top.ok or len(lines) != 2 or os.path.realpath(lines[0]) != os.path.realpath(path):
+            raise BridgeError("%s exists but is no worktree of this repository; remove it or "
+                              "rename the task" % path, EXIT_FAILED)
+        git._git_dir = lines[1]
+        own = (os.path.join(path, ".git"), os.path.join(lines[1], "config.worktree"),
+               os.path.join(lines[1], "commondir"))
+        git._config_seen = (seen[0] + own, seen[1] + self._contents(own), seen[2])
+        return git, lines[1]
 
     def worktree_diff(self, base, exclude=(), *diff_args):
         """`git diff --cached BASE` of the whole work tree through a throwaway index.
@@ -3779,19 +3800,6 @@ def worktree_root(root, config, git):
                           "outside it (the default is under the git directory)" % (
                               config["_source"], path, top), EXIT_USAGE)
     return path
-
-
-def open_worktree(path):
-    """(Git, its git directory) for the task worktree at `path`, once git confirms `path` is
-    the top of a work tree; else a BridgeError saying what is there."""
-    git = Git(path)
-    top = git.run("rev-parse", "--show-toplevel", "--absolute-git-dir", check=False)
-    lines = top.stdout.splitlines()
-    if not top.ok or len(lines) != 2 or os.path.realpath(lines[0]) != os.path.realpath(path):
-        raise BridgeError("%s exists but is no worktree of this repository; remove it or rename "
-                          "the task" % path, EXIT_FAILED)
-    git._git_dir = lines[1]
-    return git, lines[1]
 
 
 def worktree_state(handoff, task_id):
@@ -5022,10 +5030,12 @@ class Watcher:
         worktree left by an earlier run is used again, what it holds committed first (WIP).
         Returns the snapshot of the worktree."""
         task_id, git_state = task["id"], result["git"]
-        head, base_branch = self.repo_git.head(), self.repo_git.current_branch()
-        if head is None:
+        now = self.repo_git.run("rev-parse", "HEAD", "--abbrev-ref", "HEAD", check=False)
+        if not now.ok:
             raise Stop("blocked", "branch_checkout_failed", "the repository has no commit yet "
                        "(unborn branch); commit something first")
+        head, base_branch = now.stdout.split()
+        base_branch = None if base_branch == "HEAD" else base_branch  # detached
         base = start or head
         path, branch = os.path.join(self.worktrees, task_id), "feat/ai/" + task_id
         git_state.update(base_branch=base_branch, base_commit=base, base_head=head, branch=branch,
@@ -5039,11 +5049,11 @@ class Watcher:
                                                                      branch)):
             reused = True
         self.use_worktree(path)
-        if self.git.current_branch() != branch:
+        snap = self.git_snapshot()
+        if snap["current_branch"] != branch:
             raise Stop("blocked", "branch_checkout_failed", "%s is not a worktree on %s; remove it "
                        "(`bridge.py unlock --worktrees`) or rename the task" % (path, branch))
         self.current.owned = True
-        snap = self.git_snapshot()
         if reused and snap["dirty"]:
             wip = self.commit_all("WIP(bridge): %s left by an earlier run - NOT verified\n" % task_id)
             self.log(task_id, "--- the worktree left by an earlier run held changes: committed "
@@ -5056,7 +5066,7 @@ class Watcher:
     def use_worktree(self, path):
         """Point this task's git at its worktree (once git confirms it is one)."""
         try:
-            git, git_dir = open_worktree(path)
+            git, git_dir = self.repo_git.worktree(path)
         except BridgeError as exc:
             raise Stop("blocked", "branch_checkout_failed", exc.message)
         git.stop = self.overdue
@@ -5421,7 +5431,7 @@ def remove_worktrees(root, config):
             try:
                 if place:
                     raise BridgeError("its task is in %s/" % place)
-                git = open_worktree(path)[0]
+                git = repo.worktree(path)[0]
                 wip = git.commit_all("WIP(bridge): %s worktree removed by unlock --worktrees - "
                                      "NOT verified\n" % task_id)
                 repo.run("worktree", "remove", path)
