@@ -13301,6 +13301,17 @@ def write_with_backup(path, data, base):
     return backup
 
 
+def hooks_merged(path, host, plan, real=None):
+    """(the settings in `path`, then merge_hooks' new settings, changes and notes for `plan`):
+    what install would change; a BridgeError names the file. `real`: the file to read when
+    `path` is a link the user trusts (doctor)."""
+    try:
+        config = read_settings(real or path)
+        return (config,) + merge_hooks(config, plan, install_commands(host))
+    except BridgeError as exc:
+        raise exc if path in exc.message else BridgeError("settings file %s: %s" % (path, exc.message))
+
+
 def hooks_install(host, scope, root, remove=False):
     """Install (or with remove=True uninstall) the bridge.py hooks for `host`; the lines
     to print. Never writes when nothing changes."""
@@ -13308,12 +13319,9 @@ def hooks_install(host, scope, root, remove=False):
     if host == "pi":
         return pi_extension_install(path, base, remove)
     try:
-        config, changes, notes = merge_hooks(read_settings(path), {} if remove else hook_plan(host, scope),
-                                             install_commands(host))
+        _old, config, changes, notes = hooks_merged(path, host, {} if remove else hook_plan(host, scope))
     except BridgeError as exc:
-        if path in exc.message:
-            raise
-        raise BridgeError("settings file %s: %s; not changed" % (path, exc.message))
+        raise BridgeError(exc.message + "; not changed")
     notes = ["%s %s" % (path, note) for note in notes]
     if not changes:
         return ["%s: unchanged (the bridge.py hooks are %s)" % (
@@ -13406,9 +13414,8 @@ def hooks_doctor(root, hosts, scope=None, runs=5):
                         found += 1
                         print("ok      %s: bridge.py's extension" % path)
                     continue
-                table = read_settings(real).get("hooks", {})
-                if not isinstance(table, dict):
-                    raise BridgeError("settings file %s: \"hooks\" is not a JSON object" % path)
+                plan = hook_plan(host, where)
+                current, _new, differs, _notes = hooks_merged(path, host, plan, real)
             except BridgeError as exc:  # named, and the other files are still checked
                 found += 1
                 broken.append(path)
@@ -13416,10 +13423,10 @@ def hooks_doctor(root, hosts, scope=None, runs=5):
                 continue
             # Only the commands install writes for this host, scope and event are run (the
             # settings file is agent-writable); any other bridge.py-looking one is named.
-            plan, ours, commands = hook_plan(host, where), install_commands(host), {}
-            for event, groups in table.items():
+            ours, commands, mark = install_commands(host), {}, found
+            for event, groups in current.get("hooks", {}).items():
                 wanted = [h["command"] for h in plan.get(event, {}).get("hooks", ())]
-                for group in groups if isinstance(groups, list) else ():
+                for group in groups:  # a list: hooks_merged checked
                     hooks = group.get("hooks") if isinstance(group, dict) else None
                     for hook in hooks if isinstance(hooks, list) else ():
                         command = hook_command_of(hook)
@@ -13431,6 +13438,10 @@ def hooks_doctor(root, hosts, scope=None, runs=5):
                             print(printable("not run %s %s: %s: check it is yours (an old bridge.py hook: "
                                             "remove it, then run `bridge.py hooks install --host %s`)"
                                             % (path, event, not_ours(command), host)))
+            if differs and (commands or found > mark):  # ours there, but not all or not as written
+                broken.append(path)
+                print(printable("broken  %s: not as hooks install writes them (`bridge.py hooks install "
+                                "--host %s` would change: %s)" % (path, host, "; ".join(differs))))
             for command, on in commands.items():
                 found += 1
                 verb = ours[command]

@@ -427,3 +427,25 @@ def test_install_and_doctor_say_when_scripts_bridge_py_is_missing(tmp_path, home
     script.write_bytes(BRIDGE.read_bytes())
     out = hooks("install", "--host", "codex", cwd=repo, home=home)
     assert out.returncode == 0 and "does not exist" not in out.stdout, out
+
+
+def test_doctor_names_a_bridge_py_hook_gone_missing_or_changed(project, home):
+    """The Stop check deleted, or an activity hook made synchronous (the agent then waits for it),
+    by an agent or by hand: the hooks still there run fine, but doctor says the file is not as
+    install writes it, what install would change, and exits 1."""
+    assert hooks("install", "--host", "claude", cwd=project, home=home).returncode == 0
+    settings_file = project / ".claude" / "settings.json"
+    installed = settings_file.read_text()
+    settings = json.loads(installed)
+    settings["hooks"]["PostToolUse"][0]["hooks"][0]["async"] = False
+    settings_file.write_text(json.dumps(settings))
+    out = hooks("doctor", "--host", "claude", cwd=project, home=home)
+    assert out.returncode == 1 and "updated PostToolUse: egress emit" in out.stdout, out.stdout
+    assert "not as hooks install writes them (`bridge.py hooks install --host claude` would change: " in out.stdout
+    del settings["hooks"]["Stop"][0]["hooks"][1]
+    settings_file.write_text(json.dumps(settings))
+    out = hooks("doctor", "--host", "claude", cwd=project, home=home)
+    assert out.returncode == 1 and "added Stop: inbox check" in out.stdout, out.stdout
+    assert hooks("install", "--host", "claude", cwd=project, home=home).returncode == 0
+    assert settings_file.read_text() == installed
+    assert hooks("doctor", "--host", "claude", cwd=project, home=home).returncode == 0
