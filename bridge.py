@@ -8970,7 +8970,7 @@ class ProxyWatch:
         self.how = "inotify"
         self.watching.set()
         self.log("watch: inotify, %d folders and files" % len(wds))
-        changed, fire_at = set(), None
+        changed, fire_at, gone = set(), None, None
         try:
             while not self.stopping.is_set():
                 wait = 1.0 if fire_at is None else max(0.0, min(1.0, fire_at - time.time()))
@@ -8995,8 +8995,12 @@ class ProxyWatch:
                                     self.log("watch: %s not watched: %s" % (path, exc.strerror))
                             elif mask & 0x8000:    # the watch is gone: its folder deleted, or
                                 del wds[wd]        # its file replaced by a rename (an editor's save)
-                                if path not in self.paths or not os.path.exists(path):
+                                if path not in self.paths:
                                     continue
+                                if not os.path.exists(path):   # a watched path removed (rm -rf dist):
+                                    gone = path    # nothing is left to watch for its return: polling
+                                    changed.add(path)
+                                    break
                                 try:
                                     self.watch_tree(path)
                                 except OSError as exc:
@@ -9005,14 +9009,18 @@ class ProxyWatch:
                         else:
                             continue
                         fire_at = time.time() + self.debounce
+                if gone:
+                    self.log("watch: %s was removed: polling from now on" % gone)
+                    return self.run_polling(changed, time.time() + self.debounce)
                 if fire_at is not None and time.time() >= fire_at:
                     self.notify(sorted(changed))
                     changed, fire_at = set(), None
         finally:
             os.close(fd)
 
-    def run_polling(self):
-        before, changed, fire_at, last_scan = self.snapshot(), set(), None, time.time()
+    def run_polling(self, changed=(), fire_at=None):
+        """Poll (see the class); `changed` and `fire_at`: a change inotify saw before it gave up."""
+        before, changed, last_scan = self.snapshot(), set(changed), time.time()
         self.how = "polling"
         self.watching.set()
         self.log("watch: polling %d files" % len(before))

@@ -365,3 +365,31 @@ def test_a_typo_saved_waits_for_the_fix_instead_of_ending_the_proxy(tmp_path):
         assert len(s.event_list("doctor:fatal")) == 1
     finally:
         s.close()
+
+
+@pytest.mark.parametrize("how", ["inotify", "polling"])
+def test_a_watched_folder_removed_and_made_again_is_still_watched(tmp_path, how, monkeypatch):
+    """`rm -rf dist && tsc`: a build removes the watched output folder and writes it again. The
+    new folder's files are changes like any other (inotify loses its watch with the folder)."""
+    bridge = load_bridge()
+    if how == "polling":
+        monkeypatch.setattr(bridge.ProxyWatch, "inotify", lambda self: (None, None))
+    elif not sys.platform.startswith("linux"):
+        pytest.skip("inotify is Linux only")
+    dist = tmp_path / "dist"
+    dist.mkdir()
+    (dist / "index.js").write_text("1")
+    got = queue.Queue()
+    watch = bridge.ProxyWatch([str(dist)], [], 0.05, got.put)
+    watch.start()
+    try:
+        assert watch.watching.wait(10) and watch.how == how
+        shutil.rmtree(str(dist))
+        assert str(dist / "index.js") in got.get(timeout=10)
+        dist.mkdir()
+        (dist / "index.js").write_text("2")
+        assert str(dist / "index.js") in got.get(timeout=10)
+        (dist / "index.js").write_text("3")
+        assert str(dist / "index.js") in got.get(timeout=10)
+    finally:
+        watch.stop()
