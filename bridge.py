@@ -13407,7 +13407,7 @@ def hooks_doctor(root, hosts, scope=None, runs=5):
             return -1
 
     events, found, broken = os.path.join(root, SEAM_DIR, "events.jsonl"), 0, []
-    missing = script_missing(root)
+    missing, installed = script_missing(root), {}  # installed: {host: [settings files with ours]}
     for host in hosts:
         for where in ([scope] if scope else ["project", "user"]):
             path, _base = hooks_file(host, where, root)
@@ -13420,6 +13420,7 @@ def hooks_doctor(root, hosts, scope=None, runs=5):
                             raise BridgeError("%s: not this bridge.py's extension: hooks install "
                                               "--host pi" % path)
                         found += 1
+                        installed.setdefault(host, []).append(path)
                         print("ok      %s: bridge.py's extension" % path)
                     continue
                 plan = hook_plan(host, where)
@@ -13450,6 +13451,8 @@ def hooks_doctor(root, hosts, scope=None, runs=5):
                 broken.append(path)
                 print(printable("broken  %s: not as hooks install writes them (`bridge.py hooks install "
                                 "--host %s` would change: %s)" % (path, host, "; ".join(differs))))
+            if commands:
+                installed.setdefault(host, []).append(path)
             for command, on in commands.items():
                 found += 1
                 verb = ours[command]
@@ -13479,6 +13482,11 @@ def hooks_doctor(root, hosts, scope=None, runs=5):
                     for _ in range(runs)]))
                 print("ok      %s: %.1f ms median, python3 -I -S -c \"import json\" %.1f ms (x%.2f)"
                       % (name, took * 1000, base * 1000, took / base))
+    for host, paths in installed.items():
+        if len(paths) > 1:
+            print("note    %s hooks in both %s: %s runs both, so every event is recorded twice "
+                  "(`bridge.py hooks uninstall --host %s --scope user` removes one)"
+                  % (host, " and ".join(paths), host, host))
     if not found:
         print("no bridge.py hooks found for %s: run `bridge.py hooks install --host HOST`" % ", ".join(hosts))
         return EXIT_FAILED

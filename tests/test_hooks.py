@@ -449,3 +449,17 @@ def test_doctor_names_a_bridge_py_hook_gone_missing_or_changed(project, home):
     assert hooks("install", "--host", "claude", cwd=project, home=home).returncode == 0
     assert settings_file.read_text() == installed
     assert hooks("doctor", "--host", "claude", cwd=project, home=home).returncode == 0
+
+
+def test_doctor_notes_hooks_installed_in_both_scopes(project, home):
+    """The same host's hooks in the project's settings and the user's both run: every event would be
+    recorded twice. Doctor says so and how to remove one (both still work: exit 0)."""
+    for scope in ("project", "user"):
+        assert hooks("install", "--host", "codex", "--scope", scope, cwd=project, home=home).returncode == 0
+    out = hooks("doctor", "--host", "codex", cwd=project, home=home)
+    assert out.returncode == 0, out
+    [note] = [line for line in out.stdout.splitlines() if line.startswith("note")]
+    assert "recorded twice" in note and "hooks uninstall --host codex --scope user" in note, out.stdout
+    assert hooks("uninstall", "--host", "codex", "--scope", "user", cwd=project, home=home).returncode == 0
+    out = hooks("doctor", "--host", "codex", cwd=project, home=home)
+    assert out.returncode == 0 and "recorded twice" not in out.stdout, out
