@@ -13356,7 +13356,11 @@ def pi_extension_install(path, base, remove):
     if remove:
         if current is None:
             return ["%s: unchanged (absent)" % path]
-        kept = current != PI_EXTENSION.encode("utf-8") and backup_once(path)  # edited since
+        edited = current != PI_EXTENSION.encode("utf-8")
+        kept = edited and backup_once(path)
+        if edited and not kept:  # the backup there is older: removing would lose the edit
+            raise BridgeError("%s was edited since it was installed and %s.bridge-backup is never "
+                              "overwritten: not removed (move one of them away)" % (path, path))
         os.remove(path)
         return ["%s: removed%s" % (path, " (as it was: %s)" % kept if kept else "")]
     if current == PI_EXTENSION.encode("utf-8"):

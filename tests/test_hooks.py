@@ -463,3 +463,19 @@ def test_doctor_notes_hooks_installed_in_both_scopes(project, home):
     assert hooks("uninstall", "--host", "codex", "--scope", "user", cwd=project, home=home).returncode == 0
     out = hooks("doctor", "--host", "codex", cwd=project, home=home)
     assert out.returncode == 0 and "recorded twice" not in out.stdout, out
+
+
+def test_pi_uninstall_never_deletes_an_edited_extension_without_a_copy(project, home):
+    """An older bridge.py's extension updated by install leaves the first backup; an edit made after
+    that cannot be backed up again (a backup is never overwritten), so uninstall keeps the file and
+    says why instead of deleting the edit."""
+    path = project / ".pi" / "extensions" / "bridge.ts"
+    path.parent.mkdir(parents=True)
+    path.write_text(readme_blocks("ts")[0].replace("queue", "older_queue"))  # an older version
+    assert hooks("install", "--host", "pi", cwd=project, home=home).returncode == 0
+    backup = path.parent / "bridge.ts.bridge-backup"
+    assert "older_queue" in backup.read_text()
+    path.write_text(path.read_text() + "// my edit\n")
+    out = hooks("uninstall", "--host", "pi", cwd=project, home=home)
+    assert out.returncode == 2 and str(backup) in out.stderr, out
+    assert path.read_text().endswith("// my edit\n") and "older_queue" in backup.read_text()
