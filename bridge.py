@@ -345,6 +345,16 @@ def create_once(path, mode=0o644):
     return os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
 
 
+def write_once(path, data, mode=0o644):
+    """create_once `path` holding `data`, fsynced (FileExistsError when anything is there)."""
+    fd = create_once(path, mode)
+    try:
+        write_all(fd, data)
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def create_once_within(base, rel, data):
     """Create the file BASE/REL holding `data` unless anything is there (False then: the first
     write wins), in a tree agents can write to. Each folder below `base` is opened with
@@ -928,16 +938,18 @@ def release_flock(fd):
 # ---- config -------------------------------------------------------------------
 
 # Every configuration key bridge.py knows: dotted key, default, type, and for a number the
-# least and greatest value it may take (None: no upper bound). A float key takes whole
-# numbers too; a key whose default is null also takes null; a string whose default is not
-# empty may not be empty; a key whose default is {} is free-form (its contents are not
-# checked). Every value is checked when the config is loaded (load_config), so the rest of
-# bridge.py reads `config[...]` and never restates a default. Sections are in the order of
-# the bridges below; bridge.config.example.json documents each key.
+# least and greatest value it may take (None: no upper bound), for a string or a list the values
+# it (each item) may take, a string's read in any case. A float key takes whole numbers too; a
+# key whose default is null also takes null; a string whose default is not empty may not be
+# empty; a key whose default is {} is free-form (its contents are not checked). Every value is
+# checked when the config is loaded (load_config), so the rest of bridge.py reads `config[...]`
+# and never restates a default. Sections are in the order of the bridges below;
+# bridge.config.example.json documents each key.
 ARGV = "argv"                   # a non-empty list of strings
 COMMAND = "command"             # a string split like a shell would, or an argv list: checked by
                                 # split_command where it is used (a bad relay.nudge_command is a
                                 # warning that must not keep `relay down` from queueing)
+NAME = "name"                   # one path component: [A-Za-z0-9._-]+, not . or ..
 POLL_RANGE = (0.05, 3600)       # seconds between two looks at a queue
 TIMEOUT = (0.1, None)           # seconds a step may take
 CONFIG_KEYS = (
@@ -959,14 +971,15 @@ CONFIG_KEYS = (
     ("retry_context", True, bool, None),           # tell a retried task what failed last time
     ("retry_context_bytes", 2048, int, (256, 65536)),
     ("notify.command", None, ARGV, None),          # argv template run when a task ends
-    ("notify.on", ["failed", "blocked", "needs_confirmation", "queue_stopped"], list, None),
+    ("notify.on", ["failed", "blocked", "needs_confirmation", "queue_stopped"], list,
+     ("success", "failed", "blocked", "needs_confirmation", "queue_stopped")),
     ("notify.timeout_sec", 30, float, TIMEOUT),
     ("bead.command", None, COMMAND, None),
     ("bead.timeout_sec", 30, float, TIMEOUT),
     # where a task runs: "checkout" (the user's own, switching its branch) or "worktree" (a git
     # worktree of its own under worktree_dir, null: GIT-COMMON-DIR/bridge-worktrees); workers
     # > 1 runs that many tasks at once (worktree isolation only)
-    ("isolation", "checkout", str, None),
+    ("isolation", "checkout", str, ("checkout", "worktree")),
     ("worktree_dir", None, str, None),
     ("workers", 1, int, (1, 64)),
     # seam: how the Stop-hook reason and the wake prompt tell an agent to run bridge.py;
@@ -979,7 +992,7 @@ CONFIG_KEYS = (
     # gets TARGET CONTENT cmd_new CAPTAIN_ID) or, when null, natively; nudge_target
     # "@cluster_captain" is the captain: of clusters/<s>/config.yaml; the queue lock is
     # lock_attempts tries of `flock -w lock_timeout_sec`, lock_retry_sleep_sec apart
-    ("relay.queue_file", "captain_to_vice_captain.yaml", str, None),
+    ("relay.queue_file", "captain_to_vice_captain.yaml", NAME, None),
     ("relay.nudge", True, bool, None),
     ("relay.nudge_command", None, COMMAND, None),
     ("relay.nudge_target", "vice_captain", str, None),
@@ -1010,7 +1023,7 @@ CONFIG_KEYS = (
     ("proxy.stats_interval_sec", 5.0, float, (0, None)),
     ("proxy.event_params_max", 512, int, (0, None)),
     ("proxy.events_per_sec_max", 200, int, (0, None)),
-    ("proxy.log_level", "info", str, None),
+    ("proxy.log_level", "info", str, ("debug", "info", "warn", "error")),
     ("proxy.health_check_sec", 60.0, float, (0, None)),        # 0: off
     ("proxy.health_timeout_sec", 30.0, float, (0, None)),
     ("proxy.start_timeout_sec", 60.0, float, (0, None)),       # 0: off
@@ -1023,7 +1036,7 @@ CONFIG_KEYS = (
     # changes
     ("changes.dir", "changes", str, None),                     # relative to the root
     ("changes.mcp.command", None, COMMAND, None),              # the MCP server, e.g. axiomregent
-    ("changes.mcp.framing", "content-length", str, None),      # or line
+    ("changes.mcp.framing", "content-length", str, ("content-length", "line")),
     ("changes.mcp.timeout_sec", 30, float, TIMEOUT),           # every request
     ("changes.mcp.apply_timeout_sec", 120, float, TIMEOUT),    # workspace.apply_patch
     ("changes.mcp.env", {}, dict, None),                       # extra environment for the server
@@ -1094,6 +1107,14 @@ def config_value(name, value, source):
     elif kind is ARGV:
         ok, what = isinstance(value, list) and value and all(isinstance(a, str) for a in value), \
             "a non-empty list of strings (an argv template)"
+    elif kind is NAME:
+        ok, what = isinstance(value, str) and is_safe_name(value), \
+            "a file name ([A-Za-z0-9._-]+, not . or ..)"
+    elif limits:  # one of the values in `limits` (a list: each of its items)
+        choice = value.lower() if isinstance(value, str) else value
+        ok = isinstance(value, kind) and all(v in limits for v in (choice if kind is list else [choice]))
+        what = ("a list of " if kind is list else "one of ") + ", ".join(limits)
+        value = choice if ok else value
     else:
         ok = isinstance(value, kind) and (value != "" or default in ("", None))
         what = {str: "a non-empty string" if default else "a string", list: "a list",
@@ -1101,7 +1122,7 @@ def config_value(name, value, source):
     if not ok:
         raise BridgeError("%s: %s must be %s%s, got %s" % (
             source, name, what, " or null" if default is None else "", json.dumps(value)))
-    return check_number(name, value, limits, source) if limits else value
+    return check_number(name, value, limits, source) if limits and kind in (int, float) else value
 
 
 def _merge_config(defaults, given, prefix, source, unknown):
@@ -8240,8 +8261,7 @@ def relay_queue_path(root, session, config):
     """clusters/<session>/queue/<file> when that directory exists, else queue/<file>.
     A symlink on the way (`queue`, `clusters/<session>`...) is an error naming it: the
     queue, its lock and its temporary file are never read or written through one."""
-    name = safe_name(config["relay"]["queue_file"],
-                     "relay.queue_file")
+    name = config["relay"]["queue_file"]
     clustered = os.path.join(root, "clusters", session, "queue")
     if os.path.isdir(clustered):
         return os.path.join(make_dirs(clustered, root, create=False), name), True
@@ -8541,7 +8561,7 @@ def proxy_float(text):
     return number if abs(number) != float("inf") else ProxyDigits(text)
 
 
-PROXY_IDS = (int, str, ProxyFloat, ProxyDigits)
+PROXY_IDS = (int, str, ProxyFloat, ProxyDigits)  # JSON-RPC ids we track (others are relayed untracked)
 
 
 def proxy_id_json(mid):
@@ -8556,7 +8576,8 @@ def proxy_short(value, cap=200):
     if isinstance(value, str) and len(value) > cap:
         return "%s...[%d chars]" % (value[:cap], len(value))
     return value
-   # JSON-RPC ids we track (others are relayed untracked)
+
+
 PROXY_LEVELS = {"debug": 0, "info": 1, "warn": 2, "error": 3}
 # client requests whose successful answer sets up session state a restarted Doctor is given again
 PROXY_STATEFUL = ("initialize", "logging/setLevel", "resources/subscribe", "resources/unsubscribe")
@@ -9091,7 +9112,7 @@ class Proxy:
         self.health_sec = px["health_check_sec"]        # silence while owing answers before a ping
         self.health_timeout = px["health_timeout_sec"]  # an unanswered ping is a hang after this
         self.watch = None                               # the ProxyWatch of `--watch`, if any
-        self.verbosity = PROXY_LEVELS.get(str(px["log_level"]).lower(), 1)  # least level logged
+        self.verbosity = PROXY_LEVELS[px["log_level"]]  # least level logged
         self.redactor = get_redactor(cfg, env=env)      # the Doctor's doctor.env secrets too
         # -- the Doctor --
         self.child = None                               # the current ProxyChild
@@ -11706,11 +11727,7 @@ class ChangeSets:
         if not mcp["command"]:
             raise BridgeError("no MCP server configured: set changes.mcp.command in "
                               "bridge.config.json", EXIT_USAGE)
-        framing = mcp["framing"]
-        if framing not in ("content-length", "line"):
-            raise BridgeError("changes.mcp.framing must be content-length or line, not %r"
-                              % framing, EXIT_USAGE)
-        return McpClient(mcp["command"], self.root, framing=framing,
+        return McpClient(mcp["command"], self.root, framing=mcp["framing"],
                          timeout=mcp["timeout_sec"],
                          env={str(k): str(v) for k, v in mcp["env"].items()},
                          log=self.say)
@@ -11809,15 +11826,9 @@ class ChangeSets:
         if raw is None and create:
             os.makedirs(os.path.dirname(path), mode=0o700, exist_ok=True)
             try:
-                fd = create_once(path, 0o600)
+                write_once(path, os.urandom(32).hex().encode("ascii") + b"\n", 0o600)
             except FileExistsError:  # another approve made it just now
                 pass
-            else:
-                try:
-                    write_all(fd, os.urandom(32).hex().encode("ascii") + b"\n")
-                    os.fsync(fd)
-                finally:
-                    os.close(fd)
             raw = read_input(path, "approval key", limit=4096)
         if raw is None:
             return None
@@ -13290,13 +13301,7 @@ def backup_once(path):
     backup = path + ".bridge-backup"
     if not os.path.lexists(path) or os.path.lexists(backup):
         return None
-    old = read_input(path, "settings file")
-    fd = create_once(backup)
-    try:
-        write_all(fd, old)
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    write_once(backup, read_input(path, "settings file"))
     return backup
 
 

@@ -437,9 +437,10 @@ OPEN_ALLOWED = {
     ("cmd_redact", "os.devnull"),               # stdout redirected after a broken pipe
     ("proxy_leftovers", "'/proc/%s/stat' % name"),  # the process table, read by the proxy
 }
-# shutil's copies open both paths themselves and follow a symlink (to /dev/zero, say).
+# shutil's copies (and a move across filesystems) open both paths themselves and follow a
+# symlink (to /dev/zero, say); io.FileIO is open() without the buffer.
 _OPENERS = {"open", "read_text", "read_bytes", "write_text", "write_bytes", "copyfile", "copy2",
-            "copytree"}
+            "copytree", "FileIO"}
 
 
 def stray_opens(source):
@@ -459,6 +460,8 @@ def stray_opens(source):
             func = node.func
             name = func.id if isinstance(func, ast.Name) else \
                 func.attr if isinstance(func, ast.Attribute) else None
+            if name in ("copy", "move") and getattr(getattr(func, "value", None), "id", None) == "shutil":
+                name = "copyfile"  # another object's copy() opens nothing
             if name in _OPENERS and not kernel[0] < node.lineno <= kernel[1]:
                 first = ast.unparse(node.args[0]) if node.args else ""
                 if (scope[-1] if scope else None, first) not in OPEN_ALLOWED:
@@ -490,6 +493,9 @@ def test_no_open_outside_the_kernel():
     "    from pathlib import Path\n    return Path(path).open().read()\n",
     "    from pathlib import Path\n    return Path(path).read_text()\n",
     "    import shutil\n    shutil.copyfile(path, path + '.bak')\n",
+    "    import shutil\n    shutil.copy(path, path + '.bak')\n",
+    "    import shutil\n    shutil.move(path, path + '.bak')\n",
+    "    import io\n    return io.FileIO(path).read()\n",
 ])
 def test_a_new_stray_open_is_caught(stray):
     """The detector flags an open added to a bridge section (here, the end of WATCH)."""
@@ -598,6 +604,16 @@ def test_make_dirs_refuses_a_symlinked_folder_on_the_way(tmp_path):
     ({"seam": {"wake_command": ["codex", 5]}},
      "seam.wake_command must be a non-empty list of strings (an argv template), got [\"codex\", 5]"),
     ({"doctor": {"cwd": 5}}, "doctor.cwd must be a string or null, got 5"),
+    # a key with a set of values is checked when read too, by every command (not where used)
+    ({"isolation": "container"}, 'isolation must be one of checkout, worktree, got "container"'),
+    ({"changes": {"mcp": {"framing": "lsp"}}},
+     'changes.mcp.framing must be one of content-length, line, got "lsp"'),
+    ({"proxy": {"log_level": "verbose"}},  # was silently "info"
+     'proxy.log_level must be one of debug, info, warn, error, got "verbose"'),
+    ({"notify": {"on": ["failed", "needs_approval"]}}, "notify.on must be a list of success, failed, "
+     'blocked, needs_confirmation, queue_stopped, got ["failed", "needs_approval"]'),
+    ({"relay": {"queue_file": "../q.yaml"}},
+     'relay.queue_file must be a file name ([A-Za-z0-9._-]+, not . or ..), got "../q.yaml"'),
 ])
 def test_config_value_errors_name_the_key_and_file(tmp_path, config, message):
     """Every value of the wrong type or out of range (0 where it means nothing, null for a
@@ -616,6 +632,10 @@ def test_config_error_from_the_environment_names_the_variable(tmp_path):
     assert out.returncode == 2 and out.stderr == (
         "bridge: error: environment variable BRIDGE_OBS_PORT: observability.port must be a number "
         "between 0 and 65535, got 70000\n")
+
+
+def test_a_config_choice_is_read_in_any_case(tmp_path):
+    assert bridge.load_config(tmp_path, env={"BRIDGE_LOG_LEVEL": "DEBUG"})["proxy"]["log_level"] == "debug"
 
 
 def test_config_defaults_and_ranges_are_one_table():

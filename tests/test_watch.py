@@ -966,6 +966,17 @@ def test_fifo_at_the_task_log_fails_the_task_with_a_result(queue):
     assert branch(queue.repo) == "main"
 
 
+def test_fifo_task_file_is_skipped_naming_it_not_a_hang(queue):
+    """A FIFO in tasks/ (a plain open() would wait for a writer for ever, holding the worker
+    lock) is refused as schema_invalid naming it; the next task still runs."""
+    path = queue.handoff / "tasks" / "t1.json"
+    os.mkfifo(path)
+    queue.put(queue.task("t2"))
+    out = queue.watch(timeout=20)
+    assert out.returncode == 4 and str(path) in out.stderr and "not a regular file" in out.stderr
+    assert queue.result("t1")["reason"] == "schema_invalid" and queue.result("t2")["status"] == "success"
+
+
 def test_symlinked_task_lock_fails_the_task_naming_it_not_a_crash(queue, tmp_path):
     """A symlink at locks/<id>.lock (today: an ELOOP crash on every start) fails that task
     with a result naming it; the lock is never followed, the agent never runs."""

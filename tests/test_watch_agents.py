@@ -72,7 +72,8 @@ def test_a_bad_executors_entry_or_notify_event_is_a_config_error(queue):
     queue.config["notify"] = {"command": ["true"], "on": ["failed", "needs_approval"]}
     queue.save_config()
     out = queue.watch()
-    assert out.returncode == 2 and 'notify.on: "needs_approval"' in out.stderr
+    assert out.returncode == 2 and 'notify.on must be a list of success, failed' in out.stderr
+    assert '"needs_approval"' in out.stderr
 
 
 # ---- a silent agent ------------------------------------------------------------
