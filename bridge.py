@@ -13339,7 +13339,12 @@ def hooks_install(host, scope, root, remove=False):
     if not changes:
         return ["%s: unchanged (the bridge.py hooks are %s)" % (
             path, "absent" if remove else "in place")] + notes
-    backup = write_with_backup(path, json.dumps(config, ensure_ascii=False, indent=2) + "\n", base)
+    try:
+        text = json.dumps(config, ensure_ascii=False, indent=2, allow_nan=False) + "\n"
+    except ValueError:  # 1e400 read as infinity: written back as Infinity, which is not JSON
+        raise BridgeError("settings file %s holds a number too large for a float (such as 1e400); "
+                          "not changed" % path)
+    backup = write_with_backup(path, text, base)
     lines = ["%s: %s" % (path, "; ".join(changes))] + notes
     if backup:
         lines.append("the previous file is kept as %s" % backup)

@@ -479,3 +479,15 @@ def test_pi_uninstall_never_deletes_an_edited_extension_without_a_copy(project, 
     out = hooks("uninstall", "--host", "pi", cwd=project, home=home)
     assert out.returncode == 2 and str(backup) in out.stderr, out
     assert path.read_text().endswith("// my edit\n") and "older_queue" in backup.read_text()
+
+
+def test_install_never_writes_a_number_json_cannot_hold(project, home):
+    """1e400 is valid JSON but a float of infinity in Python: written back it would be `Infinity`,
+    which no JSON parser (Claude Code's included) reads, so the whole settings file would stop
+    loading. Install refuses, naming the file, and changes nothing."""
+    settings_file = project / ".claude" / "settings.json"
+    settings_file.parent.mkdir()
+    settings_file.write_text('{"cleanupPeriodDays": 1e400}')
+    out = hooks("install", "--host", "claude", cwd=project, home=home)
+    assert out.returncode == 2 and str(settings_file) in out.stderr and "not changed" in out.stderr, out
+    assert settings_file.read_text() == '{"cleanupPeriodDays": 1e400}'
