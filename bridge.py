@@ -4989,22 +4989,26 @@ class Watcher:
         if last is None:
             return None
         cap = self.config["retry_context_bytes"]
+
+        def clip(value, size):  # the redacted text's first `size` bytes, whole characters
+            return self.redact(str(value or "")).encode()[:size].decode("utf-8", "ignore")
         text = "## What went wrong last time\nAttempt %s ended %s (%s): %s" % (
             last.get("attempt"), last.get("status"), last.get("reason"),
-            str(last.get("detail") or "")[:cap // 4])
+            clip(last.get("detail"), cap // 8))
         failing = next((c for c in last.get("commands") or [] if isinstance(c, dict)
                         and not c.get("skipped") and c.get("exit_code") != 0), None)
         ran = failing or (last.get("executor") if last.get("reason") != "interrupted" else None)
         if isinstance(ran, dict):
             text += "\n%s. The end of its output:\n```\n" % (
                 "The failing verification command: `%s` (%s)" % (
-                    str(failing.get("cmd"))[:cap // 4], "timed out" if failing.get("timed_out")
+                    clip(failing.get("cmd"), cap // 8), "timed out" if failing.get("timed_out")
                     else "exit %s" % failing.get("exit_code")) if failing
                 else "The editing agent's run (exit %s)" % ran.get("exit_code"))
-            output = "\n".join(str(ran.get(k) or "").strip() for k in ("stdout", "stderr"))
-            room = max(cap - len(text.encode()) - 8, 0)
-            tail = output.strip().encode()[-room:].decode("utf-8", "ignore") if room else ""
-            if len(tail) < len(output.strip()):
+            output = self.redact("\n".join(str(ran.get(k) or "").strip()
+                                           for k in ("stdout", "stderr")).strip())
+            room = max(cap - len(text.encode()) - 4, 0)  # 4: the closing "\n```"
+            tail = output.encode()[-room:].decode("utf-8", "ignore") if room else ""
+            if len(tail) < len(output):
                 tail = tail.partition("\n")[2]  # whole lines only
             text += tail.replace("```", "'''") + "\n```"
         return self.redact(text)
