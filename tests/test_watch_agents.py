@@ -153,6 +153,16 @@ def test_a_retry_is_told_the_reason_the_failing_command_and_its_output_redacted(
     assert second["attempt"] == 2 and (queue.handoff / "meta" / "r1.prompt.md").read_text() == told
 
 
+def failed_twice(queue, tmp_path, task):
+    """Run `task`, which fails, then its retry (`submit --retry`), which fails again."""
+    queue.put(task)
+    assert queue.watch().returncode == 4
+    retry = tmp_path / (task["id"] + ".json")
+    retry.write_text(json.dumps(task))
+    assert queue.bridge("submit", "--retry", retry).returncode == 0
+    assert queue.watch().returncode == 4
+
+
 @pytest.mark.parametrize("word", ["x", "\U0001F600"])  # one byte, four bytes
 def test_the_retry_section_keeps_its_cap_with_a_long_command(queue, tmp_path, word):
     """retry_context_bytes is a cap in bytes, even at its least (256) with a verification
@@ -160,12 +170,7 @@ def test_the_retry_section_keeps_its_cap_with_a_long_command(queue, tmp_path, wo
     queue.config.update(retry_context_bytes=256, continue_on_failure=True)
     queue.save_config()
     task = queue.task("rc", commands_to_run=["echo failing; false # " + word * 190])
-    queue.put(task)
-    assert queue.watch().returncode == 4
-    retry = tmp_path / "rc.json"
-    retry.write_text(json.dumps(task))
-    assert queue.bridge("submit", "--retry", retry).returncode == 0
-    assert queue.watch().returncode == 4
+    failed_twice(queue, tmp_path, task)
     told = queue.result("rc")["retry_context"]
     assert told.startswith("## What went wrong last time\nAttempt 1 ended failed (verify_failed)")
     assert told.endswith("\n```") and len(told.encode()) <= 256, (len(told.encode()), told)
@@ -179,12 +184,7 @@ def test_prompt_and_prompt_file_carry_the_same_retry_section(queue, tmp_path):
     queue.config["continue_on_failure"] = True
     queue.save_config()
     task = queue.task("pp", commands_to_run=["echo nope {id}; false"])
-    queue.put(task)
-    assert queue.watch().returncode == 4
-    retry = tmp_path / "pp.json"
-    retry.write_text(json.dumps(task))
-    assert queue.bridge("submit", "--retry", retry).returncode == 0
-    assert queue.watch().returncode == 4
+    failed_twice(queue, tmp_path, task)
     given = json.loads(record.read_text())
     assert given["arg"] == given["file"]
     assert "`echo nope {id}; false` (exit 1)" in given["arg"] and "\nnope {id}\n" in given["arg"]
