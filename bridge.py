@@ -9734,7 +9734,7 @@ class Proxy:
             except (ValueError, RecursionError) as exc:    # RecursionError: absurdly deep nesting
                 self.malformed("client", line, exc)
                 continue
-            reqs, method = (), None                # reqs: (id, method) of each request: owed an answer
+            reqs, method, answer = (), None, False     # reqs: (id, method) of each request: owed an answer
             if msg.__class__ is dict:
                 method, mid = msg.get("method"), msg.get("id")
                 if mid.__class__ not in PROXY_IDS:
@@ -9742,6 +9742,7 @@ class Proxy:
                 if method is None:                 # the client's answer to a Doctor request
                     if mid in self.srv_pending:
                         self.srv_pending.discard(mid)
+                        answer = True
                     elif mid is not None and mid in self.dead_srv:
                         self.log("info", "dropped the answer to request %r of a dead Doctor" % (mid,))
                         continue
@@ -9772,9 +9773,9 @@ class Proxy:
             elif msg.__class__ is list:            # a 2025-03-26 batch: the requests inside are owed
                 reqs = tuple((m["id"], m["method"]) for m in msg if m.__class__ is dict and
                              m.get("method").__class__ is str and m.get("id").__class__ in PROXY_IDS)
-            if gate:
-                self.hold(line, reqs, method)
-                continue
+            if gate and (self.paused or not answer):   # an answer is for the Doctor that asked, not
+                self.hold(line, reqs, method)          # the next one: a request of its in progress (a
+                continue                               # reload's grace) may wait on it
             if reqs:
                 self.owe(reqs, line, now)
             out.append(line)

@@ -1309,3 +1309,22 @@ def test_readme_proxy_quick_start_runs_as_written(tmp_path):
     url = re.search(r"dashboard with this run's token: (http://127\.0\.0\.1:\d+/\?token=\S+)", out.stderr)
     assert url, out.stderr
     assert list((tmp_path / "bridge").glob("proxy-*.url")) == []
+
+
+def test_an_answer_to_a_stopping_servers_request_never_reaches_the_next_one(session):
+    """The client answers a request of the server while bridge.py stops that server (here one
+    that ignores SIGTERM and stdin EOF, so it lives on until SIGKILL): the answer is for that server, never
+    held for the next one, which did not ask."""
+    s = session(["--ignore-term", "--ignore-eof"], harness=True, config={"lifecycle": {"cooldown": 20},
+                                                         "proxy": {"kill_after_sec": 1.0}})
+    s.initialize()
+    s.call("ask", id="q-old")
+    assert s.recv()["id"] == "q-old"
+    s.ctl("doctor:restart")
+    s.send({"jsonrpc": "2.0", "id": "q-old", "result": {"late": True}})
+    assert s.reply()["error"]["data"]["reason"] == "restart"
+    s.wait_event("doctor:ready", count=2)
+    mid = s.request("ping")
+    assert s.reply()["id"] == mid
+    assert not [line for line in s.received(s.pids()[1]) if "q-old" in line]
+    s.close()

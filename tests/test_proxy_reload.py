@@ -393,3 +393,24 @@ def test_a_watched_folder_removed_and_made_again_is_still_watched(tmp_path, how,
         assert str(dist / "index.js") in got.get(timeout=10)
     finally:
         watch.stop()
+
+
+def test_a_request_in_progress_that_waits_on_the_client_finishes_within_the_grace(tmp_path):
+    """A tool call that asks the client something (sampling, elicitation) while a reload waits for
+    it: the client's answer reaches the old server (holding it would fail the call the grace is
+    for), and the call is answered before the restart."""
+    folder = server_copy(tmp_path)
+    s = start(tmp_path, folder, grace=5.0)
+    try:
+        mid = s.call("ask", id="q1")
+        asked = s.recv()
+        assert asked["id"] == "q1" and asked["method"] == "sampling/createMessage"
+        edit(folder / "server.py", {"added": {"type": "object"}})
+        s.wait_event("doctor:reloading")
+        s.send({"jsonrpc": "2.0", "id": "q1", "result": {"role": "assistant", "content": {"type": "text",
+                                                                                          "text": "yes"}}})
+        got = s.reply()
+        assert got["id"] == mid and "result" in got, got
+        assert s.wait_event("doctor:reloaded")[0]["data"]["reloadMs"] < 4000
+    finally:
+        s.close()
