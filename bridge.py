@@ -1115,9 +1115,10 @@ def config_value(name, value, source):
         ok = isinstance(value, kind) and all(v in limits for v in (choice if kind is list else [choice]))
         what = ("a list of " if kind is list else "one of ") + ", ".join(limits)
         value = choice if ok else value
-    else:
-        ok = isinstance(value, kind) and (value != "" or default in ("", None))
-        what = {str: "a non-empty string" if default else "a string", list: "a list",
+    else:  # every list holds strings (branches, globs, origins, argv words, feature ids)
+        ok = isinstance(value, kind) and (value != "" or default in ("", None)) and (
+            kind is not list or all(isinstance(item, str) for item in value))
+        what = {str: "a non-empty string" if default else "a string", list: "a list of strings",
                 dict: "an object"}[kind]
     if not ok:
         raise BridgeError("%s: %s must be %s%s, got %s" % (
@@ -13555,11 +13556,8 @@ def cmd_proxy(args):
     argv, cwd, env = proxy_command(cfg, server)
     cfg["doctor"]["watch"] = list(cfg["doctor"]["watch"]) + args.watch
     for path in cfg["doctor"]["watch"]:
-        if not isinstance(path, str) or not os.path.exists(path):
+        if not os.path.exists(path):
             raise BridgeError("proxy: watched path %r (--watch, doctor.watch) does not exist" % (path,))
-    for glob in cfg["doctor"]["watch_exclude"]:
-        if not isinstance(glob, str):
-            raise BridgeError("proxy: doctor.watch_exclude holds %r: each must be a string (a glob)" % (glob,))
     return Proxy(argv, cfg, cwd, env).run()
 
 

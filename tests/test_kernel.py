@@ -612,6 +612,11 @@ def test_make_dirs_refuses_a_symlinked_folder_on_the_way(tmp_path):
      'proxy.log_level must be one of debug, info, warn, error, got "verbose"'),
     ({"notify": {"on": ["failed", "needs_approval"]}}, "notify.on must be a list of success, failed, "
      'blocked, needs_confirmation, queue_stopped, got ["failed", "needs_approval"]'),
+    # every list holds strings (branches, globs, origins, argv words, feature ids): not checked
+    # before, [5] was turned into "5" (doctor.args), never matched (critical_features) or crashed
+    ({"protected_branches": ["main", 5]}, 'protected_branches must be a list of strings, got ["main", 5]'),
+    ({"doctor": {"args": [5]}}, "doctor.args must be a list of strings, got [5]"),
+    ({"changes": {"critical_features": [None]}}, "changes.critical_features must be a list of strings, got [null]"),
     ({"relay": {"queue_file": "../q.yaml"}},
      'relay.queue_file must be a file name ([A-Za-z0-9._-]+, not . or ..), got "../q.yaml"'),
 ])
