@@ -9619,11 +9619,15 @@ class Proxy:
         if result.__class__ is not dict or result.get("tools").__class__ is not list:
             return self.reloaded({"error": msg.get("error") or "tools/list answer without tools"})
         reload["tools"].update(proxy_tool_hashes(result["tools"]))
-        cursor = result.get("nextCursor")
-        if cursor.__class__ is str and cursor and len(reload["tools"]) < 100000:
-            self.own("tools/list", {"cursor": cursor})
-        else:
+        cursor, pages = result.get("nextCursor"), reload.get("pages", 0) + 1
+        if cursor.__class__ is not str or not cursor:
             self.reloaded({})
+        elif cursor == reload.get("cursor") or pages >= 1000 or len(reload["tools"]) >= 100000:
+            self.reloaded({"error": "tools/list pages without end (%d pages, %d tools, nextCursor %s)" % (
+                pages, len(reload["tools"]), json_compact(proxy_short(cursor, 40)))})   # a pagination bug
+        else:
+            reload.update(cursor=cursor, pages=pages)
+            self.own("tools/list", {"cursor": cursor})
 
     def reloaded(self, data):
         reload, self.reload = self.reload, None

@@ -414,3 +414,24 @@ def test_a_request_in_progress_that_waits_on_the_client_finishes_within_the_grac
         assert s.wait_event("doctor:reloaded")[0]["data"]["reloadMs"] < 4000
     finally:
         s.close()
+
+
+def test_a_tool_list_whose_pages_never_end_does_not_keep_the_reload_asking(tmp_path):
+    """A pagination bug (every page names the same nextCursor) made the reload ask for the next
+    page for ever, as fast as the server answered: it ends with doctor:reloaded's error."""
+    folder = server_copy(tmp_path)
+    s = start(tmp_path, folder)
+    try:
+        text = (folder / "server.py").read_text()
+        assert text.count("if schema is not None]}") == 1
+        (folder / "server.py").write_text(text.replace("if schema is not None]}",
+                                                       "if schema is not None], 'nextCursor': 'again'}"))
+        done = s.wait_event("doctor:reloaded")[0]["data"]
+        assert "again" in done["error"], done
+        time.sleep(0.5)
+        asked = [line for line in s.received(s.pids()[1]) if '"cursor"' in line]
+        assert len(asked) == 1, len(asked)
+        mid = s.call("echo", text="on")
+        assert s.reply()["id"] == mid
+    finally:
+        s.close()
