@@ -739,6 +739,21 @@ def test_server_that_cannot_start(tmp_path):
 
 # ---- the executor lock --------------------------------------------------------------------
 
+@pytest.mark.parametrize("kind", ["fifo", "symlink"])
+def test_a_planted_executor_lock_is_refused_naming_it(env, kind):
+    """A FIFO or a symlink as changes/.locks/worktree.lock: `changes run` exits 2 naming it (never
+    waits on it, never locks or writes the file a link points to) and applies nothing."""
+    cs_id = env.new("Add world", [task("t1", NOTES_PATCH)])
+    lock, outside = env.repo / "changes" / ".locks" / "worktree.lock", env.tmp / "outside.lock"
+    lock.parent.mkdir(exist_ok=True)
+    os.mkfifo(lock) if kind == "fifo" else lock.symlink_to(outside)
+    res = env.run(timeout=20)
+    assert res.returncode == 2 and "cannot lock %s" % lock in res.stderr, res.stderr
+    assert ("not a regular file" if kind == "fifo" else "symlink") in res.stderr
+    assert not outside.exists() and not (env.dir(cs_id) / "05-status.json").exists()
+    assert (env.repo / "notes.txt").read_text() == "hello\n"
+
+
 def test_two_executors_one_works(tmp_path):
     env = Env(tmp_path)
     cs_id = env.new("Add world", [task("t1", NOTES_PATCH)])

@@ -977,6 +977,19 @@ def test_fifo_task_file_is_skipped_naming_it_not_a_hang(queue):
     assert queue.result("t1")["reason"] == "schema_invalid" and queue.result("t2")["status"] == "success"
 
 
+@pytest.mark.parametrize("kind", ["fifo", "symlink"])
+def test_a_planted_worker_lock_stops_the_watcher_naming_it(queue, tmp_path, kind):
+    """A FIFO or a symlink as locks/__worker__.lock: the watcher exits 2 naming it before any
+    task starts (never waits on it, never locks the file a link points to)."""
+    lock, outside = queue.handoff / "locks" / "__worker__.lock", tmp_path / "outside.lock"
+    os.mkfifo(lock) if kind == "fifo" else lock.symlink_to(outside)
+    queue.put(queue.task("t1"))
+    out = queue.watch(timeout=20)
+    assert out.returncode == 2 and "cannot lock %s" % lock in out.stderr, out.stderr
+    assert ("not a regular file" if kind == "fifo" else "symlink") in out.stderr
+    assert queue.names("tasks") == ["t1.json"] and not outside.exists()
+
+
 def test_symlinked_task_lock_fails_the_task_naming_it_not_a_crash(queue, tmp_path):
     """A symlink at locks/<id>.lock (today: an ELOOP crash on every start) fails that task
     with a result naming it; the lock is never followed, the agent never runs."""
