@@ -13699,8 +13699,8 @@ def cmd_changes_approve(args):
     cs_id = status["change_set_id"]
     print("%s %s" % (cs_id, "approved" if changed else "already approved"))
     if changed:  # what was signed, read from the plan itself: check it is what you reviewed
-        print("plan sha256 %s; its patches write: %s" % (
-            status["approval"]["plan_sha256"], ", ".join(paths) or "(no patch)"))
+        print(printable("plan sha256 %s; its patches write: %s" % (  # names the agent chose
+            status["approval"]["plan_sha256"], ", ".join(paths) or "(no patch)")))
     # Approving a change set the executor can only refuse is a wasted review: say so now.
     try:
         with sets.client() as client:

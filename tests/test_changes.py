@@ -1379,6 +1379,21 @@ def test_approve_shows_what_it_signs_not_what_the_agent_says(tmp_path):
         in res.stdout, res.stdout
 
 
+def test_approve_prints_the_file_names_it_signs_inert(tmp_path):
+    # A file name in the plan's patch is the agent's: one holding a C1 control (U+009B, a
+    # terminal's CSI: "2K" erases the line) was printed raw by approve, on the line that tells
+    # the human what the patches write. (C0 controls are refused in names already.)
+    env = Env(tmp_path)
+    hidden = '--- /dev/null\n+++ "b/x\\302\\2332Ky.txt"\n@@ -0,0 +1 @@\n+hi\n'
+    cs_id = env.new("Change login", [task("t1", AUTH_PATCH + hidden)])
+    env.run()
+    assert env.status(cs_id)["state"] == "pending_review", env.status(cs_id)
+    res = env.cli("approve", cs_id)
+    assert res.returncode == 0, res.stderr
+    assert "\x9b" not in res.stdout and "its patches write: src/auth.py, x\\x9b2Ky.txt" in res.stdout, \
+        res.stdout
+
+
 def test_a_fingerprint_with_a_float_is_a_clear_server_error(tmp_path):
     # `new` exited 2 (usage) with "$.mtime: number ... is not an integer": no word of the
     # server, snapshot.info or what to do.
