@@ -2827,22 +2827,31 @@ class Git:
 
     def worktree(self, path):
         """(Git, git directory) for the linked worktree at `path`, once git confirms it is the
-        top of a work tree (else a BridgeError). It starts from this Git's list of filter
-        drivers (the worktree reads the same config files, stat-checked on every call as
-        ever, plus its own, watched from now on): one `git config` call less per worktree."""
-        self.filter_config()
+        top of a work tree of this repository: its git directory one of this repository's
+        worktrees/ and its common directory this one's (else a BridgeError). A `.git` file or
+        `commondir` rewritten to name your own git directory would have git there commit on
+        your branch with your index. Its filter drivers are listed there: a worktree reads
+        config of its own (config.worktree, includeIf on its folder or branch)."""
+        mine = self.git_dir()
+        common = os.path.realpath(os.path.join(mine, _read_small(os.path.join(mine, "commondir"))
+                                               or "."))
         git = Git(path, self.timeout)
-        git._config_seen = seen = self._config_seen
-        top = git.run("rev-parse", "--show-toplevel", "--absolute-git-dir", check=False)
+        top = git.run("rev-parse", "--show-toplevel", "--absolute-git-dir", "--git-common-dir",
+                      check=False)
         lines = top.stdout.splitlines()
-        if not top.ok or len(lines) != 2 or os.path.realpath(lines[0]) != os.path.realpath(path):
+        if not top.ok or len(lines) != 3 or os.path.realpath(lines[0]) != os.path.realpath(path) \
+                or os.path.dirname(os.path.realpath(lines[1])) != os.path.join(common, "worktrees") \
+                or os.path.realpath(os.path.join(path, lines[2])) != common:
             raise BridgeError("%s exists but is no worktree of this repository; remove it or "
                               "rename the task" % path, EXIT_FAILED)
         git._git_dir = lines[1]
-        own = (os.path.join(path, ".git"), os.path.join(lines[1], "config.worktree"),
-               os.path.join(lines[1], "commondir"))
-        git._config_seen = (seen[0] + own, seen[1] + self._contents(own), seen[2])
         return git, lines[1]
+
+    def remove_worktree(self, git):
+        """`git worktree remove` of the worktree `git` (from worktree()) works in. git checks
+        first that it holds no changes with a `git status` there, which reads that worktree's
+        config: its filter drivers are pinned off too. A worktree holding changes stays."""
+        return self.run(*git.filter_config(), "worktree", "remove", git.root, check=False)
 
     def worktree_diff(self, base, exclude=(), *diff_args):
         """`git diff --cached BASE` of the whole work tree through a throwaway index.
@@ -3628,7 +3637,8 @@ class Fingerprint:
         self.git_paths = [os.path.join(common, "config"), os.path.join(git_dir, "config.worktree"),
                           os.path.join(common, "hooks"), os.path.join(common, "info")]
         work = work or handoff.root
-        if work != handoff.root:  # a worktree: what ties it to its git directory
+        self.work = work if work != handoff.root else None
+        if self.work:  # a worktree: what ties it to its git directory
             self.git_paths += [os.path.join(work, ".git"), os.path.join(git_dir, "commondir"),
                                os.path.join(git_dir, "gitdir")]
         self.others = others  # ids of tasks running alongside: the watcher writes their files
@@ -3663,15 +3673,21 @@ class Fingerprint:
 
     def signatures(self):
         import stat
-        found, folders = {}, []
-        for path in self.git_paths + [self.handoff.base]:
+        found, folders, replaced = {}, [], ()
+        # a worktree's folder itself (not what is in it: the agent's work); once it is a link
+        # nothing is read through it (WORKTREE/.git would be your checkout's .git)
+        for path in ([self.work] if self.work else []) + self.git_paths + [self.handoff.base]:
+            if path.startswith(replaced):
+                continue
             try:
                 st = os.lstat(path)
             except OSError as exc:
                 if not isinstance(exc, FileNotFoundError):
                     found[path] = ("error", exc.errno)
                 continue
-            if stat.S_ISDIR(st.st_mode):
+            if path == self.work:
+                replaced = () if stat.S_ISDIR(st.st_mode) else (path + os.sep,)
+            elif stat.S_ISDIR(st.st_mode):
                 folders.append(path)
             found[path] = self._signature(st)
         while folders:  # one scandir per folder, one lstat per entry
@@ -3722,7 +3738,11 @@ class Fingerprint:
         changed += [(path, "changed") for path, sig in now.items()
                     if path in self.before and self.before[path] != sig
                     and not (sig[0] == "dir" == self.before[path][0])]
-        return sorted(item for item in changed if not self.of_others(item[0]))
+        # a folder that became something else: what was in it is not looked at (nor restored
+        # through a link)
+        replaced = tuple(path + os.sep for path, change in changed if change == "changed")
+        return sorted(item for item in changed
+                      if not self.of_others(item[0]) and not item[0].startswith(replaced))
 
     def of_others(self, path):
         """True for a file under .ai-handoff/ of a task running alongside (its result,
@@ -4241,11 +4261,14 @@ class Watcher:
                 self.say("kept the worktree %s: %s" % (os.path.join(self.worktrees, task_id), why))
                 continue
             path = os.path.join(self.worktrees, task_id)
-            with self.git_lock:
-                gone = self.repo_git.run("worktree", "remove", path, check=False)
-            self.say("removed the worktree %s (its task succeeded)" % path if gone.ok else
-                     "kept the worktree %s: git cannot remove it: %s" % (
-                         path, gone.stderr.strip()[-300:]))
+            try:
+                with self.git_lock:
+                    gone = self.repo_git.remove_worktree(self.repo_git.worktree(path)[0])
+                why = None if gone.ok else "git cannot remove it: " + gone.stderr.strip()[-300:]
+            except BridgeError as exc:
+                why = exc.message
+            self.say("kept the worktree %s: %s" % (path, why) if why else
+                     "removed the worktree %s (its task succeeded)" % path)
 
     def sweep_task(self, running, name):
         """Recover one task file left in running/ (see sweep)."""
@@ -5149,7 +5172,7 @@ class Watcher:
         if not git_state.get("worktree") or not (run and run.owned) or git_state["worktree_kept"]:
             return
         with self.git_lock:
-            gone = self.repo_git.run("worktree", "remove", git_state["worktree"], check=False)
+            gone = self.repo_git.remove_worktree(run.git)
             if gone.ok and result.get("executor") is None and git_state.get("branch_created"):
                 self.repo_git.run("branch", "-d", git_state["branch"], check=False)
         run.owned = False
@@ -5457,12 +5480,17 @@ def remove_worktrees(root, config):
             try:
                 if place:
                     raise BridgeError("its task is in %s/" % place)
-                git = repo.worktree(path)[0]
+                git, branch = repo.worktree(path)[0], "feat/ai/" + task_id
+                if git.current_branch() != branch:  # else the commit would land on another branch
+                    raise BridgeError("it is not on %s; look at it yourself" % branch)
                 wip = git.commit_all("WIP(bridge): %s worktree removed by unlock --worktrees - "
                                      "NOT verified\n" % task_id)
-                repo.run("worktree", "remove", path)
+                gone = repo.remove_worktree(git)
+                if not gone.ok:
+                    raise BridgeError("git cannot remove it: %s%s" % (gone.stderr.strip()[-300:], (
+                        "; what it held is WIP commit %s on %s" % (wip, branch)) if wip else ""))
                 lines.append("removed the worktree %s%s" % (path, "; what it held is WIP commit %s "
-                             "on %s" % (wip, git.current_branch() or "its branch") if wip else ""))
+                             "on %s" % (wip, branch) if wip else ""))
             except BridgeError as exc:
                 lines.append("kept the worktree %s: %s" % (path, exc.message))
     finally:

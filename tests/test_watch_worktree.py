@@ -323,3 +323,94 @@ def test_sigkill_at_each_worktree_step_then_restart(git_repo, tmp_path, step):
     assert worktrees(queue) == []
     assert git(queue.repo, "show", "feat/ai/k:k.txt") == "k\n"
     assert_user_checkout_untouched(queue)
+
+
+def test_unlock_worktrees_leaves_a_worktree_whose_git_link_points_at_your_repository(git_repo, tmp_path):
+    """A kept worktree whose .git file was rewritten later (by an agent running in another
+    worktree, or a process it left) to name your own git directory: git there works on your
+    index and your branch. unlock --worktrees must neither commit it nor touch your index."""
+    queue = worktree_queue(git_repo, tmp_path)
+    git(queue.repo, "add", "mine.txt")  # something staged of yours
+    queue.user_status = git(queue.repo, "status", "--porcelain", "--untracked-files=all")
+    queue.put(queue.task("w7", agent={"write": {"half.txt": "half\n"}}, commands_to_run=["false"]))
+    assert queue.watch().returncode == 1
+    path = queue.repo / ".git" / "bridge-worktrees" / "w7"
+    (path / ".git").write_text("gitdir: %s\n" % (queue.repo / ".git"))
+    out = queue.bridge("unlock", "--worktrees")
+    assert "kept the worktree %s" % path in out.stdout, out.stdout + out.stderr
+    assert_user_checkout_untouched(queue)
+    assert (path / "half.txt").read_text() == "half\n"
+    # pointing it at another task's worktree is refused too: it is not on its own branch
+    queue.put(queue.task("w8", agent={"write": {"other.txt": "other\n"}}, commands_to_run=["false"]))
+    assert queue.watch().returncode == 1
+    other = queue.repo / ".git" / "bridge-worktrees" / "w8"
+    (path / ".git").write_text((other / ".git").read_text())
+    before = head(queue.repo, "feat/ai/w8")
+    out = queue.bridge("unlock", "--worktrees")
+    assert "kept the worktree %s" % path in out.stdout, out.stdout + out.stderr
+    assert git(queue.repo, "show", "feat/ai/w8:other.txt") == "other\n"
+    assert git(queue.repo, "ls-tree", "-r", "--name-only", "feat/ai/w8").count("half.txt") == 0
+    assert_user_checkout_untouched(queue)
+
+
+def plant_worktree_filter(queue, task_id, marks):
+    """What an agent of another task can write into a worktree it does not run in, when you
+    use per-worktree config (extensions.worktreeConfig, set by `git sparse-checkout`): a
+    filter driver in that worktree's config.worktree and a .gitattributes naming it."""
+    path = queue.repo / ".git" / "bridge-worktrees" / task_id
+    admin = git(path, "rev-parse", "--absolute-git-dir").strip()
+    with open(os.path.join(admin, "config.worktree"), "a") as handle:
+        handle.write("[filter \"evil\"]\n\tclean = \"sh -c 'echo ran >> %s; cat'\"\n" % marks)
+    (path / ".gitattributes").write_text("* filter=evil\n")
+    return path
+
+
+def test_unlock_worktrees_runs_no_filter_from_the_worktrees_own_config(git_repo, tmp_path):
+    marks = tmp_path / "ran"
+    git(git_repo, "config", "extensions.worktreeConfig", "true")
+    queue = worktree_queue(git_repo, tmp_path)
+    queue.put(queue.task("w9", agent={"write": {"half.txt": "half\n"}}, commands_to_run=["false"]))
+    assert queue.watch().returncode == 1
+    path = plant_worktree_filter(queue, "w9", marks)
+    out = queue.bridge("unlock", "--worktrees")
+    assert not marks.exists(), out.stdout + out.stderr
+    assert git(queue.repo, "show", "feat/ai/w9:half.txt") == "half\n"
+    assert not path.exists() and out.returncode == 0, out.stdout + out.stderr
+
+
+def test_the_startup_sweep_runs_no_filter_from_a_left_worktrees_config(git_repo, tmp_path):
+    """git worktree remove checks the worktree is clean with a git status in it, which reads
+    that worktree's config: its filter drivers are pinned off too."""
+    marks = tmp_path / "ran"
+    git(git_repo, "config", "extensions.worktreeConfig", "true")
+    queue = worktree_queue(git_repo, tmp_path)
+    queue.put(queue.task("w10"))
+    assert queue.watch().returncode == 0
+    path = queue.repo / ".git" / "bridge-worktrees" / "w10"  # as a SIGKILL after the result leaves it
+    git(queue.repo, "worktree", "add", "-q", str(path), "feat/ai/w10")
+    plant_worktree_filter(queue, "w10", marks)
+    (path / "w10.txt").write_text("changed after the run\n")
+    out = queue.watch()
+    assert not marks.exists(), out.stderr
+    assert "kept the worktree %s: git cannot remove it" % path in out.stderr
+    assert (path / "w10.txt").read_text() == "changed after the run\n"
+
+
+def test_an_agent_replacing_its_worktree_by_a_link_to_your_checkout_moves_nothing_of_yours(
+        git_repo, tmp_path):
+    """The agent swaps its worktree folder for a symlink to your checkout: the tamper check
+    names it and restores nothing through the link (restoring WORKTREE/.git through it would
+    move your .git away and write a .git file in its place), and unlock leaves it."""
+    queue = worktree_queue(git_repo, tmp_path, executor={"command": [
+        "sh", "-c", 'd="$PWD"; cd ..; mv "$d" "$d.moved"; ln -s "%s" "$d"' % git_repo]})
+    queue.put(queue.task("w11"))
+    assert queue.watch().returncode == 1
+    r = queue.result("w11")
+    path = queue.repo / ".git" / "bridge-worktrees" / "w11"
+    assert r["reason"] == "agent_tampered", r
+    assert r["tampered"] == [".git/bridge-worktrees/w11 changed (not restorable)"], r["tampered"]
+    assert (queue.repo / ".git").is_dir() and os.path.islink(path)
+    assert_user_checkout_untouched(queue)
+    out = queue.bridge("unlock", "--worktrees")
+    assert "kept the worktree %s" % path in out.stdout, out.stdout + out.stderr
+    assert_user_checkout_untouched(queue)
