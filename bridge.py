@@ -13519,7 +13519,7 @@ def hooks_doctor(root, hosts, scope=None, runs=5):
                         problem = "wrote nothing to %s%s" % (events, " (%s)" % said if said else "")
                 elif not problem:
                     try:
-                        if not isinstance(json.loads(first.stdout), dict):
+                        if not isinstance(parse_json(first.stdout), dict):
                             raise ValueError("not an object")
                     except ValueError:
                         problem = "answered %s, not a JSON object" % printable(repr(first.stdout[:200]))

@@ -491,3 +491,14 @@ def test_install_never_writes_a_number_json_cannot_hold(project, home):
     out = hooks("install", "--host", "claude", cwd=project, home=home)
     assert out.returncode == 2 and str(settings_file) in out.stderr and "not changed" in out.stderr, out
     assert settings_file.read_text() == '{"cleanupPeriodDays": 1e400}'
+
+
+def test_doctor_names_a_check_answer_nested_too_deeply(project, home):
+    """scripts/bridge.py is in the agent's reach: an inbox check answering 200,000 `[` is a broken
+    hook (not a JSON object), not a crash of doctor in the JSON decoder's recursion."""
+    assert hooks("install", "--host", "claude", cwd=project, home=home).returncode == 0
+    (project / "scripts" / "bridge.py").write_text(
+        "import sys\ndef seam_main():\n    sys.stdout.write('[' * 200000)\n    return 0\n")
+    out = hooks("doctor", "--host", "claude", "--scope", "project", cwd=project, home=home)
+    assert out.returncode == 1 and "internal error" not in out.stderr, out.stderr
+    assert "inbox check (Stop): answered '[[[" in out.stdout and "not a JSON object" in out.stdout, out.stdout
