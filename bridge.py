@@ -3154,6 +3154,13 @@ def validate_task(task, stem=None):
     for name in ("bead_title", "prompt"):
         if isinstance(task.get(name), str) and not task[name].strip():
             errors.append("%s: must not be empty" % name)
+    for name in ("bead_title", "goal", "done_condition", "prompt", "scope", "constraints",
+                 "commands_to_run"):  # each reaches an argv: the agent's prompt, sh -c
+        value = task.get(name)
+        for index, item in enumerate(value if isinstance(value, list) else [value]):
+            if isinstance(item, str) and "\0" in item:
+                errors.append("%s%s: contains a NUL character, which no command line can carry"
+                              % (name, "[%d]" % index if isinstance(value, list) else ""))
     timeout = task.get("timeout_sec")
     if isinstance(timeout, int) and not isinstance(timeout, bool) and not 1 <= timeout <= 7 * 86400:
         errors.append("timeout_sec: must be between 1 and 604800, got %d" % timeout)

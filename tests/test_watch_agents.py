@@ -63,6 +63,20 @@ def test_an_unknown_executor_is_schema_invalid_naming_it(queue, tmp_path):
     assert queue.names("failed") == ["u1.json"] and out.returncode == 4
 
 
+def test_a_nul_character_the_agent_argv_cannot_carry_is_schema_invalid_naming_the_field(queue, tmp_path):
+    path = tmp_path / "z.json"
+    path.write_text(json.dumps(queue.task("z", prompt="do\u0000it", scope=["a", "b\u0000"])))
+    out = queue.bridge("submit", path)
+    assert out.returncode == 2, out.stderr
+    assert "prompt: contains a NUL character" in out.stderr and "scope[1]: contains" in out.stderr
+    queue.put(queue.task("z", commands_to_run=["true\u0000"]))
+    assert queue.watch().returncode == 4
+    result = queue.result("z")
+    assert result["reason"] == "schema_invalid", result["detail"]
+    assert result["errors"] == ["commands_to_run[0]: contains a NUL character, which no command "
+                                "line can carry"]
+
+
 def test_a_bad_executors_entry_or_notify_event_is_a_config_error(queue):
     queue.config["executors"] = {"claude": "claude -p"}
     queue.save_config()
