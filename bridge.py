@@ -8563,6 +8563,7 @@ PROXY_RESTART_TOOL = {"name": "bridge_restart_server", "inputSchema": {"type": "
 PROXY_ERROR_CODE = -32000             # the MCP SDKs' "connection closed": clients already know it
 PROXY_HIGH_WATER = 4 << 20            # stop reading a source while its destination holds this much
 PROXY_RATE_WINDOW = 5.0               # seconds the message rates in bridge:stats are taken over
+PROXY_RELOAD_PACE = 10                # seconds between reloads for files that change after each one
 class ProxyFloat(float):
     """A number written with a fraction or exponent, as parsed from a relayed line: as a JSON-RPC
     id it is never the same id as an integer (`1.0` is not `1`)."""
@@ -9167,7 +9168,7 @@ class Proxy:
         self.reload = None                              # the reload in flight: {files, gen, until, ...}
         self.reload_next = None                         # files changed while it was: the next reload
         self.reload_last = ([], 0.0, 0)                 # the last reload's files, when it ended, and how
-        self.server_writes = set()                      # often in a row; files found written by each start
+        self.reload_later = None                        # often in a row; (files, when): a paced reload
         self.tools = None                               # {name: input-schema hash}, last seen
         self.remember = PROXY_STATEFUL                  # client requests whose answers tried() reads
         self.restart_tool = cfg["doctor"]["restart_tool"]   # offer and serve bridge_restart_server
@@ -9569,7 +9570,7 @@ class Proxy:
         self.ctl.append(("reload", files, None))
         self.wake()
 
-    def start_reload(self, files):
+    def start_reload(self, files, pace=True):
         """Restart the Doctor as doctor:restart does (not a crash), but first give the requests
         it is working on close_grace_sec to finish, holding new client messages meanwhile. One
         reload at a time: a change during the grace joins it, a later one makes one more reload
@@ -9591,27 +9592,31 @@ class Proxy:
             else:
                 self.reload_next = sorted(set(self.reload_next or ()) | set(files))
             return
-        if self.written_by_server(files, now):
+        if pace and self.paced(files, now):
             return
+        if self.reload_later is not None:          # a paced reload goes with this one
+            files, self.reload_later = sorted(set(files) | set(self.reload_later[0])), None
         self.reload = {"files": files, "gen": self.gen, "at": now, "until": now + self.close_grace,
                        "before": self.tools, "tools": {}}
         self.emit("doctor:reloading", {"generation": self.gen, "file": files[0], "files": files[:20],
                                        "pending": len(self.pending), "graceSec": self.close_grace})
 
-    def written_by_server(self, files, now):
-        """True for a change the restarted server made itself, which would reload it again and
-        again (a log or database it writes as it starts): the same files changed right after each
-        of the last two reloads ended, or files found so before changed right after a reload."""
+    def paced(self, files, now):
+        """True when this reload waits (run() starts it): the same files changed right after each
+        of the last two reloads ended, as a file the server writes as it starts (a log, a database)
+        does, which would restart it for ever. Then reloads are PROXY_RELOAD_PACE apart: never a
+        save lost (a person saving as often cannot be told apart), but no longer a tight loop."""
         last, ended, repeats = self.reload_last
         soon = files != [PROXY_RESTART_TOOL["name"]] and now - ended <= self.watch.debounce + 2.0
         repeats = repeats + 1 if soon and files == last else 0
-        if repeats >= 2:
-            self.server_writes.update(files)
         self.reload_last = (files, ended, repeats)
-        if not (soon and self.server_writes.issuperset(files)):
+        if repeats < 2:
             return False
-        self.log("warn", "watch: %s changed right after a restart, as after each of the last ones: taken for "
-                 "the server's own writes, not reloaded (add it to doctor.watch_exclude)" % ", ".join(files[:5]))
+        self.reload_later = (sorted(set(files) | set(self.reload_later[0] if self.reload_later else ())),
+                             ended + PROXY_RELOAD_PACE)
+        self.log("warn", "watch: %s changed right after each of the last restarts (does the server write it? "
+                 "then add it to doctor.watch_exclude): this reload waits until %d s after the last" % (
+                     ", ".join(files[:5]), PROXY_RELOAD_PACE))
         return True
 
     def restart_call(self, mid):
@@ -10175,6 +10180,9 @@ class Proxy:
                         self.check_health(now)
                 if self.reload is not None and self.draining() and (not self.pending or now >= self.reload["until"]):
                     self.stop_child("reload", now=True)    # past the grace: the rest get an error
+                if self.reload_later is not None and now >= self.reload_later[1]:
+                    files, self.reload_later = self.reload_later[0], None
+                    self.start_reload(files, pace=False)
                 if self.shutting and (self.child is None or self.child.exit is not None):
                     break
                 child = self.child
@@ -10237,7 +10245,8 @@ class Proxy:
         """Fire due deadlines (close stdin, TERM, KILL, held-message timeouts); seconds to sleep."""
         child = self.child
         if not self.held and child is not None and child.exit is None and not child.stop_reason \
-                and child.fout is not None and self.reload is None:   # the usual state: only the exit check is due
+                and child.fout is not None and self.reload is None and self.reload_later is None:
+            # the usual state: only the exit check is due
             return max(0.0, min(now + 1.0, self.next_check) - now)
         import signal
         due = [now + 1.0]
@@ -10258,6 +10267,8 @@ class Proxy:
                 due.append(self.reload["until"] if self.draining() else self.next_check)
         elif not self.stopped and not self.shutting:
             due.append(self.spawn_at)
+        if self.reload_later is not None:
+            due.append(self.reload_later[1])
         if self.held:
             oldest = next((t for _line, reqs, _method, t in self.held if reqs), now)
             if now - oldest >= self.hold_sec:
