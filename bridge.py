@@ -680,12 +680,15 @@ def open_lock(path, create=True):
     return _open_regular(os.fspath(path), os.O_RDWR | (os.O_CREAT if create else 0))
 
 
-def _start_ticks(pid):
-    """Field 22 of /proc/PID/stat: when the process started, in clock ticks since boot."""
+def _proc_stat(pid):
+    """The fields of /proc/PID/stat after the command name ([] when unreadable): [0] the
+    state (Z: exited, not reaped yet), [19] when it started, in clock ticks since boot."""
     stat = _read_small("/proc/%d/stat" % pid)
-    if not stat or ")" not in stat:
-        return None
-    fields = stat.rsplit(")", 1)[1].split()
+    return stat.rsplit(")", 1)[1].split() if stat and ")" in stat else []
+
+
+def _start_ticks(pid):
+    fields = _proc_stat(pid)
     return fields[19] if len(fields) > 19 else None
 
 
@@ -725,7 +728,10 @@ def holder_is_dead(meta):
         pass  # alive, owned by someone else
     except OSError:
         return False
-    ticks = _start_ticks(pid)
+    fields = _proc_stat(pid)
+    if fields[:1] == ["Z"]:  # killed, its parent has not reaped it yet: it runs nothing
+        return True
+    ticks = fields[19] if len(fields) > 19 else None
     return bool(meta.get("start_ticks") and ticks and ticks != meta["start_ticks"])
 
 

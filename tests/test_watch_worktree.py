@@ -414,3 +414,21 @@ def test_an_agent_replacing_its_worktree_by_a_link_to_your_checkout_moves_nothin
     out = queue.bridge("unlock", "--worktrees")
     assert "kept the worktree %s" % path in out.stdout, out.stdout + out.stderr
     assert_user_checkout_untouched(queue)
+
+
+def test_a_restart_while_the_killed_watcher_is_still_a_zombie_recovers_its_tasks(git_repo, tmp_path):
+    """Right after a SIGKILL the dead watcher stays a zombie until its parent reaps it (a
+    shell that is busy, a container's init that reaps late): it runs nothing and holds no
+    lock, so its tasks are recovered at once, not left for two hours as 'not provably stale'."""
+    queue = worktree_queue(git_repo, tmp_path, workers=3)
+    watcher, pids = start_three(queue, tmp_path, sleep=60, sleep_attempts=[1])
+    watcher.send_signal(signal.SIGKILL)
+    stat = "/proc/%d/stat" % watcher.pid
+    assert wait_for(lambda: open(stat).read().rsplit(")", 1)[1].split()[0] == "Z", 10)
+    out = queue.watch(timeout=120)  # not reaped yet: the test process is its parent
+    assert out.returncode == 0 and "not provably stale" not in out.stderr, out.stderr
+    assert watcher.wait(10) == -signal.SIGKILL
+    for n in (1, 2, 3):
+        assert queue.result("s%d" % n)["status"] == "success"
+    assert worktrees(queue) == [] and queue.names("running") == []
+    assert_user_checkout_untouched(queue)
