@@ -9756,8 +9756,10 @@ class Proxy:
         self.held.clear()
         self.held.extend(keep)
         self.held_bytes = sum(len(item[0]) for item in keep)
-        if older_than is None:
+        if older_than is None:                     # no server will follow: nor end the reload
             self.end_listens(reason)
+            for mid in self.reload.pop("callers", ()) if self.reload else ():
+                self.reply_error(mid, reason, "tools/call")
 
     def end_listens(self, reason, exit=None):
         """Answer the client's open subscriptions/listen requests with the error reply when no

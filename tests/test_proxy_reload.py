@@ -436,3 +436,32 @@ def test_a_tool_list_whose_pages_never_end_does_not_keep_the_reload_asking(tmp_p
         assert s.reply()["id"] == mid
     finally:
         s.close()
+
+
+@pytest.mark.parametrize("end", ["doctor:kill", "stdin EOF"])
+def test_a_restart_tool_call_is_answered_when_its_reload_cannot_end(tmp_path, end):
+    """bridge_restart_server is answered when the new server has listed its tools; if no server
+    will (doctor:kill, shutdown) before that, the call gets the error reply like any request."""
+    folder = server_copy(tmp_path)
+    text = (folder / "server.py").read_text()
+    (folder / "server.py").write_text(text.replace("if mid is None:  ", "if mid is None or method == 'tools/list':  "))
+    s = Session(tmp_path, command=[PYTHON, str(folder / "server.py"), "--log", str(tmp_path / "server.jsonl")],
+                harness=True, config=dict(FAST, doctor={"restart_tool": True}))
+    try:
+        s.initialize()
+        mid = s.call("bridge_restart_server")
+        s.wait_event("doctor:ready", count=2)               # its tools/list goes unanswered
+        if end == "doctor:kill":
+            s.ctl("doctor:kill")
+        else:
+            s.proc.stdin.close()
+        got = s.reply()
+        assert got["id"] == mid and got["error"]["data"]["reason"] == ("kill" if end == "doctor:kill" else
+                                                                        "shutdown"), got
+        if end == "doctor:kill":
+            s.ctl("doctor:restart")
+            s.wait_event("doctor:ready", count=3)
+            ping = s.request("ping")
+            assert s.reply()["id"] == ping                  # the call is not answered a second time
+    finally:
+        s.close()
