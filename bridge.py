@@ -3117,6 +3117,12 @@ def validate_task(task, stem=None):
     if deep:
         return ["%s: nested deeper than %d levels" % (deep[:200], TASK_MAX_DEPTH)]
     errors = []
+    for name, value in task.items():  # JSON's "\ud800" alone: no UTF-8 form, nothing could record it
+        try:
+            json.dumps({name: value}, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError:
+            return ["%s: holds a lone surrogate (a \\ud800-\\udfff escape with no pair), which is not "
+                    "text" % printable(name)]
     for name, (kind, required, _default) in TASK_FIELDS.items():
         if name not in task:
             if required:
@@ -4566,7 +4572,9 @@ class Watcher:
         task_id = stem if re.fullmatch(TASK_ID_PATTERN, stem) else "invalid-%s" % random_hex()
         self.writes_for(task_id)
         target = move_no_clobber(path, self.handoff.dir("failed"), os.path.basename(path))
-        snapshot = exc.raw if isinstance(exc.raw, dict) else None
+        # a lone surrogate (refused) kept as "?": the result must be writable as UTF-8
+        snapshot = parse_json(json.dumps(exc.raw, ensure_ascii=False).encode("utf-8", "replace")) \
+            if isinstance(exc.raw, dict) else None
         result = self.new_result(snapshot, task_id)
         result.update(status="failed", exit_path="skipped", reason="schema_invalid",
                       detail="the task file was refused; moved to %s" % self.handoff.rel(target),

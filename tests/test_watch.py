@@ -977,6 +977,25 @@ def test_fifo_task_file_is_skipped_naming_it_not_a_hang(queue):
     assert queue.result("t1")["reason"] == "schema_invalid" and queue.result("t2")["status"] == "success"
 
 
+def test_a_lone_surrogate_in_a_task_is_schema_invalid_with_a_result(queue, tmp_path):
+    """JSON's "\\ud800" alone is valid JSON with no UTF-8 form: such a task failed as internal_error
+    and its result could not be written (nor could submit queue it: an internal error). It is
+    schema_invalid naming the field, with a result, and the next task still runs."""
+    task = queue.task("s1")
+    path = queue.put(task)
+    path.write_text(json.dumps(task)[:-1] + ', "goal": "g\\ud800"}')
+    queue.put(queue.task("s2"))
+    out = queue.watch(timeout=60)
+    assert out.returncode == 4, out.stderr
+    result = queue.result("s1")
+    assert result["reason"] == "schema_invalid" and "goal: holds a lone surrogate" in result["errors"][0], result
+    assert queue.result("s2")["status"] == "success"
+    planned = tmp_path / "s3.json"
+    planned.write_text(json.dumps(queue.task("s3"))[:-1] + ', "goal": "g\\udc00"}')
+    out = queue.bridge("submit", str(planned))
+    assert out.returncode == 2 and "goal" in out.stderr and "internal error" not in out.stderr, out.stderr
+
+
 @pytest.mark.parametrize("kind", ["fifo", "symlink"])
 def test_a_planted_worker_lock_stops_the_watcher_naming_it(queue, tmp_path, kind):
     """A FIFO or a symlink as locks/__worker__.lock: the watcher exits 2 naming it before any
