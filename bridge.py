@@ -1035,8 +1035,10 @@ CONFIG_KEYS = (
     ("proxy.start_timeout_sec", 60.0, float, (0, None)),       # 0: off
     # proxy --watch: restart the Doctor when one of these files or folders changes
     ("doctor.watch", [], list, None),
-    ("doctor.watch_exclude", [".git", "__pycache__", "node_modules", "*.pyc", "*.swp", "*.swx", "*~",
-                              ".#*", "4913"], list, None),      # 4913: vim's write test file
+    # what tools write while the server is developed (a test run, a type check, pip), not its code
+    ("doctor.watch_exclude", [".git", "__pycache__", "node_modules", ".venv", "*.pyc", ".pytest_cache",
+                              ".mypy_cache", ".ruff_cache", ".tox", "*.swp", "*.swx", "*~", ".#*", "4913"],
+     list, None),                                               # 4913: vim's write test file
     ("doctor.watch_debounce_ms", 300.0, float, (0, None)),
     ("doctor.restart_tool", False, bool, None),                # offer bridge_restart_server
     # changes

@@ -101,6 +101,7 @@ def test_excluded_files_do_not_reload(tmp_path):
     folder = server_copy(tmp_path)
     (folder / "__pycache__").mkdir()
     (folder / ".git").mkdir()
+    (folder / ".venv").mkdir()
     (folder / "notes.txt").write_text("watched\n")
     s = start(tmp_path, folder)
     try:
@@ -108,6 +109,9 @@ def test_excluded_files_do_not_reload(tmp_path):
         # change has seen these too, so they would be in that reload (or one before it)
         (folder / "__pycache__" / "server.cpython-311.pyc").write_bytes(b"\0" * 10)
         (folder / ".git" / "HEAD").write_text("ref: refs/heads/x\n")
+        (folder / ".pytest_cache").mkdir()                  # the server's own tests run meanwhile
+        (folder / ".pytest_cache" / "lastfailed").write_text("{}")
+        (folder / ".venv" / "pkg.py").write_text("installed")
         (folder / "server.py.swp").write_bytes(b"swap")
         (folder / "server.py~").write_text("backup")
         (folder / ".#server.py").write_text("lock")
