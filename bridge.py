@@ -2769,6 +2769,7 @@ class Git:
         listed = run_command(self._base() + ["config", "-z", "--show-origin", "--list"],
                              cwd=self.root, env=self.env, timeout=self.timeout)
         drivers, origins, records = set(), [], listed.stdout.split("\0")
+        conditional = False  # an includeIf: what another work tree reads may differ (worktree())
         for origin, entry in zip(records[0::2], records[1::2]):
             key, _, value = entry.partition("\n")
             origin = os.path.join(self.root, origin[5:]) if origin.startswith("file:") else None
@@ -2776,6 +2777,7 @@ class Git:
             if low.startswith("filter.") and low.count(".") >= 2:
                 drivers.add(key[7:key.rindex(".")])
             elif low.endswith(".path") and low.startswith(("include.", "includeif.")) and origin:
+                conditional = conditional or low.startswith("includeif.")
                 # an include (conditional or not) is watched even while it is not in effect;
                 # one on the branch makes HEAD part of the config
                 origins.append(os.path.join(os.path.dirname(origin), os.path.expanduser(value)))
@@ -2793,7 +2795,7 @@ class Git:
             for key in ("clean=", "smudge=", "process=", "required=false"):
                 args += ["-c", "filter.%s.%s" % (driver, key)]
         files = self._config_files(origins)
-        self._config_seen = (files, self._contents(files), args)
+        self._config_seen = (files, self._contents(files), args, conditional)
         return args
 
     def config_files(self):
@@ -2838,12 +2840,15 @@ class Git:
         top of a work tree of this repository: its git directory one of this repository's
         worktrees/ and its common directory this one's (else a BridgeError). A `.git` file or
         `commondir` rewritten to name your own git directory would have git there commit on
-        your branch with your index. Its filter drivers are listed there: a worktree reads
-        config of its own (config.worktree, includeIf on its folder or branch)."""
+        your branch with your index. It keeps this Git's list of filter drivers (one `git
+        config` call less per task) unless the worktree reads config of its own
+        (config.worktree; an includeIf, whose condition may hold there and not here)."""
         mine = self.git_dir()
         common = os.path.realpath(os.path.join(mine, _read_small(os.path.join(mine, "commondir"))
                                                or "."))
-        git = Git(path, self.timeout)
+        self.filter_config()
+        git, seen = Git(path, self.timeout), self._config_seen
+        git._config_seen = seen  # rev-parse runs no filter
         top = git.run("rev-parse", "--show-toplevel", "--absolute-git-dir", "--git-common-dir",
                       check=False)
         lines = top.stdout.splitlines()
@@ -2853,6 +2858,11 @@ class Git:
             raise BridgeError("%s exists but is no worktree of this repository; remove it or "
                               "rename the task" % path, EXIT_FAILED)
         git._git_dir = lines[1]
+        # the same config files, stat-checked on every call as ever, plus its own
+        own = (os.path.join(path, ".git"), os.path.join(lines[1], "config.worktree"),
+               os.path.join(lines[1], "commondir"))
+        git._config_seen = None if seen[3] or os.path.lexists(own[1]) else (
+            seen[0] + own, seen[1] + self._contents(own), seen[2], False)
         return git, lines[1]
 
     def remove_worktree(self, git):

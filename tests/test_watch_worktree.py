@@ -432,3 +432,23 @@ def test_a_restart_while_the_killed_watcher_is_still_a_zombie_recovers_its_tasks
         assert queue.result("s%d" % n)["status"] == "success"
     assert worktrees(queue) == [] and queue.names("running") == []
     assert_user_checkout_untouched(queue)
+
+
+@pytest.mark.parametrize("condition", ["gitdir:**/.git/worktrees/**", "onbranch:feat/ai/**"])
+def test_a_filter_your_config_includes_only_in_task_worktrees_does_not_run(git_repo, tmp_path,
+                                                                           condition):
+    """Config included on a condition that holds in a task worktree (its folder, its branch)
+    but not in your checkout: its filter drivers are pinned off there too."""
+    marks = tmp_path / "ran"
+    included = tmp_path / "worktrees.gitconfig"
+    included.write_text("[filter \"evil\"]\n\tclean = \"sh -c 'echo ran >> %s; cat'\"\n" % marks)
+    git(git_repo, "config", "includeIf.%s.path" % condition, str(included))
+    (git_repo / ".gitattributes").write_text("*.txt filter=evil\n")
+    git(git_repo, "add", ".gitattributes")
+    git(git_repo, "commit", "-q", "-m", "attributes")
+    queue = worktree_queue(git_repo, tmp_path)
+    queue.put(queue.task("w12", agent={"write": {"w12.txt": "hello\n"}}))
+    out = queue.watch()
+    assert out.returncode == 0, out.stderr
+    assert not marks.exists()
+    assert git(queue.repo, "show", "feat/ai/w12:w12.txt") == "hello\n"
