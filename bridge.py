@@ -3264,15 +3264,27 @@ def list_task_files(directory):
     return sorted(name for name in names if name.endswith(".json") and not name.startswith("."))
 
 
-def skipped_task_files(directory):
-    """[{name, reason}] for what sits in tasks/ but is never run (reported by `status`)."""
+def skipped_task_files(handoff):
+    """[{name, reason}] for what sits in tasks/ but is never run (reported by `status`): a
+    dot file, a file not named *.json, a copy of a task that already has its result."""
     try:
-        names = sorted(os.listdir(directory))
+        names = sorted(os.listdir(handoff.dir("tasks")))
     except FileNotFoundError:
         return []
-    return [{"name": name, "reason": "a dot file: a writer's temporary file, never run"
-             if name.startswith(".") else "not a .json file, never run"}
-            for name in names if not (name.endswith(".json") and not name.startswith("."))]
+    skipped = []
+    for name in names:
+        reason = "a dot file: a writer's temporary file, never run" if name.startswith(".") \
+            else None if name.endswith(".json") else "not a .json file, never run"
+        try:
+            if reason is None and duplicate_of(handoff, read_task_file(
+                    handoff.path("tasks", name), fresh_sec=0)) is not None:
+                reason = "already has a result for its attempt: never run again (`submit " \
+                    "--retry` queues the next attempt)"
+        except (TaskFileError, BridgeError):
+            pass  # refused when its turn comes
+        if reason:
+            skipped.append({"name": name, "reason": reason})
+    return skipped
 
 
 def build_prompt(task, retry=None):
@@ -5478,7 +5490,7 @@ def queue_status(root, recent=5, config=None):
     return {"queued": counts["tasks"], "running": counts["running"], "pending": counts["pending"],
             "failed": counts["failed"], "results": by_status, "worker": worker,
             "recent_failures": failures[:recent], "waiting": waiting_tasks(handoff),
-            "skipped_in_tasks": skipped_task_files(handoff.dir("tasks")),
+            "skipped_in_tasks": skipped_task_files(handoff),
             "worktrees": [{"id": task_id, "path": path, "why": worktree_state(handoff, task_id)
                            or "nothing needs it (the next watcher start removes it)"}
                           for task_id, path in task_worktrees(root, config)]}

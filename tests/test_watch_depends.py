@@ -372,6 +372,10 @@ def test_a_dependency_queued_again_after_its_result_holds_nothing(queue):
     assert queue.result("b")["status"] == "success", queue.result("b")["detail"]
     assert queue.result("c")["detail"] == "dependency f ended failed (verify_failed)"
     assert queue.names("tasks") == ["a.json", "f.json"]  # skipped, as before
+    report = status(queue)  # and `status` says so, instead of counting them as queued work
+    assert {item["name"]: item["reason"] for item in report["skipped_in_tasks"]} == dict.fromkeys(
+        ["a.json", "f.json"], "already has a result for its attempt: never run again (`submit "
+        "--retry` queues the next attempt)")
 
 
 COUNT_OPENS = """import atexit, os, runpy, sys
