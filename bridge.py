@@ -3275,9 +3275,9 @@ def skipped_task_files(handoff):
     for name in names:
         reason = "a dot file: a writer's temporary file, never run" if name.startswith(".") \
             else None if name.endswith(".json") else "not a .json file, never run"
-        try:
-            if reason is None and duplicate_of(handoff, read_task_file(
-                    handoff.path("tasks", name), fresh_sec=0)) is not None:
+        try:  # a copy is read only when its id has a result
+            if reason is None and os.path.exists(handoff.path("results", name)) and duplicate_of(
+                    handoff, read_task_file(handoff.path("tasks", name), fresh_sec=0)) is not None:
                 reason = "already has a result for its attempt: never run again (`submit " \
                     "--retry` queues the next attempt)"
         except (TaskFileError, BridgeError):
