@@ -3794,8 +3794,13 @@ class Fingerprint:
             return False
         parts = os.path.relpath(path, self.handoff.base).split(os.sep)
         name = parts[1].lstrip(".") if len(parts) > 1 else ""
-        return any(name == other or name.startswith((other + ".", other + "_"))
+        # only the names the watcher gives them (and their temporary ones): task a_b's
+        # result is no file of task a's
+        return any(name == other or re.match(re.escape(other) + self.OWN_NAMES, name)
                    for other in self.others)
+
+    OWN_NAMES = r"(\.json|\.log|\.lock|\.bead|\.prompt\.md|\.results\.jsonl|\.result-unreadable" \
+        r"|\.tampered|_pre\.patch|_post\.patch)(\.|$)"
 
     def restore(self, changes):
         """Undo what can be undone; one line per change saying what was done."""

@@ -452,3 +452,22 @@ def test_a_filter_your_config_includes_only_in_task_worktrees_does_not_run(git_r
     assert out.returncode == 0, out.stderr
     assert not marks.exists()
     assert git(queue.repo, "show", "feat/ai/w12:w12.txt") == "hello\n"
+
+
+def test_a_forged_result_of_a_task_whose_id_extends_a_running_ones_is_tampering(git_repo, tmp_path):
+    """With workers > 1 a task's check looks away from the files the watcher writes for the
+    tasks running alongside (task a: a.json, a.log, a_pre.patch...), and only those: the
+    result of task a_b, finished earlier, is no file of a's, and an agent forging it is caught."""
+    queue = worktree_queue(git_repo, tmp_path, workers=2)
+    queue.put(queue.task("a_b"))
+    assert queue.watch().returncode == 0
+    forged = queue.handoff / "results" / "a_b.json"
+    barrier = tmp_path / "barrier"
+    queue.put(queue.task("a", agent={"barrier": [str(barrier), 2, 60]}))
+    queue.put(queue.task("x", agent={"barrier": [str(barrier), 2, 60],
+                                     "write": {str(forged): '{"status": "success"}\n'}}))
+    out = queue.watch(timeout=120)
+    r = queue.result("x")
+    assert r["reason"] == "agent_tampered", (r["reason"], out.stderr)
+    assert any("results/a_b.json changed" in t for t in r["tampered"]), r["tampered"]
+    assert not forged.exists()  # moved aside: a forged result never stands
