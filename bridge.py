@@ -4680,7 +4680,8 @@ class Watcher:
         info = os.lstat(path)
         with self.beat_lock:  # task threads write results at once
             self.wrote[path] = (info.st_ino, info.st_ctime_ns)
-            self.counts[result.get("exit_path")] = self.counts.get(result.get("exit_path"), 0) + 1
+            key = result.get("exit_path") if final else "requeued"  # the done: line
+            self.counts[key] = self.counts.get(key, 0) + 1
             self.outcomes[task_id] = result.get("exit_path")
             if final:  # settle tells queue_stopped what we wrote, not what the file holds then
                 self.ended[task_id] = (result.get("reason"), data)

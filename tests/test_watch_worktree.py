@@ -194,6 +194,7 @@ def test_sigterm_stops_every_running_task_and_requeues_it(git_repo, tmp_path):
     watcher, pids = start_three(queue, tmp_path, sleep=60)
     watcher.send_signal(signal.SIGTERM)
     assert watcher.wait(30) == 128 + signal.SIGTERM
+    assert "done: requeued 3" in watcher.stderr.read()  # not "failed 3": each runs again
     assert queue.names("tasks") == ["s1.json", "s2.json", "s3.json"] and queue.names("running") == []
     for n in (1, 2, 3):
         assert [h["reason"] for h in queue.history("s%d" % n)] == ["interrupted"]
