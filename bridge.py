@@ -11,7 +11,8 @@ Subcommands
         The Bridge Protocol task queue in `.ai-handoff/`: a planner drops task JSON
         files, the watcher locks, validates, gates, branches, runs the editing agent,
         verifies, audits, redacts and always writes a result.
-  egress emit, inbox drain|ack|commit|check, initiate, alert, feed, wake
+  egress emit, inbox drain|ack|commit|check, initiate, alert, feed, wake,
+  hooks install|uninstall|doctor
         The `_bridge/` seam: agents' hooks report activity to a captain's Bridge UI
         and the captain's intent reaches the agents, through JSONL files.
   relay down|up
@@ -35,8 +36,8 @@ for its dependencies) and
 stderr; set BRIDGE_DEBUG=1 to get a traceback instead.
 
 Configuration: defaults < ROOT/bridge.config.json (or --config FILE) < environment
-variables < command-line flags. Every key is listed in CONFIG_DEFAULTS below and
-documented in bridge.config.example.json.
+variables < command-line flags. Every key is listed in CONFIG_KEYS below (default,
+type, range) and in bridge.config.example.json.
 
 Table of contents
 -----------------
@@ -13859,7 +13860,7 @@ def build_parser():
             "release a task waiting in pending/ so the next watcher run executes it",
             "python3 scripts/bridge.py approve 2026-11-22_01_add-greeting",
             spec("id", help="the task id")),
-        spec("unlock", cmd_unlock, "clear the worker lock when it is provably stale (or --force)",
+        spec("unlock", cmd_unlock, "clear a provably stale worker lock (or --force), or kept task worktrees",
             "python3 scripts/bridge.py unlock\npython3 scripts/bridge.py unlock --worktrees",
             spec("--force", action="store_true",
                 help="clear it even when its holder may still run (dangerous)"),

@@ -296,6 +296,48 @@ def test_example_config_documents_every_key():
     assert keys(bridge.CONFIG_DEFAULTS) == keys(example)
 
 
+def test_readme_documents_every_config_key_and_no_other():
+    """Each CONFIG_KEYS key is named in README.md: in full (`notify.timeout_sec`), as `.rest`
+    after a key of its section in a table row, or in a section's prose `(`relay` in
+    `bridge.config.json`): `queue_file`, ...`; and a configuration table names no key that
+    is gone (a removed key left in a table is a setting the user sets for nothing)."""
+    import re
+    readme = (BRIDGE.parent / "README.md").read_text()
+    keys = [key for key, _default, _kind, _limits in bridge.CONFIG_KEYS]
+    named = set(re.findall(r"`([\w.]+)`", readme))
+    for row in re.findall(r"^\| `(\w+)\.\w+`((?:, `\.\w+`)+)", readme, re.M):
+        named |= {row[0] + rest for rest in re.findall(r"`(\.\w+)`", row[1])}
+    for section, text in re.findall(r"\(`(\w+)` in `bridge\.config\.json`\): (.*?)\n\n", readme, re.S):
+        named |= {section + "." + name for name in re.findall(r"`([\w.]+)`", text)}
+    assert [key for key in keys if key not in named] == []
+    for table in re.findall(r"^\| key[^\n]*\n(?:\|[^\n]*\n)+", readme, re.M):
+        for row in table.splitlines()[2:]:
+            previous = ""
+            for name in re.findall(r"`([\w.]+)`", row.split("|")[1]):
+                name = previous.rsplit(".", 1)[0] + name if name.startswith(".") else name
+                previous = name
+                assert name in keys, row
+
+
+def test_command_lists_name_every_subcommand_and_readme_links_resolve():
+    """The README's command table and the module docstring list every subcommand `--help`
+    does, and every in-page link of the README names a heading (GitHub's anchors)."""
+    import re
+    readme = (BRIDGE.parent / "README.md").read_text()
+    commands = set(re.findall(r"^    (\w+)\s", run_bridge("--help").stdout, re.M))
+    table = readme.split("| command | what it does | spec |", 1)[1].split("\n\n", 1)[0]
+    in_table = {word for row in re.findall(r"^\| (.*?) \|", table, re.M)
+                for word in re.findall(r"`(\w+)", row)}
+    docstring = bridge.__doc__.split("Subcommands", 1)[1].split("Run `", 1)[0]
+    in_docstring = {word for line in re.findall(r"^  (\w.*)$", docstring, re.M)
+                    for word in re.findall(r"(?:^|, )(\w+)", line)}
+    assert sorted(commands - in_table) == [] and sorted(commands - in_docstring) == []
+    prose = re.sub(r"```.*?```", "", readme, flags=re.S)
+    anchors = {re.sub(r"[^\w\- ]", "", h.lower()).replace(" ", "-")
+               for h in re.findall(r"^#+ (.*)$", prose, re.M)}
+    assert sorted(set(re.findall(r"\]\(#([^)]+)\)", prose)) - anchors) == []
+
+
 def test_every_command_help_has_an_example():
     import re as _re
     listing = run_bridge("--help").stdout
