@@ -310,6 +310,12 @@ def test_readme_documents_every_config_key_and_no_other():
     for section, text in re.findall(r"\(`(\w+)` in `bridge\.config\.json`\): (.*?)\n\n", readme, re.S):
         named |= {section + "." + name for name in re.findall(r"`([\w.]+)`", text)}
     assert [key for key in keys if key not in named] == []
+    # the Configuration section states the floors every section shares: a key with one is named
+    section = readme.split("\n## Configuration\n", 1)[1].split("\n## ", 1)[0]
+    general = set(re.findall(r"`([\w.]+)`", section))
+    floors = (bridge.POLL_RANGE, bridge.TIMEOUT, (1, None))
+    assert [key for key, _d, _k, limits in bridge.CONFIG_KEYS
+            if limits in floors and key not in general] == []
     for table in re.findall(r"^\| key[^\n]*\n(?:\|[^\n]*\n)+", readme, re.M):
         for row in table.splitlines()[2:]:
             previous = ""
