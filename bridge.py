@@ -5074,12 +5074,14 @@ class Watcher:
         failing = next((c for c in last.get("commands") or [] if isinstance(c, dict)
                         and not c.get("skipped") and c.get("exit_code") != 0), None)
         ran = failing or (last.get("executor") if last.get("reason") != "interrupted" else None)
-        if isinstance(ran, dict):
+        if isinstance(ran, dict):  # how it ended: a run stopped or killed has no exit code
+            ended = ("timed out" if ran.get("timed_out") else "exit %s" % ran["exit_code"]
+                     if ran.get("exit_code") is not None else "killed by signal %s" % ran["signal"]
+                     if ran.get("signal") else clip(ran.get("error") or "no exit code", cap // 8))
             text += "\n%s. The end of its output:\n```\n" % (
-                "The failing verification command: `%s` (%s)" % (
-                    clip(failing.get("cmd"), cap // 8), "timed out" if failing.get("timed_out")
-                    else "exit %s" % failing.get("exit_code")) if failing
-                else "The editing agent's run (exit %s)" % ran.get("exit_code"))
+                "The failing verification command: `%s` (%s)" % (clip(failing.get("cmd"), cap // 8),
+                                                                 ended) if failing
+                else "The editing agent's run (%s)" % ended)
             output = self.redact("\n".join(str(ran.get(k) or "").strip()
                                            for k in ("stdout", "stderr")).strip())
             room = max(cap - len(text.encode()) - 4, 0)  # 4: the closing "\n```"

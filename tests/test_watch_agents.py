@@ -190,6 +190,20 @@ def test_the_retry_section_keeps_its_cap_with_a_long_command(queue, tmp_path, wo
     assert told.endswith("\n```") and len(told.encode()) <= 256, (len(told.encode()), told)
 
 
+def test_a_retry_after_an_agent_stopped_is_told_how_it_ended_not_exit_none(queue, tmp_path):
+    """An agent stopped for silence (or killed) has no exit code: its retry is told it was
+    killed by a signal, not `exit None`, a Python word that means nothing to an agent."""
+    queue.config.update(agent_idle_timeout_sec=0.5)
+    queue.save_config()
+    seen = tmp_path / "prompt.txt"
+    task = queue.task("ai", agent={"silent": 30, "save_prompt": str(seen)})
+    failed_twice(queue, tmp_path, task)
+    section = queue.result("ai")["retry_context"]
+    assert "Attempt 1 ended blocked (agent_idle)" in section, section
+    assert "The editing agent's run (killed by signal 15)" in section and "None" not in section
+    assert "shall I go on? [y/N]" in section and section in seen.read_text()
+
+
 def test_prompt_and_prompt_file_carry_the_same_retry_section(queue, tmp_path):
     record = tmp_path / "given.json"
     script = ("import json,sys; json.dump({'arg': sys.argv[1], 'file': open(sys.argv[2]).read()},"
