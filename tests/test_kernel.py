@@ -294,6 +294,11 @@ def test_example_config_documents_every_key():
         return found
 
     assert keys(bridge.CONFIG_DEFAULTS) == keys(example)
+    for key, default, _kind, _limits in bridge.CONFIG_KEYS:  # "the values shown are the defaults"
+        value = example
+        for part in key.split("."):
+            value = value[part]
+        assert value == default, key
 
 
 def test_readme_documents_every_config_key_and_no_other():
