@@ -13856,7 +13856,7 @@ def build_parser():
                         "needs a person (blocked,\nrefused, failed, waiting for approval or its "
                         "dependencies), 128+N "
                         "signal N interrupted a task (re-queued)"),
-        spec("status", cmd_status, "counts per state and the most recent failures with their reasons",
+        spec("status", cmd_status, "counts per state, recent failures, tasks held back or skipped, task worktrees",
             "python3 scripts/bridge.py status --json", as_json),
         spec("approve", cmd_approve,
             "release a task waiting in pending/ so the next watcher run executes it",
