@@ -343,6 +343,8 @@ def test_command_lists_name_every_subcommand_and_readme_links_resolve():
     in_docstring = {word for line in re.findall(r"^  (\w.*)$", docstring, re.M)
                     for word in re.findall(r"(?:^|, )(\w+)", line)}
     assert sorted(commands - in_table) == [] and sorted(commands - in_docstring) == []
+    contents = re.findall(r"^  (\d)\. (\w+) ", bridge.__doc__, re.M)  # the docstring's table of contents
+    assert contents == re.findall(r"^# (\d)\. (\w+)", BRIDGE.read_text(), re.M)  # the section banners
     prose = re.sub(r"```.*?```", "", readme, flags=re.S)
     anchors = {re.sub(r"[^\w\- ]", "", h.lower()).replace(" ", "-")
                for h in re.findall(r"^#+ (.*)$", prose, re.M)}
