@@ -12783,20 +12783,14 @@ def cmd_redact(args):
     _root, config = load_args_config(args)
     stream = get_redactor(config).stream()
     fd, out = sys.stdin.fileno(), sys.stdout.buffer
-    try:
-        while True:
-            chunk = os.read(fd, 1 << 20)
-            data = stream.feed(chunk) if chunk else stream.close()
-            if data:
-                out.write(data)
-                out.flush()
-            if not chunk:
-                return EXIT_OK
-    except BrokenPipeError:
-        # The reader went away (`... | head`): stop like cat(1) does, without a traceback
-        # or a second error when Python flushes stdout at exit.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return EXIT_FAILED
+    while True:  # a reader that goes away (`... | head`) ends it in main()
+        chunk = os.read(fd, 1 << 20)
+        data = stream.feed(chunk) if chunk else stream.close()
+        if data:
+            out.write(data)
+            out.flush()
+        if not chunk:
+            return EXIT_OK
 
 
 # ---- watch commands ----
@@ -13972,6 +13966,15 @@ def main(argv=None):
     except KeyboardInterrupt:
         warn("interrupted")
         return 130
+    except BrokenPipeError as exc:  # `bridge.py status | head -1`: did stdout's reader go?
+        import select
+        poll = select.poll()
+        poll.register(sys.stdout.fileno(), 0)  # only POLLERR/POLLHUP: no reader left
+        if not poll.poll(0):
+            return unexpected_error(exc)  # a pipe to a server or an agent broke: say so
+        # stop as cat(1) does: no error line, none either when Python flushes stdout at exit
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_FAILED
     except Exception as exc:  # the last line of defence: one clear line, no traceback
         return unexpected_error(exc)
 

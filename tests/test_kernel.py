@@ -489,7 +489,7 @@ import ast  # noqa: E402
 # Calls that open a file outside the kernel on purpose, as (enclosing function, first
 # argument). Each is not a path in a repository.
 OPEN_ALLOWED = {
-    ("cmd_redact", "os.devnull"),               # stdout redirected after a broken pipe
+    ("main", "os.devnull"),                     # stdout redirected after its reader went away
     ("proxy_leftovers", "'/proc/%s/stat' % name"),  # the process table, read by the proxy
 }
 # shutil's copies (and a move across filesystems) open both paths themselves and follow a
@@ -823,3 +823,27 @@ def test_error_messages_quoting_a_name_never_drive_the_terminal(tmp_path):
     assert out.returncode == 2, out.stderr
     assert "\x1b" not in out.stderr and "\x07" not in out.stderr
     assert "cfg\\x1b]0;pwned\\x07\\x1b[2J.json" in out.stderr, out.stderr
+
+
+@pytest.mark.parametrize("command", [["status", "--json"], ["status"], ["redact"]])
+def test_a_reader_that_went_away_is_no_internal_error(git_repo, command):
+    """`bridge.py status | head -1`: once the reader has gone, writing stdout fails (EPIPE);
+    bridge.py stops as cat(1) does, without an 'internal error' line blaming itself, while a
+    broken pipe to anything else (a server, an agent) is still reported."""
+    assert run_bridge("init", "--root", git_repo).returncode == 0
+    read_end, write_end = os.pipe()
+    os.close(read_end)  # the reader is gone before bridge.py writes a byte
+    try:
+        out = subprocess.run([PYTHON, str(BRIDGE), *command], cwd=git_repo, env=clean_env(),
+                             input="x" * 100000, stdout=write_end, stderr=subprocess.PIPE,
+                             text=True, timeout=60)
+    finally:
+        os.close(write_end)
+    assert out.returncode == 1 and out.stderr == "", out.stderr
+    # stdout's reader still there: a broken pipe is another one's, and is reported
+    code = ("import sys; sys.path[:0] = [sys.argv[1]]; import bridge\n"
+            "def broken(args): raise BrokenPipeError(32, 'Broken pipe')\n"
+            "bridge.cmd_status = broken; sys.exit(bridge.main(['status']))")
+    out = subprocess.run([PYTHON, "-c", code, str(BRIDGE.parent)], capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 1 and "internal error: BrokenPipeError" in out.stderr, out.stderr
