@@ -198,10 +198,6 @@ def utc_iso(ts=None):
     return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() if ts is None else ts))
 
 
-def monotonic():
-    return time.monotonic()
-
-
 def random_hex(nbytes=4):
     return os.urandom(nbytes).hex()
 
@@ -3855,9 +3851,6 @@ def attribute_filter_lines(patch):
     return found
 
 
-NOTIFY_EVENTS = ("success", "failed", "blocked", "needs_confirmation", "queue_stopped")
-
-
 class TaskRun:
     """What belongs to one task while the watcher runs it (several at once with `workers`):
     its file, lock, result so far, the child process running now, and where it runs: the
@@ -3924,9 +3917,6 @@ class Watcher:
         self.config = config
         self.handoff = Handoff(self.root)
         self.repo_git = Git(self.root)
-        if config["isolation"] not in ("checkout", "worktree"):
-            raise BridgeError("%s: isolation must be \"checkout\" or \"worktree\", got %s" % (
-                config["_source"], json.dumps(config["isolation"])))
         self.isolated = config["isolation"] == "worktree"
         self.workers = config["workers"]
         if self.workers > 1 and not self.isolated:
@@ -3953,10 +3943,6 @@ class Watcher:
         self.progress_sec = config["progress_sec"]
         self.executor = list(config["executor"]["command"])
         self.executors = executor_templates(config)
-        wrong = [e for e in config["notify"]["on"] if e not in NOTIFY_EVENTS]
-        if wrong:
-            raise BridgeError("%s: notify.on: %s is not one of %s" % (
-                config["_source"], json.dumps(wrong[0])[:60], ", ".join(NOTIFY_EVENTS)))
         self.out = out or sys.stdout
         self.worker = None
         self.stopping = None
@@ -4093,13 +4079,13 @@ class Watcher:
         """True once a stop was asked for more than STOP_GRACE seconds ago: every command
         still running then (agent, verification, git, bd) is killed, so the watcher is
         gone within 10 s in every state."""
-        return self.stop_at is not None and monotonic() - self.stop_at > self.STOP_GRACE
+        return self.stop_at is not None and time.monotonic() - self.stop_at > self.STOP_GRACE
 
     def nap(self, seconds):
         """Sleep, but wake for a stop at once (poll_sec may be an hour)."""
-        end = monotonic() + seconds
-        while not self.stopping and monotonic() < end and not self.wake.is_set():
-            self.wake.wait(min(0.2, max(0.0, end - monotonic())))
+        end = time.monotonic() + seconds
+        while not self.stopping and time.monotonic() < end and not self.wake.is_set():
+            self.wake.wait(min(0.2, max(0.0, end - time.monotonic())))
         self.wake.clear()
 
     def install_signals(self):
@@ -4107,7 +4093,7 @@ class Watcher:
 
         def handler(signum, _frame):
             self.stopping = signal.Signals(signum).name
-            self.stop_at = self.stop_at or monotonic()
+            self.stop_at = self.stop_at or time.monotonic()
             for run in list(self.runs.values()):
                 if run.child is not None:
                     signal_group(run.child.pid, signal.SIGTERM)
@@ -4813,7 +4799,7 @@ class Watcher:
         result. `start`: (commit, deps) of a task with dependencies (see dependencies)."""
         task_id = task["id"]
         result = self.current.result = self.new_result(task)
-        started = monotonic()
+        started = time.monotonic()
         outcome = None
         if start:
             result["dependencies"] = start[1]
@@ -4833,7 +4819,7 @@ class Watcher:
                     % task["attempt"])
             if result["status"] != "success":
                 self.after_failure(task, result)
-            result["duration_ms"] = int((monotonic() - started) * 1000)
+            result["duration_ms"] = int((time.monotonic() - started) * 1000)
             result["finished_at"] = now_iso()
             self.keeps_worktree(result)
             # the queue stops on a failure: no task starts once its result can be seen
@@ -8899,7 +8885,7 @@ class ProxyChild:
         self.proc = subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.PIPE, bufsize=0,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                      start_new_session=True)
-        self.gen, self.pid, self.started = gen, self.proc.pid, monotonic()
+        self.gen, self.pid, self.started = gen, self.proc.pid, time.monotonic()
         self.files = {f.fileno(): f for f in (self.proc.stdin, self.proc.stdout, self.proc.stderr)}
         self.fin, self.fout, self.ferr = (f.fileno() for f in (self.proc.stdin, self.proc.stdout,
                                                                   self.proc.stderr))
@@ -9255,7 +9241,7 @@ class Proxy:
         self.token_file = None                          # where the drawn dashboard token was written
         self.events_left = 0                            # mcp:* events still allowed this second
         self.events_reset = 0.0                         # when that allowance starts again
-        self.started = monotonic()                      # for uptime
+        self.started = time.monotonic()                      # for uptime
         self.samples = collections.deque([(self.started, 0, 0)])  # (when, messagesIn, messagesOut) each second
         self.st = dict(messagesIn=0, messagesOut=0, bytesIn=0, bytesOut=0, doctorRestarts=0,
                        dropped=0, eventsSkipped=0)      # counters published in bridge:stats
@@ -9295,7 +9281,7 @@ class Proxy:
             self.obs.publish(kind, data)
 
     def stats(self):
-        child, now = self.child, monotonic()
+        child, now = self.child, time.monotonic()
         alive = child is not None and child.exit is None
         # Rates over a fixed window, from the counters a second-by-second sample saw at its start:
         # the same figure whenever stats are asked for (a control command, a new generation).
@@ -9335,7 +9321,7 @@ class Proxy:
     def sample(self):
         """At most events_per_sec_max mcp:* events a second: under load a dashboard cannot show
         more, and building them (redaction, fan-out) would cost more than the relay itself."""
-        now = monotonic()
+        now = time.monotonic()
         if now >= self.events_reset:
             self.events_reset, self.events_left = now + 1.0, self.events_max
         self.events_left -= 1
@@ -9535,7 +9521,7 @@ class Proxy:
         if not child.ready:
             child.ready = True
             self.emit("doctor:ready", {"generation": child.gen, "pid": child.pid, "signal": how,
-                                       "startMs": round((monotonic() - child.started) * 1000, 1)})
+                                       "startMs": round((time.monotonic() - child.started) * 1000, 1)})
             self.publish_stats()                   # dashboards show the new state at once
             if self.reload is not None and child.gen > self.reload["gen"]:
                 self.reload["tools"] = {}
@@ -9551,7 +9537,7 @@ class Proxy:
         if now:
             self.to_child.clear()
             child.close("fin")
-        child.term_at = monotonic() + (0 if now else self.close_grace)
+        child.term_at = time.monotonic() + (0 if now else self.close_grace)
         child.kill_at = child.term_at + self.kill_after
 
     def child_exited(self):
@@ -9579,13 +9565,13 @@ class Proxy:
             self.emit("doctor:stopped", {"generation": child.gen, "exit": child.exit})
         elif reason in ("restart", "reload", "graceful"):
             # not a crash, but a server asking again and again must not respawn in a tight loop
-            self.spawn_at = monotonic() + self.cooldown if reason == "graceful" else 0.0
+            self.spawn_at = time.monotonic() + self.cooldown if reason == "graceful" else 0.0
             self.emit("doctor:restarting", {"generation": child.gen, "reason": reason, "exit": child.exit})
         else:
             self.crashed(child.exit, child.gen, reason)
 
     def crashed(self, how, gen, reason="crashed"):
-        now = monotonic()
+        now = time.monotonic()
         self.emit("doctor:crashed", {"generation": gen, "exit": how, "reason": reason,
                                      "stderrTail": list(self.tail)})
         self.crashes.append(now)
@@ -9623,7 +9609,7 @@ class Proxy:
         reload at a time: a change during the grace joins it, a later one makes one more reload
         once this one is done (listed()). A Doctor down (crashed: a typo saved?) starts with the
         new code once the last crash's cooldown is over, even after doctor:fatal."""
-        child, now = self.child, monotonic()
+        child, now = self.child, time.monotonic()
         if self.shutting or self.stopped:
             return self.log("info", "%s changed: not reloaded (%s)" % (
                 files[0], "shutting down" if self.shutting else "stopped by doctor:kill"))
@@ -9718,10 +9704,10 @@ class Proxy:
 
     def reloaded(self, data):
         reload, self.reload = self.reload, None
-        self.reload_last = (reload["files"], monotonic(), self.reload_last[2])
+        self.reload_last = (reload["files"], time.monotonic(), self.reload_last[2])
         before, after = reload["before"], reload["tools"]
         data.update(generation=self.gen, file=reload["files"][0], files=reload["files"][:20],
-                    reloadMs=round((monotonic() - reload["at"]) * 1000, 1))
+                    reloadMs=round((time.monotonic() - reload["at"]) * 1000, 1))
         if "error" not in data:                    # new code that started: its crashes count afresh
             self.crashes.clear()
             self.tools = after
@@ -9768,7 +9754,7 @@ class Proxy:
         elif self.paused and self.held_full():
             self.refuse(line, reqs, method, "paused_buffer_full")
         else:
-            self.held.append((line, reqs, method, monotonic()))
+            self.held.append((line, reqs, method, time.monotonic()))
             self.held_bytes += len(line)
 
     def held_full(self):
@@ -9787,7 +9773,7 @@ class Proxy:
     def fail_held(self, reason, older_than=None):
         """Refuse held messages: all, or the requests held longer than `older_than` s (answers and
         notifications wait on: nobody waits on them, and the buffer bounds them)."""
-        keep, now = [], monotonic()
+        keep, now = [], time.monotonic()
         for item in self.held:
             line, reqs, method, t = item
             if older_than is not None and (now - t < older_than or not reqs):
@@ -9819,7 +9805,7 @@ class Proxy:
         gate = self.paused or self.stopped or self.shutting or child is None or child.exit is not None \
             or child.stop_reason or child.replay_id is not None or self.reload is not None and self.draining()
         remember = self.remember
-        now, st = monotonic(), self.st
+        now, st = time.monotonic(), self.st
         st["messagesIn"] += len(lines)
         st["bytesIn"] += sum(map(len, lines))
         for line in lines:
@@ -9895,7 +9881,7 @@ class Proxy:
         if self.paused or self.stopped or child is None or child.exit is not None or \
                 child.stop_reason or child.replay_id is not None or self.draining():
             return
-        now = monotonic()
+        now = time.monotonic()
         out = [listen[0] for listen in self.listens.values() if listen[2] != child.gen]
         for line, reqs, _method, _t in self.held:
             self.owe(reqs, line, now)
@@ -9946,7 +9932,7 @@ class Proxy:
                         obs.publish("mcp:response", {
                             "id": proxy_short(mid), "method": sent and proxy_short(sent[0]), "size": len(line),
                             "error": "error" in msg,
-                            "latencyMs": round((monotonic() - sent[1]) * 1000, 3) if sent else None})
+                            "latencyMs": round((time.monotonic() - sent[1]) * 1000, 3) if sent else None})
                 elif method is not None:
                     if mid is not None:
                         self.srv_pending.add(mid)
@@ -10125,7 +10111,7 @@ class Proxy:
         child = self.child
         self.to_child.clear()
         child.close("fin")
-        child.eof_at = child.eof_at or monotonic()
+        child.eof_at = child.eof_at or time.monotonic()
 
     def send_client(self, data=b""):
         """Everything the client gets goes through here, relayed or bridge.py's own (each
@@ -10151,14 +10137,14 @@ class Proxy:
                 except OSError:
                     data = b""
                 if data:
-                    child.heard = monotonic()
+                    child.heard = time.monotonic()
                     self.child_lines(child.lines.feed(data))
                     if child.lines.dropped:
                         self.dropped(child.lines, "doctor")
                 else:
                     self.child_lines(child.lines.finish())
                     child.close("fout")
-                    child.eof_at = monotonic()
+                    child.eof_at = time.monotonic()
             return
         import select
         for name in ("fout", "ferr"):
@@ -10208,14 +10194,14 @@ class Proxy:
         os.set_blocking(1, False)
         poller, registered = select.poll(), {}
         IN, OUT = select.POLLIN | select.POLLPRI, select.POLLOUT
-        next_stats, next_sample = monotonic() + self.stats_every, monotonic() + 1.0
+        next_stats, next_sample = time.monotonic() + self.stats_every, time.monotonic() + 1.0
         try:
             self.start_observability()
             self.spawn()
             if self.watch is not None:
                 self.watch.start()
             while True:
-                now, child = monotonic(), self.child
+                now, child = time.monotonic(), self.child
                 if child is not None and child.exit is None and (
                         child.fout is None or child.stop_reason or now >= self.next_check):
                     self.next_check = now + 0.25
@@ -10261,7 +10247,7 @@ class Proxy:
                             registered[fd] = mask
                 for fd, ev in poller.poll(self.timers(now) * 1000):
                     self.on_ready(fd, ev)
-                now = monotonic()
+                now = time.monotonic()
                 if now >= next_sample:
                     next_sample = now + 1.0            # the window moves in steps of a second
                     self.sample_counts(now)
@@ -10368,8 +10354,8 @@ class Proxy:
         to kill_after_sec, KILL, reap."""
         import select
         import signal
-        deadline = monotonic() + 2.0
-        while self.to_client and not self.client_gone and monotonic() < deadline:
+        deadline = time.monotonic() + 2.0
+        while self.to_client and not self.client_gone and time.monotonic() < deadline:
             select.select([], [1], [], 0.05)
             self.send_client()
         child = self.child
@@ -10386,14 +10372,14 @@ class Proxy:
                 child.close(name)
             left = proxy_leftovers(pgid)
             proxy_signal(pgid, left, signal.SIGTERM)
-            end = monotonic() + self.kill_after
-            while left and monotonic() < end:
+            end = time.monotonic() + self.kill_after
+            while left and time.monotonic() < end:
                 time.sleep(0.02)
                 self.reap_adopted()
                 left = proxy_leftovers(pgid)
             proxy_signal(pgid, left, signal.SIGKILL)
-            end = monotonic() + 1.0
-            while self.reap_adopted() and monotonic() < end:
+            end = time.monotonic() + 1.0
+            while self.reap_adopted() and time.monotonic() < end:
                 time.sleep(0.01)
 
     def start_observability(self):
