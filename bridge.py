@@ -9640,7 +9640,9 @@ class Proxy:
         does, which would restart it for ever. Then reloads are PROXY_RELOAD_PACE apart: never a
         save lost (a person saving as often cannot be told apart), but no longer a tight loop."""
         last, ended, repeats = self.reload_last
-        soon = files != [PROXY_RESTART_TOOL["name"]] and now - ended <= self.watch.debounce + 2.0
+        # "Right after": what the server (or the client's re-list it answers) writes reaches us
+        # within the debounce of the reload's end; a person reading `ready` and saving takes longer.
+        soon = files != [PROXY_RESTART_TOOL["name"]] and now - ended <= self.watch.debounce + 0.4
         repeats = repeats + 1 if soon and files == last else 0
         self.reload_last = (files, ended, repeats)
         if repeats < 2:
