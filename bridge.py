@@ -143,10 +143,12 @@ def check_text(value, what):
 
 def printable(text):
     """`text` with every control character but tab (C0, DEL, C1) spelled `\\xNN`, and a lone
-    surrogate (JSON's `\\ud800` has no UTF-8 form: printing it would raise) `\\uNNNN`: what
-    another program wrote (a server's stderr, a request header) reaches the user's terminal
-    inert, on one line. (A pattern string that re caches: not compiled by every hook's import.)"""
-    return re.sub("[\x00-\x08\x0a-\x1f\x7f-\x9f\ud800-\udfff]", lambda m: (
+    surrogate (JSON's `\\ud800` has no UTF-8 form: printing it would raise), a line or
+    paragraph separator and a bidirectional override (text shown in another order than it
+    is) `\\uNNNN`: what another program wrote (a server's stderr, a request header) reaches
+    the user's terminal inert, on one line, in its order. (A pattern string that re caches:
+    not compiled by every hook's import.)"""
+    return re.sub("[\x00-\x08\x0a-\x1f\x7f-\x9f\u2028-\u202e\u2066-\u2069\ud800-\udfff]", lambda m: (
         "\\x%02x" if m.group() <= "\xff" else "\\u%04x") % ord(m.group()), text)
 
 
@@ -343,13 +345,37 @@ def create_once(path, mode=0o644):
 
 
 def write_once(path, data, mode=0o644):
-    """create_once `path` holding `data`, fsynced (FileExistsError when anything is there)."""
-    fd = create_once(path, mode)
+    """Create `path` holding `data`, whole and fsynced, or FileExistsError when anything is
+    there: a second process, or a reader, never sees it empty or half written (link_once)."""
+    folder = os.open(os.path.dirname(path) or ".", os.O_RDONLY | os.O_DIRECTORY)
     try:
-        write_all(fd, data)
-        os.fsync(fd)
+        if not link_once(folder, os.path.basename(path), data, mode):
+            raise FileExistsError(17, "File exists", path)
     finally:
-        os.close(fd)
+        os.close(folder)
+
+
+def link_once(folder_fd, name, data, mode=0o644):
+    """Write `data` to a temporary file in the open folder, fsync it and hard-link it to
+    `name`: True, or False when anything is there already (a link never replaces, a rename
+    would). Nobody sees the file before it is whole."""
+    tmp = ".%s.%s.tmp" % (name[:80], random_hex())
+    out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode, dir_fd=folder_fd)
+    try:
+        try:
+            write_all(out, data)
+            os.fsync(out)
+        finally:
+            os.close(out)
+        os.link(tmp, name, src_dir_fd=folder_fd, dst_dir_fd=folder_fd)
+        return True
+    except FileExistsError:
+        return False
+    finally:
+        try:
+            os.unlink(tmp, dir_fd=folder_fd)
+        except OSError:
+            pass
 
 
 def create_once_within(base, rel, data):
@@ -378,22 +404,7 @@ def create_once_within(base, rel, data):
                 raise
             os.close(fd)
             fd = sub
-        tmp = ".%s.%s.tmp" % (name[:80], random_hex())
-        out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=fd)
-        try:
-            try:
-                write_all(out, data)
-            finally:
-                os.close(out)
-            os.link(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)
-            return True
-        except FileExistsError:
-            return False
-        finally:
-            try:
-                os.unlink(tmp, dir_fd=fd)
-            except OSError:
-                pass
+        return link_once(fd, name, data)
     finally:
         os.close(fd)
 
@@ -1090,7 +1101,7 @@ def check_number(name, value, limits, source=None):
     infinity (JSON's 1e400): no duration or count is infinite, and time.sleep(inf) fails."""
     import math
     low, high = limits
-    if not (math.isfinite(value) and low <= value and (high is None or value <= high)):
+    if not (-math.inf < value < math.inf and low <= value and (high is None or value <= high)):
         where = "between %s and %s" % (low, high) if high is not None else ">= %s" % low
         raise BridgeError("%s%s must be a number %s, got %s" % (
             source + ": " if source else "", name, where, json.dumps(value)))
@@ -3358,7 +3369,7 @@ def result_history(handoff, task_id):
     """Archived results of earlier attempts/gates of a task, oldest first."""
     path = handoff.history_path(task_id)
     try:
-        return [record for _, record, _ in scan_jsonl(path) if record]
+        return [record for _, record, _ in scan_jsonl(path) if record and record.__class__ is dict]
     except OSError as exc:
         raise BridgeError("cannot read result history %s: %s" % (path, exc.strerror or exc))
 
@@ -4399,9 +4410,15 @@ class Watcher:
     def reenter_worktree(self, result):
         """Crash recovery of a task that ran in a worktree: its git pointed there again ('');
         else why there is nothing to park."""
-        path = result["git"].get("worktree")
+        path, branch = result["git"].get("worktree"), "feat/ai/" + result["id"]
         if not path:
             return ""
+        if self.worktrees is None or path != os.path.join(self.worktrees, result["id"]) or \
+                result["git"]["branch"] != branch:
+            # locks/ is the agent's to write: a lock naming another worktree (one of yours) or
+            # branch is never parked (WIP-committed) or removed
+            return "; its lock names the worktree %s on %s, not this task's: left as it is" % (
+                json_compact(path), json_compact(result["git"]["branch"]))
         if not os.path.lexists(path):
             return "; its worktree %s was not there (never made, or already removed)" % path
         try:
@@ -5057,7 +5074,8 @@ class Watcher:
         text = "## What went wrong last time\nAttempt %s ended %s (%s): %s" % (
             last.get("attempt"), last.get("status"), last.get("reason"),
             clip(last.get("detail"), cap // 8))
-        failing = next((c for c in last.get("commands") or [] if isinstance(c, dict)
+        commands = last.get("commands")
+        failing = next((c for c in (commands if commands.__class__ is list else ()) if isinstance(c, dict)
                         and not c.get("skipped") and c.get("exit_code") != 0), None)
         ran = failing or (last.get("executor") if last.get("reason") != "interrupted" else None)
         if isinstance(ran, dict):  # how it ended: a run stopped or killed has no exit code
@@ -5454,7 +5472,7 @@ def approve_task(root, task_id):
     return task
 
 
-def queue_status(root, recent=5, config=None):
+def queue_status(root, config, recent=5):
     handoff = Handoff(root)
     handoff.require()
     counts = {state: len(list_task_files(handoff.dir(state)))
@@ -5487,19 +5505,22 @@ def queue_status(root, recent=5, config=None):
             "recent_failures": failures[:recent], "waiting": waiting_tasks(handoff),
             "skipped_in_tasks": skipped_task_files(handoff),
             "worktrees": [{"id": task_id, "path": path, "why": worktree_state(handoff, task_id)
-                           or "nothing needs it (the next watcher start removes it)"}
+                           or "nothing needs it (removed by the next watcher start in worktree isolation, "
+                           "or by `bridge.py unlock --worktrees`)"}
                           for task_id, path in task_worktrees(root, config)]}
 
 
 def task_worktrees(root, config):
-    """[(task id, path)] of the task worktrees in the worktree folder (see worktree_root)."""
-    if config is None:
-        return []
+    """[(task id, path)] of the task worktrees in the worktree folder (see worktree_root; a
+    worktree_dir it refuses is the BridgeError it raises, exit 2, as for `watch`)."""
+    folder = worktree_root(root, config, Git(root))
     try:
-        folder = worktree_root(root, config, Git(root))
-        return [(name, os.path.join(folder, name)) for name in sorted(os.listdir(folder))]
-    except (BridgeError, OSError):
+        names = sorted(os.listdir(folder))
+    except FileNotFoundError:
         return []
+    except OSError as exc:
+        raise BridgeError("cannot list the task worktrees in %s: %s" % (folder, os_error_message(exc)))
+    return [(name, os.path.join(folder, name)) for name in names]
 
 
 def remove_worktrees(root, config):
@@ -7330,10 +7351,7 @@ def _wake_resumes(bdir):
     for session, meta in saved.items():
         if not (isinstance(meta, dict) and meta.get("host") == me and _is_int(meta.get("pid"))
                 and meta["pid"] > 0 and meta.get("start_ticks")) or holder_is_dead(meta):
-            continue
-        stat = _read_small("/proc/%d/stat" % meta["pid"])
-        if stat and ")" in stat and stat.rsplit(")", 1)[1].split()[:1] == ["Z"]:
-            continue  # exited, not yet reaped
+            continue                               # holder_is_dead: a zombie too
         running[session] = meta
     return running
 
@@ -8628,6 +8646,13 @@ class ProxyDigits(str):
         return hash((ProxyDigits, str(self)))
 
 
+def proxy_wire(obj):
+    """A JSON-RPC line bridge.py writes itself. ASCII escapes: a lone surrogate a peer sent as
+    `\\ud800` (valid JSON, no valid UTF-8) goes back as the escape it came as, never an
+    encoding error that would end the relay."""
+    return json.dumps(obj, separators=(",", ":")).encode("ascii") + b"\n"
+
+
 def proxy_float(text):
     """A number written with a fraction or exponent: a ProxyFloat, or as its text when a double
     cannot hold it (JSON has no infinity to write it back as)."""
@@ -8640,7 +8665,7 @@ PROXY_IDS = (int, str, ProxyFloat, ProxyDigits)  # JSON-RPC ids we track (others
 
 def proxy_id_json(mid):
     """An id as JSON, written back as it came (a ProxyDigits number stays a number)."""
-    return mid if mid.__class__ is ProxyDigits else json_compact(mid)
+    return mid if mid.__class__ is ProxyDigits else json.dumps(mid)
 
 
 def proxy_short(value, cap=200):
@@ -8661,6 +8686,7 @@ PROXY_META = (("io.modelcontextprotocol/protocolVersion", "2026-07-28"),
               ("io.modelcontextprotocol/clientInfo", {"name": "bridge.py proxy", "version": __version__}),
               ("io.modelcontextprotocol/clientCapabilities", {}))
 PROXY_SUB_ID = "io.modelcontextprotocol/subscriptionId"   # tags what a subscriptions/listen stream carries
+PROXY_LISTEN_NOTES = ("notifications/cancelled", "notifications/subscriptions/acknowledged")
 PROXY_FINAL = (None, "kill", "shutdown")  # a Doctor's stop reasons no next generation follows (None: not stopped)
 PROXY_ACTIONS = ("doctor:restart", "doctor:kill", "bridge:pause", "bridge:resume", "bridge:shutdown", "bridge:stats")
 PROXY_REASONS = {
@@ -8975,14 +9001,19 @@ class ProxyWatch:
     def __init__(self, paths, exclude, debounce, notify, interval=0.25, log=None):
         self.paths = [os.path.abspath(p) for p in paths]
         self.exclude, self.debounce, self.notify, self.interval = tuple(exclude), debounce, notify, interval
+        self.exclude_re = None                     # the globs as one regex (excluded())
         self.log = log or (lambda text: None)
         self.stopping = None                       # a threading.Event once started
         self.watching = None                       # one set once changes are seen (start())
         self.how = None                            # then "inotify" or "polling"
 
     def excluded(self, name):
-        import fnmatch
-        return any(fnmatch.fnmatchcase(name, pattern) for pattern in self.exclude)
+        """True for a name one of the exclude globs matches (one regex: the scan calls this for
+        every entry of a 10,000-file tree, on a thread that shares the GIL with the relay)."""
+        if self.exclude_re is None:
+            import fnmatch
+            self.exclude_re = re.compile("|".join(map(fnmatch.translate, self.exclude)) or "(?!)")
+        return self.exclude_re.match(name) is not None
 
     def snapshot(self):
         """{path: (mtime_ns, size, inode)} of every watched file not excluded; a folder is
@@ -9002,7 +9033,7 @@ class ProxyWatch:
                         if entry.is_dir(follow_symlinks=False):
                             todo.append(entry.path)
                         else:
-                            st = entry.stat()
+                            st = entry.stat(follow_symlinks=False)
                             files[entry.path] = (st.st_mtime_ns, st.st_size, st.st_ino)
             except OSError:                        # gone (deleted mid-scan), unreadable: absent
                 continue
@@ -9476,7 +9507,7 @@ class Proxy:
             params = dict(params or {}, _meta={key: meta.get(key, default) for key, default in PROXY_META})
         if params is not None:
             msg["params"] = params
-        self.send_child(json_compact(msg).encode("utf-8") + b"\n")
+        self.send_child(proxy_wire(msg))
         return mid
 
     def check_health(self, now):
@@ -9574,6 +9605,11 @@ class Proxy:
         now = time.monotonic()
         self.emit("doctor:crashed", {"generation": gen, "exit": how, "reason": reason,
                                      "stderrTail": list(self.tail)})
+        reload = self.reload
+        if reload is not None and reload.get("callers") and gen > reload["gen"]:
+            # the new code died before listing its tools: a bridge_restart_server caller is told
+            # now, not after the next save (--watch) or doctor:fatal
+            self.reloaded({"error": "the restarted server %s: %s" % (reason, json_compact(how))})
         self.crashes.append(now)
         while self.crashes[0] <= now - self.window:
             self.crashes.popleft()
@@ -9671,7 +9707,7 @@ class Proxy:
                 result.get("nextCursor"):
             return line
         result["tools"] = result["tools"] + [PROXY_RESTART_TOOL]
-        return json_compact(msg).encode("utf-8") + b"\n"
+        return proxy_wire(msg)
 
     def listing(self):
         """A reload waits only for the new Doctor's tools/list answer (listed())."""
@@ -9722,8 +9758,8 @@ class Proxy:
             text = "restarted: generation %d in %d ms; %s" % (self.gen, data["reloadMs"], "tools/list failed: %s" % (
                 json_compact(data["error"]),) if "error" in data else "tools added: %s; removed: %s; changed: %s" % tuple(
                     ", ".join(data.get(key) or ["none"]) for key in ("added", "removed", "changed")))
-            self.send_client(json_compact({"jsonrpc": "2.0", "id": mid, "result": {
-                "content": [{"type": "text", "text": text}], "isError": "error" in data}}).encode("utf-8") + b"\n")
+            self.send_client(proxy_wire({"jsonrpc": "2.0", "id": mid, "result": {
+                "content": [{"type": "text", "text": text}], "isError": "error" in data}}))
         if self.reload_next:
             files, self.reload_next = self.reload_next, None
             self.start_reload(files)
@@ -9737,7 +9773,8 @@ class Proxy:
         if exit:
             data["exit"] = exit
         error = {"code": PROXY_ERROR_CODE, "message": PROXY_REASONS[reason], "data": data}
-        line = ('{"jsonrpc":"2.0","id":%s,"error":%s}\n' % (proxy_id_json(mid), json_compact(error))).encode("utf-8")
+        line = ('{"jsonrpc":"2.0","id":%s,"error":%s}\n' % (
+            proxy_id_json(mid), json.dumps(error, separators=(",", ":")))).encode("ascii")
         if to_doctor:
             return self.send_child(line)
         self.tries.pop(mid, None)
@@ -9938,7 +9975,7 @@ class Proxy:
                 elif method is not None:
                     if mid is not None:
                         self.srv_pending.add(mid)
-                    elif self.listens:
+                    elif self.listens and method in PROXY_LISTEN_NOTES:
                         line = self.listen_note(method, msg.get("params"), line)
                     if watch and self.sample():
                         obs.publish("mcp:request", {"from": "doctor", "method": proxy_short(method),
@@ -9970,8 +10007,6 @@ class Proxy:
             if self.child.stop_reason not in PROXY_FINAL:
                 return b""                         # as bridge.py restarts it: re-established on the next
             del self.listens[sid]
-            return line
-        if method != "notifications/subscriptions/acknowledged":
             return line
         listen = self.listens[sid]
         told, listen[1] = listen[1], params.get("notifications")
@@ -12804,7 +12839,7 @@ def cmd_watch(args):
 
 def cmd_status(args):
     root, config = load_args_config(args)
-    report = queue_status(root, config=config)
+    report = queue_status(root, config)
     if args.json:  # ASCII only: an agent-written name or reason cannot drive the terminal
         print(json.dumps(report, indent=2))
         return EXIT_OK
@@ -13025,22 +13060,24 @@ def seam_main(argv=None):
         return _cmd_egress_emit(rest)
     if verb == "inbox check":
         return _cmd_inbox_check(rest)
-    key = {"alert permission": "alert"}.get(verb, verb)
-    if "-h" in rest or "--help" in rest or key not in SEAM_COMMANDS or verb in ("inbox", "egress", "alert"):
-        rows = [SEAM_COMMANDS[key]] if key in SEAM_COMMANDS else [
-            row for name, row in SEAM_COMMANDS.items() if name.startswith(verb or " ")]
-        usage = "\n  ".join(row["usage"] for row in rows)
-        if "-h" in rest or "--help" in rest:
-            example = "\n  ".join(row["example"] for row in rows)
-            sys.stdout.write("usage: bridge.py %s\n\nexample:\n  %s\n" % (usage, example))
-            return EXIT_OK
-        if verb.startswith("inbox "):
-            _seam_print({"error": "unknown inbox subcommand: %s" % verb[6:]})
-        else:
-            warn("error: usage: bridge.py %s" % (usage or " | ".join(SEAM_VERBS)))
-        return EXIT_USAGE
     try:
+        key = {"alert permission": "alert"}.get(verb, verb)
+        if "-h" in rest or "--help" in rest or key not in SEAM_COMMANDS or verb in ("inbox", "egress", "alert"):
+            rows = [SEAM_COMMANDS[key]] if key in SEAM_COMMANDS else [
+                row for name, row in SEAM_COMMANDS.items() if name.startswith(verb or " ")]
+            usage = "\n  ".join(row["usage"] for row in rows)
+            if "-h" in rest or "--help" in rest:
+                example = "\n  ".join(row["example"] for row in rows)
+                sys.stdout.write("usage: bridge.py %s\n\nexample:\n  %s\n" % (usage, example))
+                return EXIT_OK
+            if verb.startswith("inbox "):
+                _seam_print({"error": "unknown inbox subcommand: %s" % verb[6:]})
+            else:
+                warn("error: usage: bridge.py %s" % (usage or " | ".join(SEAM_VERBS)))
+            return EXIT_USAGE
         return _run_seam_verb(key, rest)
+    except BrokenPipeError as exc:
+        return stdout_gone(exc)
     except Exception as exc:  # the last line of defence: one clear line, no traceback
         return unexpected_error(exc)
 
@@ -13941,12 +13978,12 @@ def main(argv=None):
         # Hooks run the seam verbs on every tool call: skip building the argparse
         # tree (it costs more than the verb itself); seam_main parses its own flags.
         return seam_main(argv)
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    if not getattr(args, "func", None):
-        parser.print_help(sys.stderr)
-        return EXIT_USAGE
     try:
+        parser = build_parser()
+        args = parser.parse_args(argv)
+        if not getattr(args, "func", None):
+            parser.print_help(sys.stderr)
+            return EXIT_USAGE
         return args.func(args) or EXIT_OK
     except BridgeError as exc:
         warn("error: " + exc.message)
@@ -13954,17 +13991,23 @@ def main(argv=None):
     except KeyboardInterrupt:
         warn("interrupted")
         return 130
-    except BrokenPipeError as exc:  # `bridge.py status | head -1`: did stdout's reader go?
-        import select
-        poll = select.poll()
-        poll.register(sys.stdout.fileno(), 0)  # only POLLERR/POLLHUP: no reader left
-        if not poll.poll(0):
-            return unexpected_error(exc)  # a pipe to a server or an agent broke: say so
-        # stop as cat(1) does: no error line, none either when Python flushes stdout at exit
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return EXIT_FAILED
+    except BrokenPipeError as exc:
+        return stdout_gone(exc)
     except Exception as exc:  # the last line of defence: one clear line, no traceback
         return unexpected_error(exc)
+
+
+def stdout_gone(exc):
+    """A BrokenPipeError: when stdout's reader went (`bridge.py status | head -1`), stop as
+    cat(1) does, exit 1 and no error line (none either when Python flushes stdout at exit);
+    a pipe to a server or an agent that broke is an error said as such."""
+    import select
+    poll = select.poll()
+    poll.register(sys.stdout.fileno(), 0)  # only POLLERR/POLLHUP: no reader left
+    if not poll.poll(0):
+        return unexpected_error(exc)
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return EXIT_FAILED
 
 
 if __name__ == "__main__":

@@ -489,7 +489,7 @@ import ast  # noqa: E402
 # Calls that open a file outside the kernel on purpose, as (enclosing function, first
 # argument). Each is not a path in a repository.
 OPEN_ALLOWED = {
-    ("main", "os.devnull"),                     # stdout redirected after its reader went away
+    ("stdout_gone", "os.devnull"),              # stdout redirected after its reader went away
     ("proxy_leftovers", "'/proc/%s/stat' % name"),  # the process table, read by the proxy
 }
 # shutil's copies (and a move across filesystems) open both paths themselves and follow a
@@ -653,6 +653,7 @@ def test_make_dirs_refuses_a_symlinked_folder_on_the_way(tmp_path):
     ({"relay": {"lock_attempts": None}}, "relay.lock_attempts must be a whole number, got null"),
     ({"seam": {"command": None}}, "seam.command must be a non-empty string, got null"),
     ({"poll_sec": 5000}, "poll_sec must be a number between 0.05 and 3600, got 5000"),
+    ({"workers": 10 ** 400}, "workers must be a number between 1 and 64, got 1" + "0" * 400),  # no OverflowError
     ({"changes": {"poll_sec": 0.01}}, "changes.poll_sec must be a number between 0.05 and 3600, got 0.01"),
     ({"observability": {"port": 70000}}, "observability.port must be a number between 0 and 65535, got 70000"),
     ({"changes": {"dir": ""}}, "changes.dir must be a non-empty string, got \"\""),
@@ -823,9 +824,14 @@ def test_error_messages_quoting_a_name_never_drive_the_terminal(tmp_path):
     assert out.returncode == 2, out.stderr
     assert "\x1b" not in out.stderr and "\x07" not in out.stderr
     assert "cfg\\x1b]0;pwned\\x07\\x1b[2J.json" in out.stderr, out.stderr
+    # a right-to-left override shows "cfg.json" for a name ending "nosj.gfc": spelled out too
+    name = tmp_path / "x\u202enosj.gfc\u2028"
+    out = run_bridge("status", "--root", tmp_path, "--config", name)
+    assert out.returncode == 2 and "x\\u202enosj.gfc\\u2028" in out.stderr, out.stderr
 
 
-@pytest.mark.parametrize("command", [["status", "--json"], ["status"], ["redact"]])
+@pytest.mark.parametrize("command", [["status", "--json"], ["status"], ["redact"], ["egress", "--help"],
+                                     ["inbox", "drain", "--json"]])
 def test_a_reader_that_went_away_is_no_internal_error(git_repo, command):
     """`bridge.py status | head -1`: once the reader has gone, writing stdout fails (EPIPE);
     bridge.py stops as cat(1) does, without an 'internal error' line blaming itself, while a

@@ -469,3 +469,52 @@ def test_a_restart_tool_call_is_answered_when_its_reload_cannot_end(tmp_path, en
             assert s.reply()["id"] == ping                  # the call is not answered a second time
     finally:
         s.close()
+
+
+def test_polling_sees_every_file_beside_a_dangling_symlink(tmp_path):
+    """An editor's lock file (`.#b.py -> user@host.pid`) is a dangling symlink: the polling
+    scan lost every file listed after it in its folder, so saves to them reloaded nothing."""
+    bridge = load_bridge()
+    for name in ("a.py", "c.py", "z.py"):
+        (tmp_path / name).write_text(name)
+    os.symlink("user@host.1234", str(tmp_path / ".#b.py"))
+    watch = bridge.ProxyWatch([str(tmp_path)], [], 0.05, lambda files: None)
+    seen = set(os.path.basename(path) for path in watch.snapshot())
+    assert {"a.py", "c.py", "z.py", ".#b.py"} <= seen, seen
+
+
+def test_a_tool_name_with_a_lone_surrogate_does_not_end_the_proxy(tmp_path):
+    """A server may name a tool "\\ud800x" (valid JSON, no valid UTF-8): adding
+    bridge_restart_server to that answer, and telling its caller what changed, ended the proxy
+    with an internal error (UnicodeEncodeError); now the escape goes back as it came."""
+    folder = server_copy(tmp_path)
+    s = Session(tmp_path, command=[PYTHON, str(folder / "server.py"), "--log", str(tmp_path / "server.jsonl")],
+                harness=True, config=dict(FAST, doctor={"restart_tool": True}))
+    try:
+        s.initialize()
+        edit(folder / "server.py", {"\ud800x": {"type": "object"}})     # the next generation has it
+        mid = s.call("bridge_restart_server")
+        got = s.reply()
+        assert got["id"] == mid and got["result"]["isError"] is False, got
+        s.request("tools/list")
+        names = [t["name"] for t in s.reply()["result"]["tools"]]
+        assert "\ud800x" in names and names[-1] == "bridge_restart_server", names
+    finally:
+        s.close()
+
+
+def test_a_restart_tool_call_is_answered_when_the_new_server_crashes_at_start(tmp_path):
+    """An agent that saved a server which dies as it starts and then called bridge_restart_server
+    waited until the next save (--watch) or doctor:fatal; it is told at the first crash."""
+    folder = server_copy(tmp_path)
+    s = Session(tmp_path, command=[PYTHON, str(folder / "server.py"), "--log", str(tmp_path / "server.jsonl")],
+                harness=True, config=dict(FAST, doctor={"restart_tool": True}))
+    try:
+        s.initialize()
+        (folder / "server.py").write_text("raise SystemExit(3)\n")
+        mid = s.call("bridge_restart_server")
+        got = s.reply()
+        assert got["id"] == mid and got["result"]["isError"] is True, got
+        assert "crashed" in got["result"]["content"][0]["text"], got
+    finally:
+        s.close()

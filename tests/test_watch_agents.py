@@ -442,3 +442,21 @@ def test_the_readme_notify_examples_work_as_written(queue, tmp_path):
     assert slack["url"] == hook and slack["headers"] == ["Content-Type: application/json"]
     assert json.loads(slack["data"]) == {"text": "bridge.py: n-2 failed (verify_failed)"}
     assert hook not in (tmp_path / "bridge.config.json").read_text()  # from the environment
+
+
+def test_a_broken_line_in_the_result_history_is_no_internal_error(queue, tmp_path):
+    """meta/ID.results.jsonl is the agent's to write: a line holding a JSON array, or a record
+    whose commands is a number, made every later run of the task an internal_error."""
+    queue.config.update(continue_on_failure=True)
+    queue.save_config()
+    task = queue.task("hb", commands_to_run=["false"])
+    queue.put(task)
+    assert queue.watch().returncode == 4
+    history = queue.handoff / "meta" / "hb.results.jsonl"
+    history.write_text('[1]\n{"status": "failed", "reason": "y", "commands": 5, "attempt": 9}\n')
+    retry = tmp_path / "hb.json"
+    retry.write_text(json.dumps(task))
+    assert queue.bridge("submit", "--retry", retry).returncode == 0
+    assert queue.watch().returncode == 4
+    result = queue.result("hb")
+    assert result["reason"] != "internal_error", result

@@ -152,6 +152,10 @@ def test_config_refusals_name_the_key(git_repo, tmp_path):
         queue = Queue(git_repo, tmp_path, **config)
         out = queue.watch()
         assert out.returncode == 2 and words in out.stderr, (config, out.stderr)
+        if "worktree_dir" in config:    # refused alike, not "no task worktrees" and exit 0
+            for verb in (("unlock", "--worktrees"), ("status",)):
+                out = queue.bridge(*verb)
+                assert out.returncode == 2 and words in out.stderr, (verb, out.stderr)
     queue = Queue(git_repo, tmp_path, isolation="worktree", worktree_dir="../trees")
     queue.put(queue.task("w6"))
     assert queue.watch().returncode == 0
@@ -474,3 +478,24 @@ def test_a_forged_result_of_a_task_whose_id_extends_a_running_ones_is_tampering(
     # the file gone. Either way x is named and the forged result does not stand.
     assert any(t.startswith(".ai-handoff/results/a_b.json ") for t in r["tampered"]), r["tampered"]
     assert not forged.exists()  # moved aside: a forged result never stands
+
+
+def test_a_lock_naming_another_worktree_is_never_parked_or_removed(git_repo, tmp_path):
+    """locks/ is the agent's to write: a task lock rewritten to name one of your own linked
+    worktrees (here by the test, as the agent could before the watcher died) made the next
+    start commit your uncommitted work there as WIP and `git worktree remove` it."""
+    mine = tmp_path / "mine"
+    git(git_repo, "worktree", "add", "-q", "-b", "mywork", str(mine))
+    queue = worktree_queue(git_repo, tmp_path)
+    (mine / "wip.txt").write_text("my uncommitted work\n")
+    queue.put(queue.task("k", agent={"kill_watcher": "end"}))
+    assert queue.watch().returncode == -signal.SIGKILL
+    lock = queue.handoff / "locks" / "k.lock"
+    meta = json.loads(lock.read_text())
+    meta.update(worktree=str(mine), branch="mywork")
+    lock.write_text(json.dumps(meta))
+    queue.watch()
+    assert "not this task's: left as it is" in queue.result("k")["detail"], queue.result("k")
+    assert (mine / "wip.txt").read_text() == "my uncommitted work\n"
+    assert git(mine, "status", "--porcelain").strip() == "?? wip.txt"
+    assert git(git_repo, "rev-parse", "mywork") == git(git_repo, "rev-parse", "main")
