@@ -12875,10 +12875,8 @@ def cmd_approve(args):
 
 def cmd_unlock(args):
     root, config = load_args_config(args)
-    if args.worktrees:
-        print("\n".join(remove_worktrees(root, config)))
-        return EXIT_OK
-    print(unlock_worker(root, force=args.force))
+    lines = [unlock_worker(root, force=args.force)] if args.force or not args.worktrees else []
+    print("\n".join(lines + (remove_worktrees(root, config) if args.worktrees else [])))
     return EXIT_OK
 
 
@@ -13884,7 +13882,8 @@ def build_parser():
         spec("unlock", cmd_unlock, "clear a provably stale worker lock (or --force), or kept task worktrees",
             "python3 scripts/bridge.py unlock\npython3 scripts/bridge.py unlock --worktrees",
             spec("--force", action="store_true",
-                help="clear it even when its holder may still run (dangerous)"),
+                help="clear it even when its holder may still run (dangerous; with "
+                     "--worktrees too, before removing them)"),
             spec("--worktrees", action="store_true",
                 help="instead remove the task worktrees kept (isolation \"worktree\"), "
                      "their changes committed to their branches as WIP first")),

@@ -499,3 +499,26 @@ def test_a_lock_naming_another_worktree_is_never_parked_or_removed(git_repo, tmp
     assert (mine / "wip.txt").read_text() == "my uncommitted work\n"
     assert git(mine, "status", "--porcelain").strip() == "?? wip.txt"
     assert git(git_repo, "rev-parse", "mywork") == git(git_repo, "rev-parse", "main")
+
+
+def test_unlock_worktrees_force_clears_a_live_lock_as_unlock_force_does(git_repo, tmp_path):
+    """--force means for --worktrees what it means for unlock: clear the worker lock even
+    when its holder still runs (then remove the kept worktrees), not silently ignored."""
+    queue = worktree_queue(git_repo, tmp_path)
+    queue.put(queue.task("wf", agent={"write": {"half.txt": "half\n"}}, commands_to_run=["false"]))
+    assert queue.watch().returncode == 1
+    path = queue.repo / ".git" / "bridge-worktrees" / "wf"
+    lock = queue.handoff / "locks" / "__worker__.lock"
+    live = queue.popen_watch()
+    try:
+        assert wait_for(lambda: '"pid": %d' % live.pid in lock.read_text())
+        out = queue.bridge("unlock", "--worktrees")
+        assert out.returncode == 3 and "stop it first" in out.stderr and path.exists()
+        out = queue.bridge("unlock", "--worktrees", "--force")
+        assert out.returncode == 0, out.stderr
+        assert "forced: removed the worker lock of pid %d" % live.pid in out.stdout
+        assert "removed the worktree %s" % path in out.stdout and not path.exists()
+        assert git(queue.repo, "show", "feat/ai/wf:half.txt") == "half\n"
+    finally:
+        live.terminate()
+        live.wait(10)
