@@ -6902,14 +6902,6 @@ def inbox_commit(root, slug, cursor_text):
         release_flock(lock)
 
 
-def _seam_command(root):
-    """How instructions name bridge.py (config `seam.command`)."""
-    try:
-        return load_config(root)["seam"]["command"]
-    except BridgeError:
-        return "python3 scripts/bridge.py"
-
-
 def inbox_check(data, host="", repo_root=None, slug=None, session_id=None):
     """The Claude Stop hook: {"decision":"block",...} when intent is queued for this
     session's workflows, else {}. Never blocks twice in a row (stop_hook_active);
@@ -6954,14 +6946,18 @@ def inbox_check(data, host="", repo_root=None, slug=None, session_id=None):
     total = sum(n for _, n in counts)
     if not total:
         return {}
-    command = _seam_command(root)
     names = ", ".join(s for s, _ in counts)
-    reason = ("Bridge has %d queued captain-intent record%s in _bridge/inbox.jsonl for "
-              "workflow(s): %s. Before stopping, drain them: run `%s inbox drain --host %s "
-              "--slug %s` (repeat per slug), act on each record, ack each with `%s inbox ack "
-              "...`, then advance the cursor with `%s inbox commit ...`." % (
-                  total, "" if total == 1 else "s", names, command, host, counts[0][0],
-                  command, command))
+    queued = "Bridge has %d queued captain-intent record%s in _bridge/inbox.jsonl for " \
+             "workflow(s): %s" % (total, "" if total == 1 else "s", names)
+    try:
+        command = seam_config(root)["seam"]["command"]  # how the user runs bridge.py
+    except SeamUsage as exc:  # never guessed: the default may not be how it runs here
+        return {"decision": "block", "reason": "%s, and cannot say how to run bridge.py to "
+                "drain them: %s. Tell the user." % (queued, exc.message)}
+    reason = ("%s. Before stopping, drain them: run `%s inbox drain --host %s --slug %s` "
+              "(repeat per slug), act on each record, ack each with `%s inbox ack ...`, then "
+              "advance the cursor with `%s inbox commit ...`." % (
+                  queued, command, host, counts[0][0], command, command))
     return {"decision": "block", "reason": reason}
 
 
@@ -7266,8 +7262,7 @@ def _wake_pass(root, bdir, config, members, codex_bin):
                     message="no resumable Codex session id")
         return {"status": "skipped-no-session", "lines": all_lines, "targets": sorted(pending),
                 "message": "no resumable Codex session id"}
-    template = config["seam"]["wake_command"]
-    command = _seam_command(root)
+    template, command = config["seam"]["wake_command"], config["seam"]["command"]
     resumes = _wake_resumes(bdir)
     woke, running, failures = 0, [], []
     for session, slugs in groups.items():

@@ -2155,6 +2155,22 @@ def test_a_config_error_stops_the_verbs_that_write_text(repo):
     assert not (repo / "_bridge" / "events.jsonl").exists()
 
 
+def test_check_with_a_config_error_says_so_instead_of_naming_the_default_command(repo):
+    """The Stop check tells the agent how to run bridge.py (seam.command). A config that
+    cannot be read used to make it name the default `python3 scripts/bridge.py` without a
+    word; now it still blocks (intent is queued) but says the config error, file and key."""
+    config = repo / "bridge.config.json"
+    config.write_text(json.dumps({"seam": {"command": "./tools/bridge"}}))
+    write_inbox(repo, INBOX3[0])
+    code, out, err = seam("inbox", "check", "--slug", "alpha", cwd=repo, input="{}")
+    assert code == 0 and "run `./tools/bridge inbox drain" in out["reason"], out
+    config.write_text(json.dumps({"seam": {"command": "./tools/bridge"}, "poll_sec": 0}))
+    code, out, err = seam("inbox", "check", "--slug", "alpha", cwd=repo, input="{}")
+    assert (code, err, out["decision"]) == (0, "", "block")
+    assert "%s: poll_sec must be a number between 0.05 and 3600, got 0" % config in out["reason"]
+    assert "scripts/bridge.py" not in out["reason"] and "1 queued" in out["reason"]
+
+
 def test_a_symlinked_sessions_folder_is_never_read(repo, tmp_path):
     """_bridge/sessions linked to a folder elsewhere is not read, as it is not written: a
     marker there does not make the Stop check block a session (nor name the session wake
