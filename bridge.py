@@ -3897,12 +3897,13 @@ def worktree_root(root, config, git):
     return path
 
 
-def worktree_state(handoff, task_id):
+def worktree_state(handoff, task_id, queued_only=False):
     """Why the worktree of task `task_id` stays; None when nothing needs it any more (its task
-    succeeded and its work is committed on its branch)."""
+    succeeded and its work is committed on its branch; with `queued_only`, its task is not
+    queued or running)."""
     place = task_place(handoff, task_id, ("running", "tasks"))
-    if place:
-        return "its task is in %s/" % place
+    if place or queued_only:
+        return place and "its task is in %s/" % place
     try:
         result = read_result(handoff, task_id)
     except BridgeError as exc:
@@ -4262,7 +4263,8 @@ class Watcher:
     # -- startup sweep (crash recovery) --
 
     def sweep(self):
-        """Recover tasks left in running/ by a watcher that died, before new work."""
+        """Recover tasks left in running/ by a watcher that died, before new work; then remove
+        the task worktrees nothing needs (a re-queued task makes its own again)."""
         for name in os.listdir(self.git_dir):  # throwaway indexes of a crashed watcher
             if name.startswith("bridge-index."):
                 pid = name.split(".")[1]
@@ -4291,30 +4293,9 @@ class Watcher:
                         self.handoff.path("running", name[:-5] + ".json")) \
                     and FileLock.probe(path)[0] != "held":
                 self.drop_lock_file(path)
-        self.sweep_worktrees()
-
-    def sweep_worktrees(self):
-        """After running/: git forgets worktrees whose folder is gone (`worktree prune`), and
-        each task worktree left in the worktree folder is removed (its task succeeded, or was
-        re-queued: the next run makes it again) or kept, saying why (status lists it)."""
-        if not self.worktrees or not os.path.isdir(self.worktrees):
-            return
-        with self.git_lock:
-            self.repo_git.run("worktree", "prune", check=False)
-        for task_id in sorted(os.listdir(self.worktrees)):
-            why = worktree_state(self.handoff, task_id)
-            if why is not None:
-                self.say("kept the worktree %s: %s" % (os.path.join(self.worktrees, task_id), why))
-                continue
-            path = os.path.join(self.worktrees, task_id)
-            try:
-                with self.git_lock:
-                    gone = self.repo_git.remove_worktree(self.repo_git.worktree(path)[0])
-                why = None if gone.ok else "git cannot remove it: " + gone.stderr.strip()[-300:]
-            except BridgeError as exc:
-                why = exc.message
-            self.say("kept the worktree %s: %s" % (path, why) if why else
-                     "removed the worktree %s (its task succeeded)" % path)
+        if self.worktrees:
+            clear_worktrees(self.handoff, self.repo_git, task_worktrees(self.worktrees), self.say,
+                            self.git_lock)
 
     def sweep_task(self, running, name):
         """Recover one task file left in running/ (see sweep)."""
@@ -5500,6 +5481,7 @@ def queue_status(root, config, recent=5):
     worker = None
     if state == "held" or (state == "unknown" and meta and not meta.get("released_at")):
         worker = {k: meta.get(k) for k in ("pid", "host", "created_at", "heartbeat_at")} if meta else {}
+    worktrees = task_worktrees(worktree_root(root, config, Git(root)))
     return {"queued": counts["tasks"], "running": counts["running"], "pending": counts["pending"],
             "failed": counts["failed"], "results": by_status, "worker": worker,
             "recent_failures": failures[:recent], "waiting": waiting_tasks(handoff),
@@ -5507,13 +5489,11 @@ def queue_status(root, config, recent=5):
             "worktrees": [{"id": task_id, "path": path, "why": worktree_state(handoff, task_id)
                            or "nothing needs it (removed by the next watcher start in worktree isolation, "
                            "or by `bridge.py unlock --worktrees`)"}
-                          for task_id, path in task_worktrees(root, config)]}
+                          for task_id, path in worktrees]}
 
 
-def task_worktrees(root, config):
-    """[(task id, path)] of the task worktrees in the worktree folder (see worktree_root; a
-    worktree_dir it refuses is the BridgeError it raises, exit 2, as for `watch`)."""
-    folder = worktree_root(root, config, Git(root))
+def task_worktrees(folder):
+    """[(task id, path)] of the task worktrees in the worktree folder (see worktree_root)."""
     try:
         names = sorted(os.listdir(folder))
     except FileNotFoundError:
@@ -5523,37 +5503,50 @@ def task_worktrees(root, config):
     return [(name, os.path.join(folder, name)) for name in names]
 
 
+def clear_worktrees(handoff, repo, worktrees, say, lock, wip=False):
+    """Prune the worktrees git lists whose folder is gone, then remove each task worktree of
+    `worktrees` [(task id, path)] nothing needs (worktree_state) or, with `wip`, each whose
+    task is not queued or running, after committing what it holds to its branch as WIP.
+    `say` is told what was removed, and why each kept one stays."""
+    with lock:
+        repo.run("worktree", "prune", check=False)
+    for task_id, path in worktrees:
+        branch, held = "feat/ai/" + task_id, ""
+        try:
+            why = worktree_state(handoff, task_id, queued_only=wip)
+            if why:
+                raise BridgeError(why)
+            with lock:
+                git = repo.worktree(path)[0]
+                if wip and git.current_branch() != branch:  # else the commit would land elsewhere
+                    raise BridgeError("it is not on %s; look at it yourself" % branch)
+                commit = wip and git.commit_all("WIP(bridge): %s worktree removed by unlock "
+                                                "--worktrees - NOT verified\n" % task_id)
+                held = "; what it held is WIP commit %s on %s" % (commit, branch) if commit else ""
+                gone = repo.remove_worktree(git)
+            if not gone.ok:
+                raise BridgeError("git cannot remove it: %s%s" % (gone.stderr.strip()[-300:], held))
+            say("removed the worktree %s%s" % (path, held if wip else " (its task succeeded)"))
+        except BridgeError as exc:
+            say("kept the worktree %s: %s" % (path, exc.message))
+
+
 def remove_worktrees(root, config):
     """`unlock --worktrees`, with no watcher running: each task worktree whose task is not
     queued or running is committed to its branch as WIP (when it holds changes) and removed;
     the branch stays. Lines saying what was done."""
+    import contextlib
     handoff = Handoff(root)
     handoff.require()
     lock = FileLock(handoff.path("locks", WORKER_LOCK), meta={"role": "unlock --worktrees"})
     if not lock.acquire():
         raise BridgeError("a watcher holds the worker lock (%s): stop it first, its tasks' "
                           "worktrees are in use" % describe_holder(lock.holder), EXIT_LOCKED)
-    lines, repo = [], Git(root)
+    lines = []
     try:
-        repo.run("worktree", "prune", check=False)
-        for task_id, path in task_worktrees(root, config):
-            place = task_place(handoff, task_id, ("running", "tasks"))
-            try:
-                if place:
-                    raise BridgeError("its task is in %s/" % place)
-                git, branch = repo.worktree(path)[0], "feat/ai/" + task_id
-                if git.current_branch() != branch:  # else the commit would land on another branch
-                    raise BridgeError("it is not on %s; look at it yourself" % branch)
-                wip = git.commit_all("WIP(bridge): %s worktree removed by unlock --worktrees - "
-                                     "NOT verified\n" % task_id)
-                gone = repo.remove_worktree(git)
-                if not gone.ok:
-                    raise BridgeError("git cannot remove it: %s%s" % (gone.stderr.strip()[-300:], (
-                        "; what it held is WIP commit %s on %s" % (wip, branch)) if wip else ""))
-                lines.append("removed the worktree %s%s" % (path, "; what it held is WIP commit %s "
-                             "on %s" % (wip, branch) if wip else ""))
-            except BridgeError as exc:
-                lines.append("kept the worktree %s: %s" % (path, exc.message))
+        repo = Git(root)
+        clear_worktrees(handoff, repo, task_worktrees(worktree_root(root, config, repo)),
+                        lines.append, contextlib.nullcontext(), wip=True)
     finally:
         lock.release()
     return lines or ["no task worktrees"]
