@@ -4528,14 +4528,10 @@ class Watcher:
     def start_point(self, path, task):
         """May `task` start now, and from where: the one place the scheduler asks. A tuple
         (start commit, dependencies) when it may (commit None: what your checkout has checked
-        out); None while it waits (the queue goes on with the next task); else the outcome of
-        blocking it (see dependencies)."""
-        return self.dependencies(path, task) if task["depends_on"] else (None, [])
-
-    def dependencies(self, path, task):
-        """A task with `depends_on`, before it starts: (start commit, deps) when it may
-        start; None while it waits (said once; the queue goes on with the next task);
-        else the outcome of blocking it (dependency_failed, dependency_cycle)."""
+        out, as for a task with no `depends_on`); None while it waits (said once; the queue goes
+        on with the next task); else the outcome of blocking it (dependency_failed, ...)."""
+        if not task["depends_on"]:
+            return None, []
         found = dependency_state(self.handoff, task, self.git, graph=self.graph)
         doubted = self.doubted(found["deps"]) if found["state"] != "waiting" else []
         if doubted:
@@ -5038,8 +5034,9 @@ class Watcher:
         """The prompt section telling a task what went wrong in its last failed or blocked
         run (before crash recovery, a stop or `submit --retry` queued it again): the reason,
         the failing verification command (or the agent's run) and the end of its output.
-        Taken from the redacted result history, redacted again, at most retry_context_bytes
-        (the output's tail gives way first). None when retry_context is off or no run failed
+        Taken from the redacted result history, each part redacted again (with today's
+        patterns) before it is cut, at most retry_context_bytes (the output's tail gives way
+        first). None when retry_context is off or no run failed
         (a task refused or held back by its dependencies never ran: nothing to learn)."""
         if not self.config["retry_context"]:
             return None
@@ -5052,17 +5049,17 @@ class Watcher:
 
         def clip(value, size):  # the redacted text's first `size` bytes, whole characters
             return self.redact(str(value or "")).encode()[:size].decode("utf-8", "ignore")
-        text = "## What went wrong last time\nAttempt %s ended %s (%s): %s" % (
-            last.get("attempt"), last.get("status"), last.get("reason"),
+        text = "## What went wrong last time\n%s%s" % (clip("Attempt %s ended %s (%s): " % (
+            last.get("attempt"), last.get("status"), last.get("reason")), cap // 4),
             clip(last.get("detail"), cap // 8))
         commands = last.get("commands")
         failing = next((c for c in (commands if commands.__class__ is list else ()) if isinstance(c, dict)
                         and not c.get("skipped") and c.get("exit_code") != 0), None)
         ran = failing or (last.get("executor") if last.get("reason") != "interrupted" else None)
         if isinstance(ran, dict):  # how it ended: a run stopped or killed has no exit code
-            ended = ("timed out" if ran.get("timed_out") else "exit %s" % ran["exit_code"]
-                     if ran.get("exit_code") is not None else "killed by signal %s" % ran["signal"]
-                     if ran.get("signal") else clip(ran.get("error") or "no exit code", cap // 8))
+            ended = clip("timed out" if ran.get("timed_out") else "exit %s" % ran["exit_code"]
+                         if ran.get("exit_code") is not None else "killed by signal %s" % ran["signal"]
+                         if ran.get("signal") else ran.get("error") or "no exit code", cap // 8)
             text += "\n%s. The end of its output:\n```\n" % (
                 "The failing verification command: `%s` (%s)" % (clip(failing.get("cmd"), cap // 8),
                                                                  ended) if failing
@@ -5074,7 +5071,7 @@ class Watcher:
             if len(tail) < len(output):
                 tail = tail.partition("\n")[2]  # whole lines only
             text += tail.replace("```", "'''") + "\n```"
-        return self.redact(text)
+        return text
 
     def enter_checkout(self, task, result, start=None):
         """Checkout isolation: the dirty check and git state, captured before the agent runs,
@@ -7266,7 +7263,7 @@ def _wake_pass(root, bdir, config, members, codex_bin):
                         message="the resume started by an earlier wake (pid %d) is still running"
                         % resumes[session]["pid"])
             continue
-        argv = [part.replace("{session_id}", session) for part in template]
+        argv = fill_template(template, {"session_id": session})
         if codex_bin:
             argv[0] = codex_bin
         prompt = ("Bridge has queued captain intent for this Codex session.\n"
