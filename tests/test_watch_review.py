@@ -86,7 +86,7 @@ def test_a_result_the_agent_forges_does_not_stand(queue):
     out = queue.watch()
     r = queue.result("t1")
     assert r["reason"] == "agent_tampered", out.stderr
-    assert not other.exists() or json.loads(other.read_text())["status"] != "success"
+    assert not other.exists()
     aside = queue.handoff / "meta" / "t1.tampered" / ".ai-handoff" / "results" / "other.json"
     assert json.loads(aside.read_text())["status"] == "success"
 
