@@ -1,4 +1,5 @@
 """Shared test helpers: run bridge.py as users do (a subprocess), in temp dirs."""
+import importlib.util
 import os
 import subprocess
 import sys
@@ -7,7 +8,9 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-BRIDGE = REPO / "bridge.py"
+# TEST_BRIDGE_PY runs the tests against another copy, e.g. an old bridge.py, to check that a new
+# test fails before its fix.
+BRIDGE = Path(os.environ.get("TEST_BRIDGE_PY") or REPO / "bridge.py")
 FIXTURES = REPO / "fixtures"
 PYTHON = sys.executable
 
@@ -28,6 +31,19 @@ def run_bridge(*args, cwd=None, input=None, env=None, timeout=60):
         [PYTHON, str(BRIDGE), *map(str, args)], cwd=cwd, input=input,
         env=clean_env() if env is None else env, capture_output=True, text=True,
         timeout=timeout, stdin=None if input is not None else subprocess.DEVNULL)
+
+
+def load_bridge(path=BRIDGE, name="bridge_under_test"):
+    """bridge.py imported as a fresh module (its own globals) from `path`."""
+    spec = importlib.util.spec_from_file_location(name, str(path))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+# The same, as the first line of a `python -c` script: bridge.py as `b`.
+IMPORT_BRIDGE = ("import importlib.util as u; s = u.spec_from_file_location('b', %r); "
+                 "b = u.module_from_spec(s); s.loader.exec_module(b)" % str(BRIDGE))
 
 
 def readme_quickstart(name):

@@ -3,7 +3,6 @@
 Everything runs through the CLI on real git repositories, with fixtures/mcp_axiomregent.py
 (axiomregent's real quirks, or the MCP standard with --line) as the server; it applies patches
 with `git apply`, so a completed change set really changed the files."""
-import importlib.util
 import json
 import os
 import signal
@@ -12,17 +11,10 @@ import time
 
 import pytest
 
-from conftest import (BRIDGE, FIXTURES, PYTHON, clean_env, git, make_git_repo,
+from conftest import (BRIDGE, FIXTURES, PYTHON, clean_env, git, load_bridge, make_git_repo,
                       process_running, readme_quickstart, run_bridge)
 
 SERVER = str(FIXTURES / "mcp_axiomregent.py")
-
-
-def load_bridge():
-    spec = importlib.util.spec_from_file_location("bridge_under_test", str(BRIDGE))
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 B = load_bridge()

@@ -4,7 +4,6 @@ Most behaviour is tested through the CLI in the bridge test files; these tests
 pin the kernel's own promises (atomic writes, JSONL, locks, subprocess timeouts,
 git safety, config errors) by importing bridge.py as a module.
 """
-import importlib.util
 import json
 import os
 import subprocess
@@ -14,11 +13,10 @@ import time
 
 import pytest
 
-from conftest import BRIDGE, PYTHON, clean_env, git, process_running, run_bridge
+from conftest import (BRIDGE, IMPORT_BRIDGE, PYTHON, clean_env, git, load_bridge, process_running,
+                      run_bridge)
 
-spec = importlib.util.spec_from_file_location("bridge", BRIDGE)
-bridge = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(bridge)
+bridge = load_bridge()
 
 
 def test_version_and_help():
@@ -76,13 +74,11 @@ def test_scan_jsonl_counts_complete_lines_only(tmp_path):
 
 def test_append_jsonl_concurrent_processes_never_interleave(tmp_path):
     path = tmp_path / "log.jsonl"
-    script = textwrap.dedent("""
-        import importlib.util, sys
-        spec = importlib.util.spec_from_file_location("bridge", %r)
-        b = importlib.util.module_from_spec(spec); spec.loader.exec_module(b)
+    script = IMPORT_BRIDGE + textwrap.dedent("""
+        import sys
         for i in range(200):
             b.append_jsonl(sys.argv[1], {"w": sys.argv[2], "i": i, "pad": "p" * 5000})
-    """ % str(BRIDGE))
+    """)
     procs = [subprocess.Popen([PYTHON, "-c", script, str(path), str(w)]) for w in range(6)]
     assert all(p.wait(timeout=60) == 0 for p in procs)
     records = [record for _, record, _ in bridge.scan_jsonl(path)]
@@ -107,10 +103,8 @@ def test_safe_name():
             bridge.safe_name(bad)
 
 
-HOLD = textwrap.dedent("""
-    import importlib.util, sys, time
-    spec = importlib.util.spec_from_file_location("bridge", %r)
-    b = importlib.util.module_from_spec(spec); spec.loader.exec_module(b)
+HOLD = IMPORT_BRIDGE + textwrap.dedent("""
+    import sys, time
     lock = b.FileLock(sys.argv[1], meta={"role": "test"})
     print("acquired" if lock.acquire() else "busy", flush=True)
     time.sleep(float(sys.argv[2]))
@@ -119,7 +113,7 @@ HOLD = textwrap.dedent("""
 
 def test_filelock_excludes_other_process_and_recovers_after_kill(tmp_path):
     path = tmp_path / "locks" / "w.lock"
-    holder = subprocess.Popen([PYTHON, "-c", HOLD % str(BRIDGE), str(path), "30"],
+    holder = subprocess.Popen([PYTHON, "-c", HOLD, str(path), "30"],
                               stdout=subprocess.PIPE, text=True)
     assert holder.stdout.readline().strip() == "acquired"
     lock = bridge.FileLock(path)
@@ -153,9 +147,7 @@ def test_holder_is_dead_only_when_provable():
 def test_acquire_flock_times_out_against_flock1_style_holder(tmp_path):
     path = tmp_path / "q.lock"
     fd = bridge.acquire_flock(path, timeout=1)
-    script = ("import importlib.util,sys;s=importlib.util.spec_from_file_location('b',%r);"
-              "b=importlib.util.module_from_spec(s);s.loader.exec_module(b);"
-              "print(b.acquire_flock(sys.argv[1], timeout=0.3))") % str(BRIDGE)
+    script = IMPORT_BRIDGE + "; import sys; print(b.acquire_flock(sys.argv[1], timeout=0.3))"
     out = subprocess.run([PYTHON, "-c", script, str(path)], capture_output=True, text=True)
     assert out.stdout.strip() == "None"
     bridge.release_flock(fd)
@@ -612,9 +604,8 @@ def test_fsync_of_a_folder_swapped_for_a_fifo_never_blocks(tmp_path):
     is skipped (O_DIRECTORY), not waited on for a writer that never comes."""
     fifo = tmp_path / "state"
     os.mkfifo(fifo)
-    code = "import importlib.util as u,sys;s=u.spec_from_file_location('b',sys.argv[1]);" \
-           "m=u.module_from_spec(s);s.loader.exec_module(m);m._fsync_dir(sys.argv[2])"
-    done = subprocess.run([sys.executable, "-c", code, str(BRIDGE), str(fifo)], timeout=20)
+    code = IMPORT_BRIDGE + "; import sys; b._fsync_dir(sys.argv[1])"
+    done = subprocess.run([sys.executable, "-c", code, str(fifo)], timeout=20)
     assert done.returncode == 0
 
 

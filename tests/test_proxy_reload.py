@@ -2,7 +2,6 @@
 source file the test edits. Each edit burst restarts the server once (not a crash), the client's
 session goes on, requests in progress get close_grace_sec, and doctor:reloaded carries the
 tool-list diff. Events come from tests/proxy_harness.py's recording stand-in."""
-import importlib.util
 import os
 import queue
 import shutil
@@ -11,17 +10,10 @@ import time
 
 import pytest
 
-from conftest import BRIDGE, FIXTURES, PYTHON
+from conftest import FIXTURES, PYTHON, load_bridge
 from test_proxy import Session
 
 FAST = {"lifecycle": {"cooldown": 20}}
-
-
-def load_bridge():
-    spec = importlib.util.spec_from_file_location("bridge_reload", str(BRIDGE))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
 
 
 def server_copy(tmp_path):

@@ -6,7 +6,6 @@ command is tested through the CLI with real stdin/stdout. Fake secrets are assem
 time so this file itself holds no token-shaped strings.
 """
 import base64
-import importlib.util
 import json
 import random
 import string
@@ -16,12 +15,10 @@ from urllib.parse import quote, quote_plus
 
 import pytest
 
-from conftest import BRIDGE, PYTHON, clean_env, run_bridge
+from conftest import BRIDGE, PYTHON, clean_env, load_bridge, run_bridge
 import redaction_corpus
 
-spec = importlib.util.spec_from_file_location("bridge_under_test", str(BRIDGE))
-bridge = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(bridge)
+bridge = load_bridge()
 
 R = bridge.REDACTED
 _rng = random.Random(7)

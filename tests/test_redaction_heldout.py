@@ -3,7 +3,6 @@ rules and of tests/redaction_corpus.py (by a reviewer who had not read either), 
 and false positives here are measured, not fitted. Fake secrets are built at run time.
 """
 import base64
-import importlib.util
 import json
 import random
 import string
@@ -11,11 +10,9 @@ import subprocess
 
 import pytest
 
-from conftest import BRIDGE, PYTHON, clean_env
+from conftest import BRIDGE, PYTHON, clean_env, load_bridge
 
-spec = importlib.util.spec_from_file_location("bridge_heldout", str(BRIDGE))
-bridge = importlib.util.module_from_spec(spec)
-spec.loader.exec_module(bridge)
+bridge = load_bridge()
 
 _rng = random.Random(20261126)
 AL = string.ascii_letters + string.digits

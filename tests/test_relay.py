@@ -5,7 +5,6 @@ bridge.py emits (below; PyYAML is not a dependency) and, when PyYAML happens
 to be importable, by yaml.safe_load as the real consumers read them.
 """
 import datetime
-import importlib.util
 import json
 import os
 import random
@@ -17,7 +16,7 @@ import time
 
 import pytest
 
-from conftest import BRIDGE, FIXTURES, PYTHON, clean_env, readme_quickstart, run_bridge
+from conftest import BRIDGE, FIXTURES, PYTHON, clean_env, load_bridge, readme_quickstart, run_bridge
 
 RELAY_FIX = FIXTURES / "relay"
 QUEUE = "captain_to_vice_captain.yaml"
@@ -499,9 +498,7 @@ def test_message_starting_with_dash_after_double_dash(tmp_path):
 def test_emitter_round_trips_random_text():
     """In-process property check of the scalar emitter against the strict reader
     (and PyYAML when present), indentless and indented layouts."""
-    spec = importlib.util.spec_from_file_location("bridge_mod", str(BRIDGE))
-    bridge = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bridge)
+    bridge = load_bridge()
     alphabet = list("ab yes: #-'\"\\\t\n|>{}[],&*!%@`?~=<0123.+") + [
         "日", "。", "😀", "\x85", "\u2028", "\x7f", "\x00", "\ufeff", "\u3000", " ", "\n"]
     rng = random.Random(4)
@@ -778,13 +775,6 @@ def test_queue_file_may_not_leave_the_queue_directory(tmp_path):
 NEED_PYYAML = pytest.mark.skipif(
     yaml is None, reason="PyYAML is not installed (tests/tools.sh installs it into .venv "
                          "when it can; `pip install pyyaml` to run these cross-checks)")
-
-
-def load_bridge():
-    spec = importlib.util.spec_from_file_location("bridge_mod", str(BRIDGE))
-    bridge = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bridge)
-    return bridge
 
 
 def pyyaml_error(text):
@@ -1106,6 +1096,26 @@ def test_a_queue_edited_after_relay_wrote_it_is_checked_again(tmp_path):
     if yaml is not None:
         assert [e["id"] for e in yaml.safe_load(queue.read_text())["commands"]][-3:] == [
             "cmd_049", "cmd_050", "cmd_051"]
+
+
+def test_relay_skips_the_whole_file_check_for_the_bytes_it_wrote_last(tmp_path):
+    """The fast path: after each write the lock file holds the digest of the queue's bytes,
+    and a queue whose bytes match it is not checked again. Observed through a record
+    matching a queue the check would refuse (as a forged one would): the append goes through,
+    where without the fast path it is refused as above."""
+    bridge = load_bridge()
+    root, queue = make_root(tmp_path, fixture="pyyaml_indentless.yaml",
+                            config={"relay": {"nudge": False}})
+    lock = queue.parent / (QUEUE + ".lock")
+    assert down(root, "miho", "main", "m", "p").stdout == "cmd_049\n"
+    assert lock.read_bytes() == bridge._relay_digest(queue.read_bytes())
+    broken = queue.read_bytes() + b"  priority: 'never closed\n"
+    queue.write_bytes(broken)
+    lock.write_bytes(bridge._relay_digest(broken))
+    result = down(root, "miho", "main", "m", "p")
+    assert result.returncode == 0 and result.stdout == "cmd_050\n", result.stderr
+    assert queue.read_bytes().startswith(broken)
+    assert lock.read_bytes() == bridge._relay_digest(queue.read_bytes())
 
 
 @pytest.mark.parametrize("keys,relays", [

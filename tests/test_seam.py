@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from conftest import BRIDGE, FIXTURES, PYTHON, clean_env, make_git_repo, process_running, run_bridge
+from conftest import (BRIDGE, FIXTURES, PYTHON, clean_env, load_bridge, make_git_repo,
+                      process_running, run_bridge)
 
 SEAM = FIXTURES / "seam"
 SEAM_INDEX = ".seam-index.json"
@@ -310,10 +311,7 @@ def test_marker_is_never_written_through_a_sessions_folder_swapped_for_a_symlink
     """An agent may swap _bridge/sessions for a symlink to elsewhere between any two steps of a
     hook (a check for a link, then a write, is a race it can win): whatever the timing, no
     marker, temporary file or link ever lands outside, and markers still get written."""
-    import importlib.util
-    spec = importlib.util.spec_from_file_location("bridge_marker_race", str(BRIDGE))
-    bridge = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bridge)
+    bridge = load_bridge()
     bdir, outside = repo / "_bridge", tmp_path / "outside"
     (bdir / "sessions").mkdir(parents=True)
     outside.mkdir()
