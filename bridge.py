@@ -8903,7 +8903,8 @@ class ProxyChild:
         os.set_blocking(self.fin, False)
         self.lines, self.errbuf = ProxyLines(cap), bytearray()
         self.ready = False
-        self.replay_id = None           # id of the replayed initialize until it is answered
+        self.replay_id = None           # id of the replayed initialize (or probe) until it is answered
+        self.probes = ()                # ids of the sign-of-life requests in flight (Proxy.probe)
         self.owned = {}                 # id -> method of bridge.py's own requests awaiting an answer
         self.heard = self.started       # when stdout last gave anything (health check)
         self.eof_at = None              # when stdout or stdin closed (its exit should follow at once)
@@ -9469,13 +9470,23 @@ class Proxy:
         self.publish_stats()
         if self.init_params is not None:           # the client had initialized: replay it
             child.replay_id = self.own("initialize", self.init_params)
-        elif self.gen > 1:
-            # No handshake to replay (a 2026-07-28 or raw client): probe with the one request every
-            # 2026-07-28 server must answer. An older server says "method not found", which proves
-            # it reads and answers all the same.
-            child.replay_id = self.own("server/discover")
+        elif self.gen > 1:                         # no handshake to replay: ask for a sign of life
+            child.replay_id = self.probe()
         else:
             self.flush_held()
+
+    def probe(self):
+        """Ask the Doctor for a sign of life (any answer, even an error, proves it reads and
+        answers); returns the first id. `ping` where the session negotiated a protocol before
+        2026-07-28, `server/discover` (the one request every 2026-07-28 server must answer,
+        which removed ping) where it negotiated a later one or the client named one in _meta;
+        where neither says the era, both: some older servers never answer a method they do not
+        know, and ping is the one they must answer, even before initialize."""
+        legacy = isinstance(self.proto, str) and self.proto < "2026-07-28"
+        era_known = self.proto is not None or self.meta is not None
+        self.child.probes = [self.own(m) for m in ("server/discover", "ping")
+                             if m == "ping" and (legacy or not era_known) or m != "ping" and not legacy]
+        return self.child.probes[0]
 
     def own(self, method, params=None):
         """Send the Doctor a request of bridge.py's own, under an id of its own; the answer is
@@ -9513,7 +9524,7 @@ class Proxy:
             if self.pending and self.health_sec and child.replay_id is None and \
                     now - max(child.heard, next(iter(self.pending.values()))[1]) >= self.health_sec:
                 child.ping_at = now
-                self.own("ping" if isinstance(self.proto, str) and self.proto < "2026-07-28" else "server/discover")
+                self.probe()
         elif not child.doubted and now - max(child.ping_at, child.heard) >= self.health_timeout:
             if child.concurrent:
                 self.hung("hung", now)
@@ -10045,19 +10056,22 @@ class Proxy:
     def answered(self, method, msg):
         """The Doctor answered a request of bridge.py's own: swallowed, never forwarded."""
         child = self.child
-        if method == "server/discover" and child.replay_id is not None:   # the readiness probe: any answer
-            child.replay_id = None
-            self.mark_ready("answered server/discover")
-            return self.flush_held()
-        if method == "tools/list":
-            return self.listed(msg)
-        if method in ("ping", "server/discover"):  # a health check: even an error answer proves life
-            # Concurrent only once a request sent before the ping is answered after it: then the
-            # ping was answered while that request was in progress (not merely ignored).
+        if method in ("ping", "server/discover"):  # a probe: even an error answer proves life
+            if msg.get("id") not in child.probes:
+                return                             # the other of a probe already answered
+            child.probes = ()
+            if child.replay_id is not None:        # a restart's readiness probe
+                child.replay_id = None
+                self.mark_ready("answered " + method)
+                return self.flush_held()
+            # A health check. Concurrent only once a request sent before it is answered after
+            # it: then it was answered while that request was in progress (not merely ignored).
             older = [mid for mid, (_m, t) in self.pending.items() if t < child.ping_at][:16]
             child.witness = set(older) if older and not child.concurrent else None
             child.ping_at, child.doubted = None, False
             return
+        if method == "tools/list":
+            return self.listed(msg)
         if "error" in msg:
             self.emit("bridge:replay_failed", {"generation": child.gen, "method": method,
                                                "error": msg["error"]})

@@ -229,3 +229,22 @@ def test_a_listen_inside_a_batch_is_never_re_sent_with_its_neighbours(session): 
         "content": [{"type": "text", "text": "after"}], "resultType": "complete"}})
     assert not [line for line in s.received(s.wait_pids(2)[1]) if "side-effect" in line or "sub-b" in line]
     s.close()
+
+
+def test_a_hung_older_server_silent_on_unknown_methods_is_found_without_a_handshake(session):
+    """A raw client (no initialize, no protocol version in _meta) and an older server that never
+    answers a method it does not know: the health check is server/discover and ping, so the
+    server is seen answering while busy (concurrent) and a later hang is found, not taken for a
+    server that handles one request at a time."""
+    s = session(["--ignore-unknown"], harness=True, config=HEALTH)
+    mid = s.request("tools/list")                                     # ready: checked from now on
+    assert until_reply(s, mid)[1]["result"]["tools"]
+    mid = s.request("tools/call", {"name": "slow", "arguments": {"sec": 1.0}})
+    assert until_reply(s, mid)[1]["result"]["content"][0]["text"] == "ok"
+    mid = s.request("tools/call", {"name": "hang", "arguments": {}})
+    reply = until_reply(s, mid)[1]
+    assert reply["error"]["data"]["reason"] == "hung", reply
+    probes = [json.loads(line)["method"] for line in s.received(s.pids()[0]) if '"id":"bridge.py-' in line]
+    assert probes[:2] == ["server/discover", "ping"]
+    assert ready(s, 2)["signal"] == "answered ping"
+    s.close()
