@@ -2843,29 +2843,38 @@ class Git:
                               EXIT_FAILED)
         return self.head()
 
-    def worktree(self, path):
+    def worktree(self, path, fresh=False):
         """(Git, git directory) for the linked worktree at `path`, once git confirms it is the
         top of a work tree of this repository: its git directory one of this repository's
         worktrees/ and its common directory this one's (else a BridgeError). A `.git` file or
         `commondir` rewritten to name your own git directory would have git there commit on
         your branch with your index. It keeps this Git's list of filter drivers (one `git
         config` call less per task) unless the worktree reads config of its own
-        (config.worktree; an includeIf, whose condition may hold there and not here)."""
+        (config.worktree; an includeIf, whose condition may hold there and not here).
+        `fresh`: `git worktree add` made it a moment ago, so its `.git` file is read as git
+        reads it (a line `gitdir: DIR`, relative to the worktree) instead of asking git; the
+        same checks follow. Anything that could rewrite it in between could as well right
+        after the check: the tamper check's fingerprint covers it from then on."""
         mine = self.git_dir()
         common = os.path.realpath(os.path.join(mine, _read_small(os.path.join(mine, "commondir"))
                                                or "."))
         self.filter_config()
         git, seen = Git(path, self.timeout), self._config_seen
         git._config_seen = seen  # rev-parse runs no filter
-        top = git.run("rev-parse", "--show-toplevel", "--absolute-git-dir", "--git-common-dir",
-                      check=False)
-        lines = top.stdout.splitlines()
-        if not top.ok or len(lines) != 3 or os.path.realpath(lines[0]) != os.path.realpath(path) \
+        if fresh:
+            link = read_input(os.path.join(path, ".git"), "file", 4096, missing=b"")
+            link = link.decode("utf-8", "replace").rstrip("\r\n")
+            ok, lines = link.startswith("gitdir: "), [path, os.path.join(path, link[8:]), common]
+        else:
+            top = git.run("rev-parse", "--show-toplevel", "--absolute-git-dir", "--git-common-dir",
+                          check=False)
+            ok, lines = top.ok, top.stdout.splitlines()
+        if not ok or len(lines) != 3 or os.path.realpath(lines[0]) != os.path.realpath(path) \
                 or os.path.dirname(os.path.realpath(lines[1])) != os.path.join(common, "worktrees") \
                 or os.path.realpath(os.path.join(path, lines[2])) != common:
             raise BridgeError("%s exists but is no worktree of this repository; remove it or "
                               "rename the task" % path, EXIT_FAILED)
-        git._git_dir = lines[1]
+        git._git_dir = lines[1] = os.path.realpath(lines[1])
         # the same config files, stat-checked on every call as ever, plus its own
         own = (os.path.join(path, ".git"), os.path.join(lines[1], "config.worktree"),
                os.path.join(lines[1], "commondir"))
@@ -3706,13 +3715,8 @@ class Fingerprint:
         self.aside = handoff.path("meta", task_id + ".tampered")
         self.running = os.path.join(handoff.base, "running", task_id + ".json")
         self.base_tip = None  # the base branch's commit (the watcher checks the branches)
-        # where git keeps HEAD and the branches: git moves a ref by writing a new file and
-        # renaming it into place (or a new reftable), so while none of these changed
-        # signature no branch moved and the watcher need not ask git
-        self.ref_paths = [os.path.join(git_dir, "HEAD"), os.path.join(common, "packed-refs"),
-                          os.path.join(common, "reftable", "tables.list")] + [
-            os.path.join(common, "refs", "heads", *name.split("/")) for name in branches if name]
-        self.refs_before = self.ref_signatures()
+        self.ref_paths = self.refs(git_dir, branches, common)
+        self.refs_before = self.ref_signatures(self.ref_paths)
         self.before = self.signatures()
         self.kept = {}
         for path, sig in self.before.items():
@@ -3760,17 +3764,30 @@ class Fingerprint:
                     folders.append(entry.path)
         return found
 
-    def ref_signatures(self):
+    @staticmethod
+    def refs(git_dir, branches, common=None):
+        """Where git keeps HEAD and the `branches`: git moves a ref by writing a new file and
+        renaming it into place (or a new reftable), so while none of these changed signature
+        no branch moved and nothing need ask git."""
+        if common is None:
+            common = _read_small(os.path.join(git_dir, "commondir"))
+            common = os.path.normpath(os.path.join(git_dir, common)) if common else git_dir
+        return [os.path.join(git_dir, "HEAD"), os.path.join(common, "packed-refs"),
+                os.path.join(common, "reftable", "tables.list")] + [
+            os.path.join(common, "refs", "heads", *name.split("/")) for name in branches if name]
+
+    @classmethod
+    def ref_signatures(cls, paths):
         found = {}
-        for path in self.ref_paths:
+        for path in paths:
             try:
-                found[path] = self._signature(os.lstat(path))
+                found[path] = cls._signature(os.lstat(path))
             except OSError as exc:
                 found[path] = ("error", exc.errno)
         return found
 
     def refs_may_have_moved(self):
-        return self.ref_signatures() != self.refs_before
+        return self.ref_signatures(self.ref_paths) != self.refs_before
 
     @staticmethod
     def _signature(st):
@@ -3929,6 +3946,7 @@ class Watcher:
         self.config = config
         self.handoff = Handoff(self.root)
         self.repo_git = Git(self.root)
+        self.head_seen = None  # (ref signatures, checkout_head()) when git was last asked
         self.isolated = config["isolation"] == "worktree"
         self.workers = config["workers"]
         if self.workers > 1 and not self.isolated:
@@ -5115,12 +5133,7 @@ class Watcher:
         worktree left by an earlier run is used again, what it holds committed first (WIP).
         Returns the snapshot of the worktree."""
         task_id, git_state = task["id"], result["git"]
-        now = self.repo_git.run("rev-parse", "HEAD", "--abbrev-ref", "HEAD", check=False)
-        if not now.ok:
-            raise Stop("blocked", "branch_checkout_failed", "the repository has no commit yet "
-                       "(unborn branch); commit something first")
-        head, base_branch = now.stdout.split()
-        base_branch = None if base_branch == "HEAD" else base_branch  # detached
+        head, base_branch = self.checkout_head()
         base = start or head
         path, branch = os.path.join(self.worktrees, task_id), "feat/ai/" + task_id
         git_state.update(base_branch=base_branch, base_commit=base, base_head=head, branch=branch,
@@ -5128,13 +5141,16 @@ class Watcher:
         # recorded before any git change: a crash from here on finds the worktree
         self.note_in_task_lock(base_branch=base_branch, base_commit=base, base_head=head,
                                branch=branch, worktree=path, dirty_before=False)
-        reused = os.path.lexists(path)
-        if not reused and self.task_branch(task, result, (
-                "worktree", "add", "-q", "-b", branch, path, base), ("worktree", "add", "-q", path,
-                                                                     branch)):
-            reused = True
-        self.use_worktree(path)
-        snap = self.git_snapshot()
+        reused, fresh = os.path.lexists(path), False
+        if not reused:
+            reused = self.task_branch(task, result, ("worktree", "add", "-q", "-b", branch, path,
+                                                     base), ("worktree", "add", "-q", path, branch))
+            fresh = not reused
+        self.use_worktree(path, fresh)
+        # git has just checked the base out on a new branch there: index and files are that
+        # commit's, and nothing else is in the folder (one git status less per task)
+        snap = {"head": base, "current_branch": branch, "status": "", "dirty": False} if fresh \
+            else self.git_snapshot()
         if snap["current_branch"] != branch:
             raise Stop("blocked", "branch_checkout_failed", "%s is not a worktree on %s; remove it "
                        "(`bridge.py unlock --worktrees`) or rename the task" % (path, branch))
@@ -5148,10 +5164,27 @@ class Watcher:
                          status_before=snap["status"])
         return snap
 
-    def use_worktree(self, path):
+    def checkout_head(self):
+        """(commit, branch or None when detached) your checkout has checked out. git is asked
+        again only once a file it keeps HEAD or that branch in changed (Fingerprint.refs),
+        their signatures taken before it answers: one process less per task."""
+        seen = self.head_seen
+        refs = Fingerprint.ref_signatures(Fingerprint.refs(self.repo_git.git_dir(), seen[1][1:]
+                                                           if seen else ()))
+        if seen and seen[0] == refs:
+            return seen[1]
+        now = self.repo_git.run("rev-parse", "HEAD", "--abbrev-ref", "HEAD", check=False)
+        if not now.ok:
+            raise Stop("blocked", "branch_checkout_failed", "the repository has no commit yet "
+                       "(unborn branch); commit something first")
+        head, branch = now.stdout.split()
+        self.head_seen = refs, (head, None if branch == "HEAD" else branch)
+        return self.head_seen[1]
+
+    def use_worktree(self, path, fresh=False):
         """Point this task's git at its worktree (once git confirms it is one)."""
         try:
-            git, git_dir = self.repo_git.worktree(path)
+            git, git_dir = self.repo_git.worktree(path, fresh)
         except BridgeError as exc:
             raise Stop("blocked", "branch_checkout_failed", exc.message)
         git.stop = self.overdue

@@ -522,3 +522,48 @@ def test_unlock_worktrees_force_clears_a_live_lock_as_unlock_force_does(git_repo
     finally:
         live.terminate()
         live.wait(10)
+
+
+def test_each_task_starts_from_what_your_checkout_has_checked_out_now(git_repo, tmp_path):
+    """The watcher asks git for your checkout's HEAD only when a file git keeps HEAD or that
+    branch in changed: a commit on your branch, or a switch to another branch, between two
+    tasks of one run is seen by the next task."""
+    queue = worktree_queue(git_repo, tmp_path)
+    queue.put(queue.task("h1", commands_to_run=[
+        "git -C %s commit -q --allow-empty -m 'yours, meanwhile'" % queue.repo]))
+    queue.put(queue.task("h2", commands_to_run=["git -C %s checkout -q -b other" % queue.repo]))
+    queue.put(queue.task("h3"))
+    out = queue.watch()
+    assert out.returncode == 0, out.stderr
+    first, second, third = (queue.result(t)["git"] for t in ("h1", "h2", "h3"))
+    assert first["base_commit"] == queue.user_head and first["base_branch"] == "main"
+    moved = git(queue.repo, "rev-parse", "main").strip()
+    assert moved != queue.user_head and git(queue.repo, "log", "-1", "--format=%s", "main") \
+        == "yours, meanwhile\n"
+    assert (second["base_commit"], second["base_branch"]) == (moved, "main")
+    assert (third["base_commit"], third["base_branch"]) == (moved, "other")
+
+
+def test_a_worktree_whose_new_git_link_names_your_repository_is_not_used(git_repo, tmp_path):
+    """The link git wrote when it made the worktree is read, not asked about: rewritten right
+    after `git worktree add` (by an agent running alongside) to name your own git directory,
+    the task is refused before any git call there, and your index and branch stay as they
+    were."""
+    queue = worktree_queue(git_repo, tmp_path)
+    git(queue.repo, "add", "mine.txt")  # something staged of yours
+    queue.user_status = git(queue.repo, "status", "--porcelain", "--untracked-files=all")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    wrapper = bin_dir / "git"
+    wrapper.write_text('#!/bin/sh\n"%s" "$@"\nrc=$?\ncase " $* " in\n  *" worktree add "*)\n'
+                       '    eval dir=\\${$(($# - 1))}\n'
+                       '    printf "gitdir: %s\\n" > "$dir/.git" ;;\nesac\nexit $rc\n'
+                       % (shutil.which("git"), queue.repo / ".git"))
+    wrapper.chmod(0o755)
+    queue.put(queue.task("w9", agent={"write": {"x.txt": "x\n"}}))
+    env = dict(queue.env, PATH=str(bin_dir) + os.pathsep + queue.env["PATH"])
+    out = queue.watch(env=env)
+    r = queue.result("w9")
+    assert (r["status"], r["reason"]) == ("blocked", "branch_checkout_failed"), out.stderr
+    assert "is no worktree of this repository" in r["detail"] and r["executor"] is None
+    assert_user_checkout_untouched(queue)
