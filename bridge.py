@@ -5243,7 +5243,11 @@ class Watcher:
         with self.git_lock:
             gone = self.repo_git.remove_worktree(run.git)
             if gone.ok and result.get("executor") is None and git_state.get("branch_created"):
-                self.repo_git.run("branch", "-d", git_state["branch"], check=False)
+                # only while it is where it was made (a dependency's commit is on no branch
+                # of yours: `branch -d` would refuse it)
+                git_state["branch_created"] = not self.repo_git.run(
+                    "update-ref", "-d", "refs/heads/" + git_state["branch"],
+                    git_state["base_commit"], check=False).ok
         run.owned = False
         if not gone.ok:
             note = "the worktree %s could not be removed (%s); it stays" % (

@@ -263,9 +263,12 @@ def test_a_chained_task_killed_with_the_watcher_is_recovered_onto_its_chain(queu
     assert head(queue.repo) == base and git(queue.repo, "symbolic-ref", "--short", "HEAD").strip() == "main"
 
 
-def test_a_chained_task_that_fails_before_its_agent_leaves_no_branch(queue, tmp_path):
+@pytest.mark.parametrize("isolation", ["checkout", "worktree"])
+def test_a_chained_task_that_fails_before_its_agent_leaves_no_branch(queue, tmp_path, isolation):
     """bd fails as b starts: b's empty branch, made from a's commit (not merged into main),
-    is removed all the same; a's branch stays."""
+    is removed all the same (and in worktree isolation its worktree); a's branch stays."""
+    queue.config["isolation"] = isolation
+    queue.save_config()
     queue.put(queue.task("a", agent={"write": {"a.txt": "a\n"}}))
     assert queue.watch().returncode == 0
     queue.config["bead"] = {"command": [PYTHON, str(FIXTURES / "bd")], "timeout_sec": 5}
@@ -274,8 +277,11 @@ def test_a_chained_task_that_fails_before_its_agent_leaves_no_branch(queue, tmp_
     queue.put(queue.task("b", depends_on=["a"]))
     assert queue.watch().returncode == 4
     b = queue.result("b")
-    assert (b["reason"], b["executor"], b["git"]["branch_created"]) == ("bead_failed", None, False)
+    # in a worktree the branch goes after the result is written, with the worktree
+    assert (b["reason"], b["executor"], b["git"]["branch_created"]) == (
+        "bead_failed", None, isolation == "worktree")
     assert git(queue.repo, "branch", "--list", "feat/ai/*").split() == ["feat/ai/a"]
+    assert git(queue.repo, "worktree", "list", "--porcelain").count("worktree ") == 1
 
 
 def test_blocking_a_dependent_while_another_task_runs_is_no_tampering(git_repo, tmp_path):
