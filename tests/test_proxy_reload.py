@@ -2,6 +2,7 @@
 source file the test edits. Each edit burst restarts the server once (not a crash), the client's
 session goes on, requests in progress get close_grace_sec, and doctor:reloaded carries the
 tool-list diff. Events come from tests/proxy_harness.py's recording stand-in."""
+import json
 import os
 import queue
 import shutil
@@ -395,20 +396,24 @@ def test_a_watched_folder_removed_and_made_again_is_still_watched(tmp_path, how,
 def test_a_request_in_progress_that_waits_on_the_client_finishes_within_the_grace(tmp_path):
     """A tool call that asks the client something (sampling, elicitation) while a reload waits for
     it: the client's answer reaches the old server (holding it would fail the call the grace is
-    for), and the call is answered before the restart."""
+    for), the call is answered, and the restart follows it at once: the grace is far longer than
+    the wait for doctor:reloaded, so a restart that waited the grace out is never seen."""
     folder = server_copy(tmp_path)
-    s = start(tmp_path, folder, grace=5.0)
+    s = start(tmp_path, folder, grace=300.0)
     try:
         mid = s.call("ask", id="q1")
         asked = s.recv()
         assert asked["id"] == "q1" and asked["method"] == "sampling/createMessage"
         edit(folder / "server.py", {"added": {"type": "object"}})
         s.wait_event("doctor:reloading")
-        s.send({"jsonrpc": "2.0", "id": "q1", "result": {"role": "assistant", "content": {"type": "text",
-                                                                                          "text": "yes"}}})
+        s.send({"jsonrpc": "2.0", "id": "q1", "result": {"role": "assistant",
+                                                         "content": {"type": "text", "text": "yes"}}})
         got = s.reply()
         assert got["id"] == mid and "result" in got, got
-        assert s.wait_event("doctor:reloaded")[0]["data"]["reloadMs"] < 4000
+        assert "error" not in s.wait_event("doctor:reloaded")[0]["data"]
+        old, _new = s.pids()
+        answers = [json.loads(line) for line in s.received(old) if '"result"' in line]
+        assert [(a["id"], a["result"]["content"]["text"]) for a in answers] == [("q1", "yes")]
     finally:
         s.close()
 

@@ -7,11 +7,12 @@ their real CLI's flags), the notifier fixtures/notify.py.
 """
 import json
 import os
+import subprocess
 import time
 
 import pytest
 
-from conftest import FIXTURES, PYTHON, REPO, git
+from conftest import BRIDGE, FIXTURES, PYTHON, REPO, git
 from test_watch import AGENT, Queue, branch  # noqa: F401 (fixture helpers)
 
 
@@ -356,23 +357,32 @@ def readme_executors():
     return json.loads(block.split("```json\n", 1)[1].rsplit("```", 1)[0])
 
 
-def test_the_readme_template_of_each_agent_cli_runs_and_edits(queue, tmp_path):
-    import subprocess
+def readme_clis_on_path(queue, tmp_path):
+    """The README's executors in the queue's config, with the fixtures on PATH under the real
+    CLIs' names (as strict as they are); their folder and the config."""
     config = readme_executors()
     assert sorted(config["executors"]) == sorted(CLIS)
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
-    (tmp_path / "p.md").write_text("a prompt\n")
-    for name in CLIS:  # the fixtures stand in for the real CLIs on PATH, as strict as they are
+    for name in CLIS:
         (bin_dir / name).symlink_to(FIXTURES / name)
+    queue.env["PATH"] = "%s%s%s" % (bin_dir, os.pathsep, queue.env.get("PATH", ""))
+    queue.config.update(config)
+    queue.save_config()
+    return bin_dir, config
+
+
+def test_the_readme_template_of_each_agent_cli_runs_and_edits(queue, tmp_path):
+    bin_dir, config = readme_clis_on_path(queue, tmp_path)
+    (tmp_path / "p.md").write_text("a prompt\n")
+    for name in CLIS:
         argv = [w.replace("{prompt}", "p").replace("{prompt_file}", str(tmp_path / "p.md"))
                 for w in config["executors"][name]]
         refused = subprocess.run([str(bin_dir / name)] + argv[1:] + ["--no-such-flag"],
                                  capture_output=True, text=True, stdin=subprocess.DEVNULL)
         assert refused.returncode == 2 and "no-such-flag" in refused.stderr, (name, refused)
-    queue.env["PATH"] = "%s%s%s" % (bin_dir, os.pathsep, queue.env.get("PATH", ""))
-    queue.config.update(config)
-    queue.save_config()
+    with open(queue.repo / ".git" / "info" / "exclude", "a") as handle:
+        handle.write(".aider*\n")             # as the README says: aider's tags cache stays out
     for name in CLIS + (None,):
         edit = "%s.txt" % (name or "default")
         queue.put(queue.task("x-%s" % (name or "default"), executor=name,
@@ -388,11 +398,43 @@ def test_the_readme_template_of_each_agent_cli_runs_and_edits(queue, tmp_path):
         shown = git(queue.repo, "show", "--stat", "--format=%s", result["git"]["commit"])
         assert shown.startswith("bridge: ") and shown.count("|") == 1, (name, shown)
     assert git(queue.repo, "status", "--porcelain") == ""
+    assert (queue.repo / ".aider.tags.cache.v4").is_dir()
+
+
+def test_an_agent_cli_reads_a_closed_stdin_never_the_watchers(queue, tmp_path):
+    """`claude -p`, `codex exec` and `opencode run` read stdin to its end when it is not a
+    terminal (so do their fixtures): the watcher gives them a closed one. Its own stdin here is
+    a pipe left open holding an instruction: an agent given it would act on it, then wait for
+    the end of it until its timeout."""
+    readme_clis_on_path(queue, tmp_path)
+    names = ("claude", "codex", "opencode")
+    for name in names:
+        queue.put(queue.task("s-" + name, executor=name, timeout_sec=10,
+                             agent={"write": {name + ".txt": "edited\n"}},
+                             commands_to_run=["test -f %s.txt" % name]))
+    with open(tmp_path / "watch.out", "w") as out:
+        watcher = subprocess.Popen(
+            [PYTHON, str(BRIDGE), "watch", "--once", "--root", str(queue.repo), "--config",
+             str(queue.config_path)], env=queue.env, stdin=subprocess.PIPE, stdout=out,
+            stderr=subprocess.STDOUT, text=True)
+        try:
+            watcher.stdin.write('@agent {"write": {"from-stdin.txt": "read\\n"}}\n')
+            watcher.stdin.flush()
+            assert watcher.wait(timeout=120) == 0, (tmp_path / "watch.out").read_text()
+        finally:
+            if watcher.poll() is None:
+                watcher.kill()
+                watcher.wait()
+            watcher.stdin.close()
+    for name in names:
+        result = queue.result("s-" + name)
+        assert result["status"] == "success", (name, result["reason"], result["detail"])
+    assert list(tmp_path.rglob("from-stdin.txt")) == []
 
 
 def test_the_agent_cli_fixtures_behave_like_the_real_defaults(queue, tmp_path):
     """Without the template's flags the fixtures do what the real CLIs do: no edit in codex's
-    read-only sandbox or without OpenCode permissions, aider commits on its own."""
+    read-only sandbox or without OpenCode permissions, aider commits its edits on its own."""
     queue.config["executors"] = {
         "codex": [str(FIXTURES / "codex"), "exec", "{prompt}"],
         "opencode": [str(FIXTURES / "opencode"), "run", "{prompt}"],
@@ -406,11 +448,18 @@ def test_the_agent_cli_fixtures_behave_like_the_real_defaults(queue, tmp_path):
     assert queue.result("d0-codex")["reason"] == "verify_failed"
     assert queue.result("d1-opencode")["reason"] == "verify_failed"
     aider = queue.result("d2-aider")
-    assert aider["status"] == "success" and "aider: edits" in git(
-        queue.repo, "log", "--format=%s", "feat/ai/d2-aider")
-    # its history files, hidden by the .gitignore line it committed on the task branch,
-    # lie in the user's checkout once the watcher is back on main
-    assert git(queue.repo, "status", "--porcelain") == "?? .aider.chat.history.md\n?? .aider.input.history\n"
+    assert aider["status"] == "success"
+    # aider commits the file it edited, that only; the .gitignore line it adds goes into the
+    # watcher's commit of the verified work
+    log = git(queue.repo, "log", "--format=%x00%s", "--name-only", "feat/ai/d2-aider")
+    assert [[line for line in commit.split("\n") if line] for commit in log.split("\x00")[1:]] == [
+        ["bridge: d2-aider: Task d2-aider", ".gitignore"], ["aider: edits", "d.txt"],
+        ["initial", "README.md"]]
+    assert git(queue.repo, "show", "feat/ai/d2-aider:.gitignore") == ".aider*\n"
+    # its history files and tags cache, hidden by that line on the task branch, lie in the
+    # user's checkout once the watcher is back on main
+    assert git(queue.repo, "status", "--porcelain") == (
+        "?? .aider.chat.history.md\n?? .aider.input.history\n?? .aider.tags.cache.v4/\n")
 
 
 def test_the_readme_notify_examples_work_as_written(queue, tmp_path):
