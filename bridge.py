@@ -3106,11 +3106,6 @@ def handoff_init(root):
 
 # ---- task files -----------------------------------------------------------------
 
-def _type_label(kind):
-    return {str: "a string", list: "a list", bool: "true or false", int: "an integer",
-            dict: "an object"}[kind]
-
-
 def too_deep(value, limit, path=""):
     """The path of the first list or object nested deeper than `limit` in `value`, or
     None. A loop, not recursion: the depth it guards against is the recursion limit's."""
@@ -3161,7 +3156,9 @@ def validate_task(task, stem=None):
         if value is None and not required and name in ("approved_at", "retry_policy", "executor"):
             continue
         if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-            errors.append("%s: must be %s, got %s" % (name, _type_label(kind), json.dumps(value)[:60]))
+            label = {str: "a string", list: "a list", bool: "true or false", int: "an integer",
+                     dict: "an object"}[kind]
+            errors.append("%s: must be %s, got %s" % (name, label, json.dumps(value)[:60]))
     task_id = task.get("id")
     if isinstance(task_id, str):
         problem = task_id_problem(task_id)
@@ -3662,9 +3659,10 @@ def parse_bead_id(output):
     return token.rstrip(":,") if token and is_safe_name(token.rstrip(":,")) else None
 
 
-def bead_id_from_meta(handoff, task_id):
-    return parse_bead_id(read_input(handoff.path("meta", task_id + ".bead"), "bead output",
-                                    missing=b"").decode("utf-8", "replace"))
+def bead_output(handoff, task_id):
+    """What `bd create` printed for the task (meta/ID.bead, redacted), "" when it never ran."""
+    return read_input(handoff.path("meta", task_id + ".bead"), "bead output",
+                      missing=b"").decode("utf-8", "replace")
 
 
 # ---- the watcher ----------------------------------------------------------------
@@ -4033,6 +4031,7 @@ class Watcher:
 
     def run(self):
         """The whole watcher: lock, sweep, loop. Returns the exit code."""
+        import signal
         self.handoff.require()
         if not self.git.run("rev-parse", "--is-inside-work-tree", check=False).ok:
             raise BridgeError("%s is not a git work tree; the watcher needs git" % self.root)
@@ -4063,7 +4062,8 @@ class Watcher:
             with self.beat_lock:
                 beat.set()
                 self.worker.release()
-            self.restore_signals(previous)
+            for sig, old in previous.items():
+                signal.signal(sig, old)
         if self.counts:
             self.say("done: %s" % ", ".join("%s %d" % item for item in sorted(self.counts.items())))
         return self.exit_code()
@@ -4134,12 +4134,6 @@ class Watcher:
             except ValueError:
                 pass  # not the main thread
         return previous
-
-    @staticmethod
-    def restore_signals(previous):
-        import signal
-        for sig, old in previous.items():
-            signal.signal(sig, old)
 
     def start_heartbeat(self, ttl):
         """A daemon thread refreshing the worker (and current task) lock heartbeat."""
@@ -4390,7 +4384,7 @@ class Watcher:
                     task["attempt"], task["retry_policy"]["max_attempts"]))
             result.update(status="failed", exit_path="failed", reason="stale_lock_recovered",
                           detail=detail + parking)
-            bead_id = bead_id_from_meta(self.handoff, task_id)
+            bead_id = parse_bead_id(bead_output(self.handoff, task_id))
             if bead_id and self.beads.argv:
                 error = self.beads.block(bead_id, "stale lock recovered: " + why)
                 result["bead"].update(id=bead_id, error=error)
@@ -4747,12 +4741,6 @@ class Watcher:
         state["dirty"] = bool(lines)
         return state
 
-    def in_progress_operation(self):
-        for name in ("MERGE_HEAD", "rebase-merge", "rebase-apply", "CHERRY_PICK_HEAD", "REVERT_HEAD"):
-            if os.path.exists(os.path.join(self.git_dir, name)):
-                return name
-        return None
-
     def audit(self, base):
         """(patch, shortstat) from base to the work tree: one temp-index diff (kernel)."""
         out = self.git.worktree_diff(base, self.exclude, "--binary", "--shortstat", "-p")
@@ -5100,7 +5088,9 @@ class Watcher:
         base_branch = snap["current_branch"]
         git_state.update(base_branch=base_branch, base_commit=snap["head"],
                          dirty_before=snap["dirty"], status_before=snap["status"])
-        operation = self.in_progress_operation()
+        operation = next((name for name in ("MERGE_HEAD", "rebase-merge", "rebase-apply",
+                                            "CHERRY_PICK_HEAD", "REVERT_HEAD")
+                          if os.path.exists(os.path.join(self.git_dir, name))), None)
         if operation:
             raise Stop("blocked", "dirty_repo", "a git operation is in progress (%s); finish or "
                        "abort it first" % operation)
@@ -5260,19 +5250,16 @@ class Watcher:
         if not self.beads.argv:
             bead["skipped"] = self.beads.skip_reason
             return
-        existing = bead_id_from_meta(self.handoff, task["id"])
+        raw = bead_output(self.handoff, task["id"])
+        existing = parse_bead_id(raw)
         if existing:  # a retry or an approved task keeps its bead
-            bead.update(id=existing, raw_output=self.read_meta(task["id"] + ".bead"), reused=True)
+            bead.update(id=existing, raw_output=raw, reused=True)
             return
         bead_id, raw, error = self.beads.create(task["bead_title"])
         self.write_redacted(self.handoff.path("meta", task["id"] + ".bead"), raw)
         bead.update(id=bead_id, raw_output=self.redact(raw), error=error)
         if error:
             raise Stop("failed", "bead_failed", error)
-
-    def read_meta(self, name):
-        raw = read_input(self.handoff.path("meta", name), "file", missing=None)
-        return None if raw is None else raw.decode("utf-8", "replace")
 
     def audit_into(self, task_id, result, which, attributes=None):
         base = result["git"]["base_commit"]
@@ -11413,13 +11400,7 @@ def normalize_repo_key(url):
         path = m.group(2)
         if len(host) == 1:  # C:\src\repo is a drive letter, not a host
             return None
-    while True:
-        stripped = path.strip("/")
-        if stripped.endswith(".git"):
-            stripped = stripped[:-4]
-        if stripped == path:
-            break
-        path = stripped
+    path = re.sub(r"\A/+|(?:/|\.git)+\Z", "", path)  # also repo.git/ and repo.git.git
     if not path or not host:
         return None
     return host + "/" + path

@@ -348,6 +348,15 @@ def test_dirty_repo_is_blocked_and_does_not_stop_the_queue(queue):
     assert queue.result("d2")["status"] == "success"
 
 
+def test_a_merge_in_progress_is_blocked_naming_it(queue):
+    head = git(queue.repo, "rev-parse", "HEAD").strip()
+    (queue.repo / ".git" / "MERGE_HEAD").write_text(head + "\n")  # as `git merge` leaves it
+    queue.put(queue.task("m1"))
+    assert queue.watch().returncode == 4
+    r = queue.result("m1")
+    assert (r["status"], r["reason"]) == ("blocked", "dirty_repo"), r
+    assert r["detail"] == "a git operation is in progress (MERGE_HEAD); finish or abort it first"
+
 def test_branch_checkout_failed_when_branch_exists_on_first_attempt(queue):
     git(queue.repo, "branch", "feat/ai/b1")
     queue.put(queue.task("b1"))
@@ -398,6 +407,8 @@ def test_schema_invalid_files_are_refused_listed_and_moved(queue, tmp_path):
     assert "not UTF-8" in queue.result("latin1")["errors"][0]
     errors = " ".join(queue.result("types")["errors"])
     assert "bead_title" in errors and "commands_to_run" in errors and "attempt" in errors
+    assert "bead_title: must be a string, got 5" in errors
+    assert 'commands_to_run: must be a list, got "true"' in errors
     assert "stem" in " ".join(queue.result("other-name")["errors"])
     assert "branch name" in " ".join(queue.result("bad..id")["errors"])
     missing = " ".join(queue.result("missing")["errors"])
@@ -507,6 +518,25 @@ def test_beads_create_block_close_by_explicit_id(git_repo, tmp_path):
     assert ["create", "Task e1", "--silent"] in calls
     assert all(call[1:2] in (["bd-1"], ["bd-2"]) for call in calls if call[0] in ("close", "update"))
 
+
+def test_a_retry_keeps_its_bead_and_reports_the_bead_output(git_repo, tmp_path):
+    queue = Queue(git_repo, tmp_path, bead={"command": [PYTHON, str(FIXTURES / "bd")]},
+                  continue_on_failure=True)
+    queue.env = clean_env(BD_FIXTURE_STATE=tmp_path / "bd.json")
+    task = queue.task("rb", commands_to_run=["false"])
+    queue.put(task)
+    assert queue.watch().returncode == 4
+    first = queue.result("rb")["bead"]
+    retry = tmp_path / "rb.json"
+    retry.write_text(json.dumps(task))
+    assert queue.bridge("submit", "--retry", retry).returncode == 0
+    assert queue.watch().returncode == 4
+    second = queue.result("rb")["bead"]
+    assert first["id"] == second["id"] == "bd-1" and second["reused"] is True
+    assert second["raw_output"] == first["raw_output"] == \
+        (queue.handoff / "meta" / "rb.bead").read_text()
+    assert [c for c in bd_state(tmp_path / "bd.json")["calls"] if c[0] == "create"] == \
+        [["create", "Task rb", "--silent"]]
 
 def test_beads_failures_and_absence(git_repo, tmp_path):
     queue = Queue(git_repo, tmp_path, bead={"command": [PYTHON, str(FIXTURES / "bd")], "timeout_sec": 1},
