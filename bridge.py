@@ -2882,11 +2882,15 @@ class Git:
             seen[0] + own, seen[1] + self._contents(own), seen[2], False)
         return git, lines[1]
 
-    def remove_worktree(self, git):
+    def remove_worktree(self, git, checked=False):
         """`git worktree remove` of the worktree `git` (from worktree()) works in. git checks
-        first that it holds no changes with a `git status` there, which reads that worktree's
-        config: its filter drivers are pinned off too. A worktree holding changes stays."""
-        return self.run(*git.filter_config(), "worktree", "remove", git.root, check=False)
+        first that it holds no changes and no submodule with a `git status` there, which
+        reads that worktree's config: its filter drivers are pinned off too. A worktree
+        holding changes stays. `checked`: the caller made that check itself, after the last
+        program that could write there ended, so git is not asked to again (--force; a
+        locked worktree still stays)."""
+        return self.run(*git.filter_config(), "worktree", "remove", *["--force"][:checked],
+                        git.root, check=False)
 
     def worktree_diff(self, base, exclude=(), *diff_args):
         """`git diff --cached BASE` of the whole work tree through a throwaway index.
@@ -3891,6 +3895,7 @@ class TaskRun:
         self.result = None            # the result being built (see internal_error)
         self.start = None             # the ref it starts from (start_point)
         self.owned = False            # its worktree is the task's own (made or checked by us)
+        self.nested = True            # its last status saw a submodule or nested repository
         self.others = set()           # ids of the tasks the watcher wrote for alongside it
         self.since = time.time_ns()   # before its agent starts (see Watcher.doubted)
 
@@ -4716,7 +4721,7 @@ class Watcher:
             return {"head": self.git.head(), "current_branch": self.git.current_branch(),
                     "status": "git status failed: %s" % result.stderr.strip()[-300:],
                     "dirty": True}  # fail closed
-        state = {"head": None, "current_branch": None}
+        state = {"head": None, "current_branch": None, "nested": False}
         lines, fields, index = [], result.stdout.split("\0"), 0
         while index < len(fields):
             field = fields[index]
@@ -4729,13 +4734,16 @@ class Watcher:
                 state["current_branch"] = None if name == "(detached)" else name
             elif field[:2] in ("1 ", "u "):
                 parts = field.split(" ", 8 if field[0] == "1" else 10)
+                state["nested"] |= parts[2][0] == "S"
                 lines.append("%s %s" % (parts[1].replace(".", " "), parts[-1]))
             elif field[:2] == "2 ":
                 parts = field.split(" ", 9)
+                state["nested"] |= parts[2][0] == "S"
                 origin = fields[index] if index < len(fields) else ""
                 index += 1
                 lines.append("%s %s -> %s" % (parts[1].replace(".", " "), origin, parts[-1]))
             elif field[:2] in ("? ", "! "):
+                state["nested"] |= field.endswith("/")  # all files are listed, not a repository
                 lines.append("%s %s" % (field[0] * 2, field[2:]))
         state["status"] = "".join(line + "\n" for line in lines)
         state["dirty"] = bool(lines)
@@ -5230,8 +5238,14 @@ class Watcher:
         git_state, run = result["git"], self.current
         if not git_state.get("worktree") or not (run and run.owned) or git_state["worktree_kept"]:
             return
+        # verified, then committed or found clean once every program that ran there ended,
+        # with no repository inside (git's own check, made already: one git status less)
+        checked = result["status"] == "success" and not run.nested and (
+            git_state.get("commit") or not git_state.get("dirty_after_verify")) and not (
+            os.path.lexists(os.path.join(run.work, HANDOFF_DIR))  # not in our status
+            or os.path.isdir(os.path.join(run.git_dir, "modules")))
         with self.git_lock:
-            gone = self.repo_git.remove_worktree(run.git)
+            gone = self.repo_git.remove_worktree(run.git, bool(checked))
             if gone.ok and result.get("executor") is None and git_state.get("branch_created"):
                 # only while it is where it was made (a dependency's commit is on no branch
                 # of yours: `branch -d` would refuse it)
@@ -5318,6 +5332,8 @@ class Watcher:
         snap = self.git_snapshot()
         result["git"].update(head_commit=snap["head"], status_after_verify=snap["status"],
                              dirty_after_verify=snap["dirty"])
+        if self.current:
+            self.current.nested = snap["nested"]
 
     def return_to_base(self, result):
         git_state = result["git"]

@@ -567,3 +567,43 @@ def test_a_worktree_whose_new_git_link_names_your_repository_is_not_used(git_rep
     assert (r["status"], r["reason"]) == ("blocked", "branch_checkout_failed"), out.stderr
     assert "is no worktree of this repository" in r["detail"] and r["executor"] is None
     assert_user_checkout_untouched(queue)
+
+
+def test_a_repository_made_inside_a_task_worktree_is_never_removed_with_it(git_repo, tmp_path):
+    """A successful task's worktree goes without git checking it again only when bridge.py's
+    own status found no changes and no repository inside. A repository made there (its
+    history is nowhere else; the commit on the task branch holds only a link to it) keeps
+    the worktree, as git's own check would."""
+    queue = worktree_queue(git_repo, tmp_path)
+    queue.put(queue.task("n1", commands_to_run=[
+        "git init -q sub && git -C sub -c user.name=a -c user.email=a@b commit -q --allow-empty"
+        " -m 'only here'"]))
+    out = queue.watch()
+    assert out.returncode == 0, out.stderr
+    r = queue.result("n1")
+    assert (r["status"], r["git"]["worktree_kept"]) == ("success", None) and r["git"]["commit"]
+    path = queue.repo / ".git" / "bridge-worktrees" / "n1"
+    assert "could not be removed" in out.stdout + out.stderr
+    assert git(path / "sub", "log", "-1", "--format=%s") == "only here\n"
+    assert_user_checkout_untouched(queue)
+
+
+def test_a_submodule_checked_out_in_a_task_worktree_keeps_it_as_git_would(git_repo, tmp_path):
+    """A submodule the verification checked out (its repository under the worktree's git
+    directory, modules/) keeps a successful task's worktree: git refuses to remove it, and
+    bridge.py does not skip that check."""
+    lib = tmp_path / "lib"
+    git(tmp_path, "init", "-q", "lib")
+    git(lib, "-c", "user.name=a", "-c", "user.email=a@b", "commit", "-q", "--allow-empty", "-m", "lib")
+    git(git_repo, "-c", "protocol.file.allow=always", "submodule", "add", "-q", str(lib), "lib")
+    git(git_repo, "commit", "-q", "-m", "a submodule")
+    queue = worktree_queue(git_repo, tmp_path)
+    queue.put(queue.task("m1", agent={}, commands_to_run=[
+        "git -c protocol.file.allow=always submodule update -q --init"]))
+    out = queue.watch()
+    assert out.returncode == 0, out.stderr
+    r = queue.result("m1")
+    assert (r["status"], r["git"]["worktree_kept"], r["git"]["commit"]) == ("success", None, None)
+    path = queue.repo / ".git" / "bridge-worktrees" / "m1"
+    assert "could not be removed" in out.stdout + out.stderr
+    assert git(path / "lib", "log", "-1", "--format=%s") == "lib\n"
