@@ -11561,9 +11561,7 @@ class McpClient:
                 code = None
         if code is not None:  # its last words are on their way: read them before quoting
             self._stderr_reader.join(timeout=2.0)
-        msg = "MCP server %s" % what
-        if code is not None:
-            msg += " (exit code %s)" % code
+        msg = "MCP server %s%s" % (what, " (exit code %s)" % code if code is not None else "")
         tail = [t for t in self._stderr_tail if t][-3:]
         if tail:
             msg += "; stderr: " + " | ".join(tail)
@@ -11583,9 +11581,8 @@ class McpClient:
             left = deadline - time.monotonic()
             if left <= 0:
                 self._stalled = True
-                hint = ""
-                if method == "initialize":
-                    hint = " (is changes.mcp.framing %r what it speaks?)" % self.framing
+                hint = " (is changes.mcp.framing %r what it speaks?)" % self.framing \
+                    if method == "initialize" else ""
                 raise McpServerGone("MCP server did not answer %s within %.0f s%s" % (
                     _mcp_label(method, params), timeout or self.timeout, hint), EXIT_FAILED)
             try:
@@ -11641,9 +11638,7 @@ class McpClient:
                     values.append(parse_json(text))
                 except ValueError:
                     values.append(text)
-        if len(values) == 1:
-            return values[0]
-        return values
+        return values[0] if len(values) == 1 else values
 
     def close(self):
         """EOF on stdin (a polite server exits), then the whole process group goes: a
@@ -11897,8 +11892,7 @@ class ChangeSets:
         sys.stderr.write("bridge changes: %s\n" % printable(self.redactor.redact(msg)))
 
     def record(self, cs_id, event, **fields):
-        rec = {"ts": now_iso(), "change_set_id": cs_id, "event": event}
-        rec.update(fields)
+        rec = dict({"ts": now_iso(), "change_set_id": cs_id, "event": event}, **fields)
         append_jsonl(self.own_file(self.log_path), self.redactor.redact_obj(rec))
 
     def own_file(self, path):
@@ -11955,8 +11949,7 @@ class ChangeSets:
         status.setdefault("validated_against", None)
         status.setdefault("execution", {"started_task_id": None, "completed_task_ids": [],
                                         "last_error": None})
-        for key, value in extra.items():
-            status[key] = value
+        status.update(extra)
         # Server answers (violations...) may hold floats or odd text: store them as strings
         # rather than fail to record a decision. Then redact the whole object: reason,
         # last_error and every extra (problems, validation: server answers) alike.
@@ -12170,13 +12163,14 @@ class ChangeSets:
         return "draft", None, "00-meta.json or 02-implementation-plan.json missing"
 
     # -- base state --
-    def base_state(self, client):
+    def base_state(self, client, worktree=False):
         """{"kind": "worktree", "id": sha256 of the canonical JSON of snapshot.info's
-        fingerprint}; servers without snapshot.info anchor to a new snapshot."""
+        fingerprint}; servers without snapshot.info anchor to a new snapshot (unless
+        `worktree`: then that is the McpError)."""
         try:
             return {"kind": "worktree", "id": self.worktree_fingerprint(client)}
         except McpError as exc:
-            if exc.mcp_code != -32601:
+            if exc.mcp_code != -32601 or worktree:
                 raise
         snap = client.call_tool("snapshot.create", {"repo_root": self.root})
         if not isinstance(snap, dict) or not snap.get("snapshot_id"):
@@ -12234,10 +12228,8 @@ class ChangeSets:
         if not isinstance(pre, dict):
             raise BridgeError("gov.preflight returned %s, not an object" % type(pre).__name__,
                               EXIT_FAILED)
-        tier = pre.get("safety_tier")
-        violations = pre.get("violations") or []
-        details["safety_tier"] = tier
-        details["preflight_violations"] = violations
+        tier, violations = pre.get("safety_tier"), pre.get("violations") or []
+        details.update(safety_tier=tier, preflight_violations=violations)
         errors = [v for v in violations if not isinstance(v, dict)
                   or v.get("severity") != "warning"]
         if tier == "tier3" or errors:
@@ -12259,9 +12251,8 @@ class ChangeSets:
             if len(rejects) > 1:
                 reason += " (+ %s)" % ", ".join(c for c, _ in rejects[1:])
             return ("reject", code, reason, details)
-        touched, source = self.impact(client, paths, base)
+        touched, details["impact_source"] = self.impact(client, paths, base)
         details["touched_features"] = touched
-        details["impact_source"] = source
         critical = sorted(set(touched) & set(self.cfg["critical_features"]))
         reasons = []
         if tier == "tier2":
@@ -12425,10 +12416,10 @@ class ChangeExecutor:
                 continue
             for old in meta["supersedes"]:
                 try:
-                    status = sets.read_status(old) if os.path.isdir(sets.path(old)) else None
+                    if not os.path.isdir(sets.path(old)):
+                        continue
+                    status = sets.read_status(old)
                 except BridgeError:
-                    continue
-                if not os.path.isdir(sets.path(old)):
                     continue
                 if status is not None and (status["state"] in CS_TERMINAL
                                            or status["state"] == "executing"):
@@ -12717,10 +12708,7 @@ def changeset_resolve_base(sets, snapshot=None, worktree=False):
                           "changes.mcp.command, or pass --snapshot ID", EXIT_USAGE)
     sets.ensure_excluded()
     with sets.client() as client:
-        client.start()
-        if worktree:
-            return {"kind": "worktree", "id": sets.worktree_fingerprint(client)}
-        return sets.base_state(client)
+        return sets.base_state(client.start(), worktree)
 
 
 def approver_name(root):
@@ -12750,11 +12738,10 @@ def changeset_approve(sets, cs_id):
         if status["state"] == "pending_review" and status.get("decision") == "approved":
             return status, False, []
         if status["state"] != "pending_review" or status.get("decision") != "review_required":
-            extra = ""
-            if str(status.get("reason", "")).startswith("tier3"):
-                extra = "; Tier 3 changes can never be approved"
+            never = str(status.get("reason", "")).startswith("tier3")
             raise BridgeError("%s is %s (%s), not waiting for review%s" % (
-                cs_id, status["state"], status.get("decision"), extra), EXIT_FAILED)
+                cs_id, status["state"], status.get("decision"),
+                "; Tier 3 changes can never be approved" if never else ""), EXIT_FAILED)
         meta, plan, problems = sets.load(cs_id)
         if problems:
             raise BridgeError("%s no longer passes its checks (%s: %s); not approved" % (

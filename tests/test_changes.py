@@ -563,6 +563,9 @@ def test_snapshot_mode_via_fallback(tmp_path):
     cs_id = env.new("Add world", [task("t1", NOTES_PATCH)])
     meta = json.loads((env.dir(cs_id) / "00-meta.json").read_bytes())
     assert meta["base_state"]["kind"] == "snapshot"
+    # --worktree asks for the worktree state: no fallback, the server's refusal is said
+    res = env.cli("id", "--subject", "Add world", "--worktree")
+    assert res.returncode == 1 and "snapshot.info failed" in res.stderr, res.stderr
     res = env.run()
     assert res.returncode == 0, res.stderr
     status = env.status(cs_id)
