@@ -101,6 +101,13 @@ def watcher_round(tmp, tasks, config=None, agent=None):
     return wall, child
 
 
+def print_figures(title, rows):
+    """A benchmark's report: its title, then a line per (label, printf format, value)."""
+    print(title)
+    for label, form, value in rows:
+        print("  %-30s" % label + form % value)
+
+
 def startup_seconds():
     started = time.perf_counter()
     subprocess.run([PY, BRIDGE, "--version"], capture_output=True, check=True)
@@ -132,11 +139,14 @@ def main():
         overheads.append((wall - child - start) / tasks * 1000)
         floors.append(floor / tasks * 1000)
     wall, overhead, floor = (statistics.median(x) for x in (walls, overheads, floors))
-    print("watcher overhead, %d tasks (no-op agent, `true` verify), median of %d rounds" % (tasks, rounds))
-    print("  watch --once wall time        %7.1f ms/task" % wall)
-    print("  minus agent/verify and start  %7.1f ms/task  (the watcher's own overhead)" % overhead)
-    print("  floor: same git commands, sh  %7.1f ms/task  (git only, plus the temp-index cp)" % floor)
-    print("  ratio overhead / floor        %7.2f x      (target <= 1.5)" % (overhead / floor))
+    print_figures("watcher overhead, %d tasks (no-op agent, `true` verify), median of %d rounds"
+                  % (tasks, rounds), [
+                      ("watch --once wall time", "%7.1f ms/task", wall),
+                      ("minus agent/verify and start", "%7.1f ms/task  (the watcher's own overhead)",
+                       overhead),
+                      ("floor: same git commands, sh",
+                       "%7.1f ms/task  (git only, plus the temp-index cp)", floor),
+                      ("ratio overhead / floor", "%7.2f x      (target <= 1.5)", overhead / floor)])
 
 
 if __name__ == "__main__":

@@ -19,7 +19,7 @@ import tempfile
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from bench_watch import PY, startup_seconds, watcher_round  # noqa: E402
+from bench_watch import PY, print_figures, startup_seconds, watcher_round  # noqa: E402
 
 AGENT = os.path.join(HERE, "..", "fixtures", "agent.py")
 
@@ -48,15 +48,16 @@ def main():
                                                        "isolation": mode})
             into.append((wall - child - start) / noop * 1000)
     four, one, worktree, checkout = (statistics.median(x) for x in (four, one, worktree, checkout))
-    print("several tasks at once: 8 tasks, fixture agent sleeping 1 s, isolation worktree, "
-          "median of %d rounds" % rounds)
-    print("  workers 4                     %7.2f s" % four)
-    print("  workers 1                     %7.2f s" % one)
-    print("  ratio workers 4 / workers 1   %7.2f x      (target <= 0.35)" % (four / one))
-    print("a worktree per task: %d tasks, no-op agent, one worker, the watcher's own time" % noop)
-    print("  isolation worktree            %7.1f ms/task" % worktree)
-    print("  isolation checkout            %7.1f ms/task" % checkout)
-    print("  ratio worktree / checkout     %7.2f x      (target <= 1.5)" % (worktree / checkout))
+    print_figures("several tasks at once: 8 tasks, fixture agent sleeping 1 s, isolation worktree, "
+                  "median of %d rounds" % rounds, [
+                      ("workers 4", "%7.2f s", four), ("workers 1", "%7.2f s", one),
+                      ("ratio workers 4 / workers 1", "%7.2f x      (target <= 0.35)", four / one)])
+    print_figures("a worktree per task: %d tasks, no-op agent, one worker, the watcher's own time"
+                  % noop, [
+                      ("isolation worktree", "%7.1f ms/task", worktree),
+                      ("isolation checkout", "%7.1f ms/task", checkout),
+                      ("ratio worktree / checkout", "%7.2f x      (target <= 1.5)",
+                       worktree / checkout)])
 
 
 if __name__ == "__main__":

@@ -88,6 +88,15 @@ class Env:
     def dir(self, cs_id):
         return self.repo / "changes" / cs_id
 
+    def wait_running(self, cs_id, task_id="t1", timeout=20):
+        """Wait until 05-status.json says the executor is running `task_id`."""
+        path, deadline = self.dir(cs_id) / "05-status.json", time.time() + timeout
+        while time.time() < deadline:
+            if path.exists() and b"running task " + task_id.encode() in path.read_bytes():
+                return
+            time.sleep(0.05)
+        raise AssertionError("%s never said it runs %s" % (path, task_id))
+
     def status(self, cs_id):
         raw = (self.dir(cs_id) / "05-status.json").read_bytes()
         data = json.loads(raw)
@@ -544,12 +553,7 @@ def test_stale_lease_mid_execution(tmp_path):
     proc = subprocess.Popen([PYTHON, str(BRIDGE), "changes", "run", "--once", "--root",
                              str(env.repo), "--config", str(env.cfg_path)], env=clean_env(),
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    deadline = time.time() + 20
-    while time.time() < deadline:
-        path = env.dir(cs_id) / "05-status.json"
-        if path.exists() and b"running task t1" in path.read_bytes():
-            break
-        time.sleep(0.05)
+    env.wait_running(cs_id)
     (env.repo / "other.txt").write_text("changed under the lease\n")
     out, err = proc.communicate(timeout=30)
     assert proc.returncode == 1, err
@@ -777,12 +781,7 @@ def test_killed_executor_is_recovered(tmp_path):
                              str(env.repo), "--config", str(env.cfg_path)], env=clean_env(),
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
                             start_new_session=True)
-    deadline = time.time() + 20
-    while time.time() < deadline:
-        path = env.dir(cs_id) / "05-status.json"
-        if path.exists() and b"running task t1" in path.read_bytes():
-            break
-        time.sleep(0.05)
+    env.wait_running(cs_id)
     os.killpg(proc.pid, signal.SIGKILL)
     proc.wait()
     env.configure()

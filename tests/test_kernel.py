@@ -13,7 +13,7 @@ import time
 
 import pytest
 
-from conftest import (BRIDGE, IMPORT_BRIDGE, PYTHON, clean_env, git, load_bridge, process_running,
+from conftest import (BRIDGE, IMPORT_BRIDGE, PYTHON, clean_env, load_bridge, process_running,
                       run_bridge)
 
 bridge = load_bridge()

@@ -305,14 +305,25 @@ def test_a_dashboard_that_never_reads_is_dropped_and_the_relay_goes_on(tmp_path)
         assert run.close() == 0, "".join(run.err)
 
 
-def test_dashboard_drives_the_real_proxy_in_headless_chromium(tmp_path):
+def chromium_on_dashboard(tmp_path):
+    """A ProxyRun and a headless Chromium on its dashboard (the test is skipped without one);
+    close both with close_dashboard."""
     from test_proxy_obs import Browser, find_browser
     exe = find_browser()
     if not exe:
         pytest.skip("no Chromium found (apt-get install chromium, or set BRIDGE_TEST_CHROMIUM)")
     run = ProxyRun(tmp_path)
     (tmp_path / "chromium").mkdir()
-    browser = Browser(exe, "http://127.0.0.1:%d/" % run.port(), tmp_path / "chromium")
+    return run, Browser(exe, "http://127.0.0.1:%d/" % run.port(), tmp_path / "chromium")
+
+
+def close_dashboard(run, browser):
+    browser.close()
+    assert run.close() == 0, "".join(run.err)
+
+
+def test_dashboard_drives_the_real_proxy_in_headless_chromium(tmp_path):
+    run, browser = chromium_on_dashboard(tmp_path)
     try:
         text = "document.getElementById(%r).textContent"
         click = "document.querySelector('button[data-action=\"%s\"]').click()"
@@ -332,8 +343,7 @@ def test_dashboard_drives_the_real_proxy_in_headless_chromium(tmp_path):
         run.request(1, "tools/call", {"name": "echo", "arguments": {"text": "after the click"}})
         assert run.response()["result"]["content"][0]["text"] == "after the click"
     finally:
-        browser.close()
-        assert run.close() == 0, "".join(run.err)
+        close_dashboard(run, browser)
 
 
 def test_request_headers_are_logged_without_control_characters(tmp_path):
@@ -354,13 +364,7 @@ def test_dashboard_keeps_the_last_crash_pinned_under_load_in_headless_chromium(t
     """40 calls a second, a crash in the middle, 5 s more of traffic: the crash and its stderr
     stay pinned (and in the log), kinds can be filtered, nothing makes a 1280 px page scroll
     sideways, and the screenshot shows the pinned crash."""
-    from test_proxy_obs import Browser, find_browser
-    exe = find_browser()
-    if not exe:
-        pytest.skip("no Chromium found (apt-get install chromium, or set BRIDGE_TEST_CHROMIUM)")
-    run = ProxyRun(tmp_path)
-    (tmp_path / "chromium").mkdir()
-    browser = Browser(exe, "http://127.0.0.1:%d/" % run.port(), tmp_path / "chromium")
+    run, browser = chromium_on_dashboard(tmp_path)
     answered = []
     reader = threading.Thread(target=lambda: answered.extend(
         run.response()["id"] for _ in range(262)), daemon=True)
@@ -414,8 +418,7 @@ def test_dashboard_keeps_the_last_crash_pinned_under_load_in_headless_chromium(t
         assert panel > 0.6 * len(inside), (panel, len(inside))  # the panel is painted there
         assert ink > 500, ink                                   # with its text on it
     finally:
-        browser.close()
-        assert run.close() == 0, "".join(run.err)
+        close_dashboard(run, browser)
 
 
 def test_a_token_is_drawn_per_run_unless_one_is_set_or_turned_off(tmp_path):

@@ -10,7 +10,6 @@ import json
 import random
 import string
 import subprocess
-import sys
 from urllib.parse import quote, quote_plus
 
 import pytest

@@ -3,7 +3,6 @@ rules and of tests/redaction_corpus.py (by a reviewer who had not read either), 
 and false positives here are measured, not fitted. Fake secrets are built at run time.
 """
 import base64
-import json
 import random
 import string
 import subprocess

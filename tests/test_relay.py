@@ -11,7 +11,6 @@ import random
 import re
 import shutil
 import subprocess
-import sys
 import time
 
 import pytest
@@ -563,8 +562,14 @@ class _Holder:
         self.proc.stdout.close()
 
 
-def _hold_lock(path, seconds):
-    return _Holder(path, seconds)
+def down_while_locked(root, lock):
+    """`relay down` while flock(1) in another process holds `lock`."""
+    holder = _Holder(str(lock), 30)
+    try:
+        return down(root, "miho", "main", "m", "p")
+    finally:
+        holder.kill()
+        holder.wait()
 
 
 @pytest.mark.skipif(shutil.which("flock") is None, reason="flock(1) not installed")
@@ -572,12 +577,7 @@ def test_lock_held_elsewhere_is_reported_and_file_unchanged(tmp_path):
     root, queue = make_root(tmp_path, "pyyaml_indentless.yaml", config={"relay": {
         "lock_timeout_sec": 0.3, "lock_retry_sleep_sec": 0.1, "nudge": False}})
     before = queue.read_bytes()
-    holder = _hold_lock(str(queue) + ".lock", 30)
-    try:
-        result = down(root, "miho", "main", "m", "p")
-    finally:
-        holder.kill()
-        holder.wait()
+    result = down_while_locked(root, str(queue) + ".lock")
     assert result.returncode == 1
     assert result.stdout == ""
     assert queue.read_bytes() == before
@@ -593,7 +593,7 @@ def test_lock_released_during_retries_succeeds(tmp_path):
     root, queue = make_root(tmp_path, "legacy_queue.yaml", config={"relay": {
         "lock_timeout_sec": 0.3, "lock_retry_sleep_sec": 0.3, "lock_attempts": 5,
         "nudge": False}})
-    holder = _hold_lock(str(queue) + ".lock", 60)
+    holder = _Holder(str(queue) + ".lock", 60)
     proc = subprocess.Popen([PYTHON, str(BRIDGE), "relay", "down", "--root", str(root), "miho",
                              "main", "m", "p"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                             text=True, env=clean_env(), stdin=subprocess.DEVNULL)
@@ -682,12 +682,7 @@ def test_native_nudge_with_inbox_locked_warns(tmp_path):
         "lock_timeout_sec": 0.2, "lock_retry_sleep_sec": 0.05}})
     inbox = root / "queue/inbox"
     inbox.mkdir(parents=True)
-    holder = _hold_lock(str(inbox / "vice_captain.yaml.lock"), 30)
-    try:
-        result = down(root, "miho", "main", "m", "p")
-    finally:
-        holder.kill()
-        holder.wait()
+    result = down_while_locked(root, inbox / "vice_captain.yaml.lock")
     assert result.returncode == 0
     assert result.stdout == "cmd_001\n"
     assert "WARN: inbox nudge failed" in result.stderr

@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from conftest import BRIDGE, FIXTURES, PYTHON, REPO, git
+from conftest import BRIDGE, FIXTURES, PYTHON, REPO, git, process_running
 from test_watch import AGENT, Queue, branch  # noqa: F401 (fixture helpers)
 
 
@@ -112,8 +112,7 @@ def test_an_agent_silent_for_the_idle_timeout_is_stopped_and_blocked_with_its_ta
     assert result["executor"]["last_lines"][-1] == "fixture agent: shall I go on? [y/N]"
     assert result["executor"]["exit_code"] is None
     for pid in map(int, pids.read_text().split()):  # the whole group is gone
-        assert not os.path.exists("/proc/%d" % pid) or \
-            open("/proc/%d/stat" % pid).read().rsplit(")", 1)[1].split()[0] == "Z"
+        assert not process_running(pid)
     # its work is parked on its branch, the queue went on from a clean main
     assert result["git"]["wip_commit"] and branch(queue.repo) == "main"
     assert "half.txt" in git(queue.repo, "show", "--stat", "feat/ai/s1")

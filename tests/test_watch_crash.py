@@ -48,6 +48,24 @@ def git_wrapper(bin_dir, pattern, mark):
     return str(bin_dir)
 
 
+def crash_watch(queue, tmp_path, how=None):
+    """Run `watch --once` that gets SIGKILLed (asserted): at a crashpoint.py audit event
+    (`how` a dict), after the first git call matching `how` (a string: git_wrapper's marker is
+    tmp/crashed), or by the agent or a verification command (`how` None)."""
+    env, argv = dict(queue.env), [PYTHON, str(BRIDGE)]
+    if isinstance(how, dict):
+        argv = [PYTHON, str(REPO / "tests" / "crashpoint.py"), str(BRIDGE)]
+        env["CRASH_AT"] = json.dumps(how)
+    elif how is not None:
+        bin_dir = git_wrapper(tmp_path / "bin", how, tmp_path / "crashed")
+        env["PATH"] = bin_dir + os.pathsep + env["PATH"]
+    crashed = subprocess.run(argv + ["watch", "--once", "--root", str(queue.repo), "--config",
+                                     str(queue.config_path)], env=env, capture_output=True,
+                             text=True, timeout=60, stdin=subprocess.DEVNULL)
+    assert crashed.returncode == -signal.SIGKILL, crashed.stderr
+    return crashed
+
+
 @pytest.mark.parametrize("step", list(STEPS))
 def test_sigkill_at_every_step(git_repo, tmp_path, step):
     how, final_attempt = STEPS[step]
@@ -55,26 +73,16 @@ def test_sigkill_at_every_step(git_repo, tmp_path, step):
     pids, mark = tmp_path / "pids", tmp_path / "crashed"
     agent = {"write": {"k.txt": "k\n"}, "pidfile": str(pids), "grandchild": True}
     verify = "echo $$ >> %s" % pids
-    env = dict(queue.env)
-    argv = [PYTHON, str(BRIDGE)]
-    if isinstance(how, dict):
-        argv = [PYTHON, str(REPO / "tests" / "crashpoint.py"), str(BRIDGE)]
-        env["CRASH_AT"] = json.dumps(how)
-    elif how in ("start", "end"):
+    if how in ("start", "end"):
         agent.update(kill_watcher=how, linger=str(tmp_path / "late"))
         if how == "start":
             agent.update(sleep=60, sleep_attempts=[1])
     elif how == "verify":
         verify = VERIFY_CRASH.format(pids=pids, mark=mark,
                                      lock=queue.handoff / "locks" / (TASK + ".lock"))
-    else:
-        env["PATH"] = git_wrapper(tmp_path / "bin", how, mark) + os.pathsep + env["PATH"]
     queue.put(queue.task(TASK, agent=agent, commands_to_run=[verify],
                          retry_policy={"max_attempts": 2}))
-    crashed = subprocess.run(argv + ["watch", "--once", "--root", str(queue.repo), "--config",
-                                     str(queue.config_path)], env=env, capture_output=True,
-                             text=True, timeout=60, stdin=subprocess.DEVNULL)
-    assert crashed.returncode == -signal.SIGKILL, crashed.stderr
+    crash_watch(queue, tmp_path, None if how in ("start", "end", "verify") else how)
 
     out = queue.watch()
     assert out.returncode == 0, out.stderr
@@ -102,13 +110,8 @@ def test_sigkill_between_result_and_move_keeps_the_task_file(git_repo, tmp_path,
     pending/ must not lose the file (a pending task could never be approved)."""
     queue = Queue(git_repo, tmp_path)
     queue.put(queue.task(TASK, **fields))
-    env = dict(queue.env, CRASH_AT=json.dumps(
-        {"event": "os.rename", "args": {"0": "/running/k.json", "1": "/%s/" % state}}))
-    crashed = subprocess.run([PYTHON, str(REPO / "tests" / "crashpoint.py"), str(BRIDGE), "watch",
-                              "--once", "--root", str(queue.repo), "--config", str(queue.config_path)],
-                             env=env, capture_output=True, text=True, timeout=60,
-                             stdin=subprocess.DEVNULL)
-    assert crashed.returncode == -signal.SIGKILL, crashed.stderr
+    crash_watch(queue, tmp_path, {"event": "os.rename",
+                                  "args": {"0": "/running/k.json", "1": "/%s/" % state}})
     before = queue.result(TASK)
     assert queue.names("running") == ["k.json"]
     queue.watch()

@@ -303,19 +303,11 @@ def test_a_crash_between_a_dependency_block_and_its_move_is_finished_at_the_next
     """The blocked result is written while the task file is still in tasks/; a SIGKILL
     before its move to failed/ must not leave it queued for ever (skipped by idempotency,
     holding its own dependents in `waiting`): the next start files it away."""
-    import signal
-    import subprocess
-    from conftest import BRIDGE, REPO
+    from test_watch_crash import crash_watch
     queue.put(queue.task("a", commands_to_run=["false"]))
     queue.put(queue.task("b", depends_on=["a"]))
     queue.put(queue.task("c", depends_on=["b"]))
-    env = dict(queue.env, CRASH_AT=json.dumps(
-        {"event": "os.rename", "args": {"0": "/tasks/b.json", "1": "/failed/"}}))
-    crashed = subprocess.run([PYTHON, str(REPO / "tests" / "crashpoint.py"), str(BRIDGE), "watch",
-                              "--once", "--root", str(queue.repo), "--config", str(queue.config_path)],
-                             env=env, capture_output=True, text=True, timeout=60,
-                             stdin=subprocess.DEVNULL)
-    assert crashed.returncode == -signal.SIGKILL, crashed.stderr
+    crash_watch(queue, None, {"event": "os.rename", "args": {"0": "/tasks/b.json", "1": "/failed/"}})
     before = queue.result("b")
     assert before["reason"] == "dependency_failed" and queue.names("tasks") == ["b.json", "c.json"]
     out = queue.watch()

@@ -8,13 +8,12 @@ import json
 import os
 import shutil
 import signal
-import subprocess
 
 import pytest
 
-from conftest import BRIDGE, PYTHON, REPO, git, process_running
+from conftest import git, process_running
 from test_watch import Queue, branch, head, wait_for
-from test_watch_crash import git_wrapper
+from test_watch_crash import crash_watch
 
 USER_FILES = {"README.md": "# test repo\nmy uncommitted edit\n", "mine.txt": "my own file\n"}
 
@@ -308,16 +307,7 @@ def test_sigkill_at_each_worktree_step_then_restart(git_repo, tmp_path, step):
     how, final_attempt = WORKTREE_STEPS[step]
     queue = worktree_queue(git_repo, tmp_path)
     queue.put(queue.task("k", agent={"write": {"k.txt": "k\n"}}, retry_policy={"max_attempts": 2}))
-    env, argv = dict(queue.env), [PYTHON, str(BRIDGE)]
-    if isinstance(how, dict):
-        argv = [PYTHON, str(REPO / "tests" / "crashpoint.py"), str(BRIDGE)]
-        env["CRASH_AT"] = json.dumps(how)
-    else:
-        env["PATH"] = git_wrapper(tmp_path / "bin", how, tmp_path / "crashed") + os.pathsep + env["PATH"]
-    crashed = subprocess.run(argv + ["watch", "--once", "--root", str(queue.repo), "--config",
-                                     str(queue.config_path)], env=env, capture_output=True,
-                             text=True, timeout=60, stdin=subprocess.DEVNULL)
-    assert crashed.returncode == -signal.SIGKILL, crashed.stderr
+    crash_watch(queue, tmp_path, how)
     out = queue.watch()
     assert out.returncode == 0, out.stderr
     assert queue.names("results") == ["k.json"]
