@@ -8436,6 +8436,31 @@ def relay_record_write(lock_fd, raw):
         pass
 
 
+def relay_append(path, keys, config, log, what, entry, say_errors=True):
+    """Splice one entry into the queue file `path` (its list under one of `keys`) under the
+    `<path>.lock` flock; `entry(layout)` gives its (id, fields). Returns the id. A file that
+    cannot be read or written is a BridgeError (with `say_errors`, logged as an ERROR too)."""
+    fd = relay_lock(path + ".lock", config, log, what)
+    try:
+        raw, bom, text = _relay_read(path)
+        try:
+            layout = relay_layout(path, text, keys, checked=relay_wrote_last(fd, raw))
+            entry_id, fields = entry(layout)
+            new = relay_splice_bytes(layout, raw, bom, relay_entry_text(layout, entry_id, fields))
+            try:
+                atomic_write(path, new)
+            except OSError as exc:
+                raise BridgeError("cannot write %s: %s" % (path, exc.strerror or exc), EXIT_FAILED)
+        except BridgeError as exc:
+            if say_errors:
+                log("ERROR: " + exc.message)
+            raise
+        relay_record_write(fd, new)
+    finally:
+        release_flock(fd)
+    return entry_id
+
+
 # ---- down ---------------------------------------------------------------------
 
 def relay_purpose(message):
@@ -8447,13 +8472,6 @@ def relay_purpose(message):
             m = re.search(r"[。！？]|[.!?](?=\s)", line)
             return line[:m.end()] if m else line
     return message.strip()
-
-
-def relay_criteria(text):
-    """Acceptance criteria split on newlines, blank lines dropped."""
-    items = [line.strip() for line in (text or "").split("\n")]
-    items = [item for item in items if item]
-    return items or [RELAY_DEFAULT_CRITERIA]
 
 
 def relay_down(root, config, captain_id, session, message, project, priority="",
@@ -8469,36 +8487,22 @@ def relay_down(root, config, captain_id, session, message, project, priority="",
     if priority not in RELAY_PRIORITIES:
         raise BridgeError("priority must be one of %s, got %r" % (", ".join(RELAY_PRIORITIES), priority))
     queue, clustered = relay_queue_path(root, session, config)
-    fd = relay_lock(queue + ".lock", config, log)
-    try:
-        raw, bom, text = _relay_read(queue)
-        try:
-            layout = relay_layout(queue, text, ("commands", "queue"),
-                                  checked=relay_wrote_last(fd, raw))
-        except BridgeError as exc:
-            log("ERROR: " + exc.message)
-            raise
+
+    def entry(layout):
         cmd_id = "cmd_%03d" % (relay_max_id(layout) + 1)
-        fields = [
+        return cmd_id, [
             ("id", cmd_id),
             ("timestamp", time.strftime("%Y-%m-%dT%H:%M:%S")),
             ("purpose", relay_purpose(message)),
-            ("acceptance_criteria", relay_criteria(criteria)),
+            ("acceptance_criteria", [line.strip() for line in (criteria or "").split("\n")
+                                     if line.strip()] or [RELAY_DEFAULT_CRITERIA]),
             ("command", message),
             ("project", project),
             ("priority", priority),
             ("status", "pending"),
             ("source", "agent_teams"),
         ]
-        new = relay_splice_bytes(layout, raw, bom, relay_entry_text(layout, cmd_id, fields))
-        try:
-            atomic_write(queue, new)
-        except OSError as exc:
-            log("ERROR: cannot write %s: %s" % (queue, exc.strerror or exc))
-            raise BridgeError("cannot write %s: %s" % (queue, exc.strerror or exc), EXIT_FAILED)
-        relay_record_write(fd, new)
-    finally:
-        release_flock(fd)
+    cmd_id = relay_append(queue, ("commands", "queue"), config, log, "queue", entry)
     relay_nudge(root, config, log, captain_id, session if clustered else "", cmd_id, session)
     log("DOWN SUCCESS: %s created (project=%s, priority=%s)" % (cmd_id, project, priority))
     return cmd_id
@@ -8563,19 +8567,13 @@ def inbox_write(root, config, log, target, content, msg_type, sender):
     inbox_dir = os.path.join(root, "queue", "inbox")
     make_dirs(inbox_dir, root)
     path = os.path.join(inbox_dir, target + ".yaml")
-    fd = relay_lock(path + ".lock", config, log, "inbox")
-    try:
-        raw, bom, text = _relay_read(path)
-        layout = relay_layout(path, text, ("messages",), checked=relay_wrote_last(fd, raw))
+
+    def entry(_layout):
         msg_id = "msg_%s_%s" % (time.strftime("%Y%m%d_%H%M%S"), random_hex(4))
-        fields = [("content", content), ("from", sender), ("id", msg_id),
-                  ("read", YamlPlain("false")),
-                  ("timestamp", time.strftime("%Y-%m-%dT%H:%M:%S")), ("type", msg_type)]
-        new = relay_splice_bytes(layout, raw, bom, relay_entry_text(layout, msg_id, fields))
-        atomic_write(path, new)
-        relay_record_write(fd, new)
-    finally:
-        release_flock(fd)
+        return msg_id, [("content", content), ("from", sender), ("id", msg_id),
+                        ("read", YamlPlain("false")),
+                        ("timestamp", time.strftime("%Y-%m-%dT%H:%M:%S")), ("type", msg_type)]
+    msg_id = relay_append(path, ("messages",), config, log, "inbox", entry, say_errors=False)
     log("NUDGE: %s → %s (type=%s) %s" % (sender, target, msg_type, msg_id))
 
 
