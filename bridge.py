@@ -2851,10 +2851,11 @@ class Git:
         your branch with your index. It keeps this Git's list of filter drivers (one `git
         config` call less per task) unless the worktree reads config of its own
         (config.worktree; an includeIf, whose condition may hold there and not here).
-        `fresh`: `git worktree add` made it a moment ago, so its `.git` file is read as git
-        reads it (a line `gitdir: DIR`, relative to the worktree) instead of asking git; the
-        same checks follow. Anything that could rewrite it in between could as well right
-        after the check: the tamper check's fingerprint covers it from then on."""
+        `fresh`: `git worktree add` made it a moment ago, so its `.git` file and that
+        directory's `commondir` are read as git reads them (`gitdir: DIR`, relative to the
+        worktree) instead of asking git; the same checks follow. Anything that could rewrite
+        them in between could as well right after the check: the tamper check's fingerprint
+        covers them from then on."""
         mine = self.git_dir()
         common = os.path.realpath(os.path.join(mine, _read_small(os.path.join(mine, "commondir"))
                                                or "."))
@@ -2864,7 +2865,10 @@ class Git:
         if fresh:
             link = read_input(os.path.join(path, ".git"), "file", 4096, missing=b"")
             link = link.decode("utf-8", "replace").rstrip("\r\n")
-            ok, lines = link.startswith("gitdir: "), [path, os.path.join(path, link[8:]), common]
+            admin = os.path.join(path, link[8:])
+            ok = link.startswith("gitdir: ") and "\0" not in link
+            back = (ok and _read_small(os.path.join(admin, "commondir"))) or ""
+            ok, lines = ok and "\0" not in back, [path, admin, os.path.join(admin, back)]
         else:
             top = git.run("rev-parse", "--show-toplevel", "--absolute-git-dir", "--git-common-dir",
                           check=False)

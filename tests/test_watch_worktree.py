@@ -597,3 +597,23 @@ def test_a_submodule_checked_out_in_a_task_worktree_keeps_it_as_git_would(git_re
     path = queue.repo / ".git" / "bridge-worktrees" / "m1"
     assert "could not be removed" in out.stdout + out.stderr
     assert git(path / "lib", "log", "-1", "--format=%s") == "lib\n"
+
+
+@pytest.mark.parametrize("link", ["gitdir: %(repo)s/.git\\0x", "gitdir %(repo)s/.git", ""])
+def test_a_new_worktree_link_that_git_could_not_have_written_is_refused(git_repo, tmp_path, link):
+    """A NUL, a missing `gitdir: ` or an empty .git file, written right after `git worktree
+    add`: the task is blocked saying so, never an internal error."""
+    queue = worktree_queue(git_repo, tmp_path)
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    wrapper = bin_dir / "git"
+    wrapper.write_text('#!/bin/sh\n"%s" "$@"\nrc=$?\ncase " $* " in\n  *" worktree add "*)\n'
+                       '    eval dir=\\${$(($# - 1))}\n'
+                       '    printf "%s" > "$dir/.git" ;;\nesac\nexit $rc\n'
+                       % (shutil.which("git"), link % {"repo": queue.repo}))
+    wrapper.chmod(0o755)
+    queue.put(queue.task("w10"))
+    out = queue.watch(env=dict(queue.env, PATH=str(bin_dir) + os.pathsep + queue.env["PATH"]))
+    r = queue.result("w10")
+    assert (r["status"], r["reason"]) == ("blocked", "branch_checkout_failed"), out.stderr
+    assert_user_checkout_untouched(queue)
