@@ -416,7 +416,9 @@ def atomic_write(path, data, mode=None, durable=True):
     target and fsyncs the directory. A symlink at `path` is replaced, not followed.
     The new file keeps the old file's permissions unless `mode` is given.
     durable=False skips both fsyncs: still atomic, but may be lost in a power cut (for caches
-    that can be rebuilt, on hot paths where an fsync costs more than the work).
+    that can be rebuilt, on hot paths where an fsync costs more than the work). durable=a set:
+    the file is fsynced and its folder added to the set, for the caller to fsync once for all
+    the files it wrote there before the record that names them.
     """
     path = os.fspath(path)
     if isinstance(data, str):
@@ -435,7 +437,7 @@ def atomic_write(path, data, mode=None, durable=True):
             write_all(fd, data)
             if mode is not None:
                 os.fchmod(fd, mode)
-            if durable:
+            if durable or isinstance(durable, set):
                 os.fsync(fd)
         finally:
             os.close(fd)
@@ -446,7 +448,9 @@ def atomic_write(path, data, mode=None, durable=True):
         except OSError:
             pass
         raise
-    if durable:
+    if isinstance(durable, set):
+        durable.add(directory)
+    elif durable:
         _fsync_dir(directory)
 
 
@@ -466,7 +470,7 @@ def make_dirs(path, root, create=True):
     create=False only checks the folders that exist."""
     import stat
     root, path = os.path.abspath(os.fspath(root)), os.path.abspath(os.fspath(path))
-    if create:
+    if create and not os.path.isdir(root):
         os.makedirs(root, exist_ok=True)  # `root` itself is trusted
     rel = os.path.relpath(path, root)
     if rel == os.pardir or rel.startswith(os.pardir + os.sep):
@@ -2526,6 +2530,31 @@ def cut_middle(head, tail, cut):
     return head + b"\n[... %d bytes cut here: over the capture cap ...]\n" % cut + tail, cut
 
 
+class _Output:
+    """What run_command keeps of one output stream: at most `cap` bytes, the first half and
+    the last half (the end is usually the summary); the middle is cut (see cut_middle)."""
+
+    def __init__(self, cap):
+        self.half, self.room = cap // 2, cap - cap // 2
+        self.head, self.tail, self.total = bytearray(), bytearray(), 0
+
+    def add(self, block):
+        self.total += len(block)
+        room = self.room - len(self.head)
+        if room > 0:
+            self.head += block[:room]
+            block = block[room:]
+        self.tail += block
+        if len(self.tail) > 2 * self.half + 65536:  # let go of the oldest now and then
+            del self.tail[:len(self.tail) - self.half]
+
+    def kept(self):
+        """(the text kept, the bytes cut)."""
+        end = bytes(self.tail[max(0, len(self.tail) - self.half):])
+        data, cut = cut_middle(bytes(self.head), end, self.total - len(self.head) - len(end))
+        return data.decode("utf-8", "replace"), cut
+
+
 def run_command(cmd, cwd=None, env=None, timeout=None, shell=False, stdin_data=None,
                 cap_bytes=64 << 20, on_tick=None, tick_sec=10.0, kill_grace=5.0,
                 on_start=None, stop=None, idle_timeout=None):
@@ -2534,10 +2563,9 @@ def run_command(cmd, cwd=None, env=None, timeout=None, shell=False, stdin_data=N
     - `cmd` is an argv list, or a string run by /bin/sh when shell=True.
     - The child gets its own process group and a closed stdin (headless agents hang
       on an open one) unless `stdin_data` is given.
-    - stdout and stderr are read by threads as they come, so the child never blocks
-      on a full pipe; each keeps at most `cap_bytes`: the first half and the last
-      half (the end is usually the summary), the middle replaced by a line saying how
-      much was cut (see cut_middle; dropped_bytes counts it).
+    - stdout and stderr are read as they come, so the child never blocks on a full pipe
+      (not even while it is being stopped); each keeps at most `cap_bytes` (see _Output;
+      dropped_bytes counts what was cut).
     - On timeout the whole group gets SIGTERM, then SIGKILL after kill_grace.
     - When the child exits, its whole group is killed: a grandchild that holds the
       pipes open (or let go of them but stayed in the group) never outlives it.
@@ -2549,6 +2577,8 @@ def run_command(cmd, cwd=None, env=None, timeout=None, shell=False, stdin_data=N
       (a headless agent waiting for an answer nobody will give), its group is stopped as on
       a timeout and the result's `idle` says so.
     """
+    import select
+    import signal
     import subprocess
     import threading
 
@@ -2565,41 +2595,6 @@ def run_command(cmd, cwd=None, env=None, timeout=None, shell=False, stdin_data=N
 
     if on_start:
         on_start(proc)
-    import collections
-    kept = {"stdout": b"", "stderr": b""}
-    dropped = [0]
-    heard = [started]  # when the child last printed something
-
-    def drain(stream, name):
-        head, tail, tail_len, total, fd = bytearray(), collections.deque(), 0, 0, stream.fileno()
-        half = cap_bytes // 2
-        while True:
-            try:
-                block = os.read(fd, 65536)
-            except OSError:
-                break
-            if not block:
-                break
-            heard[0] = time.monotonic()
-            total += len(block)
-            room = cap_bytes - half - len(head)
-            if room > 0:
-                head += block[:room]
-                block = block[room:]
-            if block:  # the tail: whole blocks, the oldest let go once half is still held
-                tail.append(block)
-                tail_len += len(block)
-                while tail_len - len(tail[0]) >= half:
-                    tail_len -= len(tail.popleft())
-        stream.close()
-        end = b"".join(tail)[-half:] if half else b""
-        kept[name], cut = cut_middle(bytes(head), end, total - len(head) - len(end))
-        dropped[0] += cut
-
-    readers = [threading.Thread(target=drain, args=(proc.stdout, "stdout"), daemon=True),
-               threading.Thread(target=drain, args=(proc.stderr, "stderr"), daemon=True)]
-    for reader in readers:
-        reader.start()
     if stdin_data is not None:
         def feed():
             try:
@@ -2613,51 +2608,97 @@ def run_command(cmd, cwd=None, env=None, timeout=None, shell=False, stdin_data=N
                     pass
         threading.Thread(target=feed, daemon=True).start()
 
+    # One loop reads both pipes and waits for the child's exit without reaping it (until it
+    # is reaped, its pid, and so its group id, cannot be reused): on Linux a pidfd turns
+    # readable the moment it exits; elsewhere the exit is polled, at least every half second.
+    # (No thread per pipe: a short command, git's, costs a few hundred microseconds less.)
+    outputs = {proc.stdout.fileno(): _Output(cap_bytes), proc.stderr.fileno(): _Output(cap_bytes)}
+    poller = select.poll()
+    for fd in outputs:
+        poller.register(fd, select.POLLIN)
+    try:
+        exit_fd = os.pidfd_open(proc.pid)
+        poller.register(exit_fd, select.POLLIN)
+    except (AttributeError, OSError):
+        exit_fd = None
+    reading, exited, heard = set(outputs), False, started
+
+    def pump(seconds):
+        """Read what the pipes hold, waiting at most `seconds` for output or the exit."""
+        nonlocal exited, heard
+        if not reading and (exit_fd is None or exited):
+            exited = wait_exited(proc.pid, max(0.0, seconds))
+            return
+        for fd, _ in poller.poll(max(0.0, seconds) * 1000):
+            if fd == exit_fd:
+                exited = True
+                poller.unregister(fd)  # it stays readable
+                continue
+            try:
+                block = os.read(fd, 65536)
+            except OSError:
+                block = b""
+            if block:
+                heard = time.monotonic()
+                outputs[fd].add(block)
+            else:
+                poller.unregister(fd)
+                reading.discard(fd)
+        if exit_fd is None and not exited:
+            exited = wait_exited(proc.pid, 0)
+
     timed_out = stopped = idle = False
     deadline = None if timeout is None else started + timeout
     next_tick = started + tick_sec
-    # Wait for the child to exit without reaping it. While its output pipes are open,
-    # waiting on a reader (Thread.join blocks on a lock) wakes the moment the child
-    # closes them; polling costs milliseconds on every short command (git).
-    while not wait_exited(proc.pid, 0):
-        now = time.monotonic()
-        if deadline is not None and now >= deadline:
-            timed_out = True
-            break
-        if stop is not None and stop():
-            stopped = True
-            break
-        if idle_timeout and now - heard[0] >= idle_timeout:
-            idle = True
-            break
-        if on_tick and now >= next_tick:
-            next_tick = now + tick_sec
-            on_tick(now - started)
-        wait = min(0.5, next_tick - now) if on_tick else 0.5
-        if deadline is not None:
-            wait = min(wait, deadline - now)
-        if idle_timeout:
-            wait = min(wait, heard[0] + idle_timeout - now)
-        reader = next((r for r in readers if r.is_alive()), None)
-        if reader is not None:
-            reader.join(max(0.0, wait))
-        else:
-            wait_exited(proc.pid, max(0.0, wait))
-    # The child is gone (or timed out): nothing of its group outlives it, not even a
-    # grandchild that let go of the pipes but stayed in the group to write later.
-    kill_process_group(proc, kill_grace if timed_out or idle else 1.0 if stopped else 0)
-    for reader in readers:
-        reader.join(timeout=2.0)
+    try:
+        while not exited:
+            now = time.monotonic()
+            if deadline is not None and now >= deadline:
+                timed_out = True
+                break
+            if stop is not None and stop():
+                stopped = True
+                break
+            if idle_timeout and now - heard >= idle_timeout:
+                idle = True
+                break
+            if on_tick and now >= next_tick:
+                next_tick = now + tick_sec
+                on_tick(now - started)
+            wait = min(0.5, next_tick - now) if on_tick else 0.5
+            if deadline is not None:
+                wait = min(wait, deadline - now)
+            if idle_timeout:
+                wait = min(wait, heard + idle_timeout - now)
+            pump(wait)
+        # The child is gone (or is stopped now, SIGTERM then SIGKILL): nothing of its group
+        # outlives it, not even a grandchild that let go of the pipes but stayed in the group
+        # to write later. What the group writes meanwhile is read, for at most 2 s more once
+        # it is killed (a process that left the group may hold the pipes).
+        grace = kill_grace if timed_out or idle else 1.0 if stopped else 0
+        if grace and not exited:
+            signal_group(proc.pid, signal.SIGTERM)
+            end = time.monotonic() + grace
+            while not exited and time.monotonic() < end:
+                pump(end - time.monotonic())
+        kill_process_group(proc, 0)
+        end = time.monotonic() + 2.0
+        while reading and time.monotonic() < end:
+            pump(end - time.monotonic())
+    finally:
+        if exit_fd is not None:
+            os.close(exit_fd)
+        proc.stdout.close()
+        proc.stderr.close()
+    (out, out_cut), (err, err_cut) = [output.kept() for output in outputs.values()]
     code = proc.returncode
     return CommandResult(
         cmd,
         exit_code=None if timed_out or idle else code,
-        stdout=kept["stdout"].decode("utf-8", "replace"),
-        stderr=kept["stderr"].decode("utf-8", "replace"),
-        timed_out=timed_out,
+        stdout=out, stderr=err, timed_out=timed_out,
         duration=time.monotonic() - started,
         signal=-code if (code is not None and code < 0) else None,
-        dropped_bytes=dropped[0], idle=idle_timeout if idle else None)
+        dropped_bytes=out_cut + err_cut, idle=idle_timeout if idle else None)
 
 
 # ---- git ----------------------------------------------------------------------
@@ -3901,6 +3942,9 @@ class TaskRun:
         self.owned = False            # its worktree is the task's own (made or checked by us)
         self.nested = True            # its last status saw a submodule or nested repository
         self.others = set()           # ids of the tasks the watcher wrote for alongside it
+        # folders holding its patches and prompt, renamed into place but not yet fsynced: the
+        # result fsyncs them first (a crash before it re-runs the task, which writes them anew)
+        self.unsynced = set()
         self.since = time.time_ns()   # before its agent starts (see Watcher.doubted)
 
 
@@ -4027,10 +4071,10 @@ class Watcher:
     def redact(self, text):
         return self.redactor.redact(text) if text else text
 
-    def write_redacted(self, path, text):
+    def write_redacted(self, path, text, durable=True):
         """Redacted text to a file under .ai-handoff/; True when redaction changed it."""
         clean = self.redact(text)
-        atomic_write(path, clean or "")
+        atomic_write(path, clean or "", durable=durable)
         return clean != text
 
     def log(self, task_id, text):
@@ -4678,6 +4722,8 @@ class Watcher:
                 "outcome is kept" % (type(exc).__name__, str(exc)[:200])
             data = json.dumps(self.redactor.redact_obj(result), ensure_ascii=False, indent=2)
         path = self.handoff.path("results", task_id + ".json")
+        while self.current and self.current.unsynced:  # the patches and prompt it names first
+            _fsync_dir(self.current.unsynced.pop())
         atomic_write(path, data + "\n")
         info = os.lstat(path)
         with self.beat_lock:  # task threads write results at once
@@ -4945,7 +4991,7 @@ class Watcher:
         # The agent reads the task as written (like the task file in running/, stored as
         # given); the copy kept once the agent is done is redacted.
         kept = self.redact(prompt)
-        atomic_write(prompt_path, prompt, durable=kept == prompt)
+        atomic_write(prompt_path, prompt, durable=self.current.unsynced if kept == prompt else False)
         result["artifacts"]["prompt"] = self.handoff.rel(prompt_path)
         log_path = self.handoff.path("logs", task_id + ".log")
         result["artifacts"]["logs"] = self.handoff.rel(log_path)
@@ -4978,7 +5024,7 @@ class Watcher:
             self.tamper_check(guard, result, "the editing agent")  # before any further git call
         finally:
             if kept != prompt:
-                atomic_write(prompt_path, kept)
+                atomic_write(prompt_path, kept, durable=self.current.unsynced)
         self.log(task_id, "--- agent: %s\n--- stdout\n%s\n--- stderr\n%s\n--- agent %s%s\n" % (
             " ".join(template), ran.stdout, ran.stderr, ran.describe(), dropped_note(ran)))
         result["executor"] = {
@@ -5291,7 +5337,7 @@ class Watcher:
                               "the work tree's .gitattributes changed which files go "
                               "through a filter")
         path = self.handoff.path("patches", "%s_%s.patch" % (task_id, which))
-        result["patch_redacted"][which] = self.write_redacted(path, patch)
+        result["patch_redacted"][which] = self.write_redacted(path, patch, self.current.unsynced)
         result["artifacts"]["patch_" + which] = self.handoff.rel(path)
         result["git"]["diff_stat_" + which] = stat
 
