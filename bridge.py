@@ -11512,7 +11512,7 @@ class McpClient:
     lives for a whole change set so the server's in-memory leases stay valid."""
 
     def __init__(self, command, cwd, framing="content-length", timeout=30.0, env=None,
-                 log=None):
+                 log=None, redactor=None):
         command = split_command(command, "changes.mcp.command")
         if not command:
             raise BridgeError("changes.mcp.command is empty", EXIT_USAGE)
@@ -11522,6 +11522,7 @@ class McpClient:
         self.timeout = float(timeout)
         self.env = env
         self.log = log or (lambda msg: None)
+        self.redactor = redactor or get_redactor()  # the config's: it knows changes.mcp.env
         self.proc = None
         self._next_id = 0
         self._replies = None
@@ -11613,7 +11614,7 @@ class McpClient:
         tail = [t for t in self._stderr_tail if t][-3:]
         if tail:
             msg += "; stderr: " + " | ".join(tail)
-        return printable(get_redactor().redact(msg))
+        return printable(self.redactor.redact(msg))
 
     def notify(self, method, params=None):
         self._send({"jsonrpc": "2.0", "method": method, "params": params or {}})
@@ -11622,9 +11623,11 @@ class McpClient:
         import queue
         self._next_id += 1
         rid = self._next_id
+        # one deadline for writing the request and for its answer: a server slow to read it
+        # leaves less time to answer, never a second timeout
+        deadline = time.monotonic() + (timeout or self.timeout)
         self._send({"jsonrpc": "2.0", "id": rid, "method": method, "params": params or {}},
                    timeout)
-        deadline = time.monotonic() + (timeout or self.timeout)
         while True:
             left = deadline - time.monotonic()
             if left <= 0:
@@ -11934,7 +11937,7 @@ class ChangeSets:
         return McpClient(mcp["command"], self.root, framing=mcp["framing"],
                          timeout=mcp["timeout_sec"],
                          env={str(k): str(v) for k, v in mcp["env"].items()},
-                         log=self.say)
+                         log=self.say, redactor=self.redactor)
 
     def say(self, msg):
         sys.stderr.write("bridge changes: %s\n" % printable(self.redactor.redact(msg)))

@@ -1019,6 +1019,36 @@ def test_mcp_header_lines_are_bounded(tmp_path):
     assert time.time() - t0 < 5  # not waited out: the endless header line is an error
 
 
+def test_validate_redacts_the_servers_last_words_with_the_configs_secrets(tmp_path):
+    # A server gone is told with the config's redaction, as the status file is: a secret
+    # changes.mcp.env hands the server, printed back on its stderr, reached the terminal of
+    # `changes validate` as it was (the client redacted with the default patterns only).
+    env = Env(tmp_path)
+    cs_id = env.new("Add world", [task("t1", NOTES_PATCH)])
+    env.configure(["--crash-on", "gov.preflight"], mcp={
+        "env": {"AXIOMREGENT_LICENSE_KEY": "correct-horse-battery-staple"}})
+    res = env.cli("validate", cs_id)
+    assert res.returncode == 1 and "exited during gov.preflight" in res.stdout, res.stdout
+    assert "licensed to [REDACTED]" in res.stdout, res.stdout
+    assert "correct-horse-battery-staple" not in res.stdout + res.stderr
+
+
+def test_a_request_has_one_deadline_for_its_write_and_its_answer(tmp_path):
+    # A server busy (not reading) for most of the timeout and then silent failed a request
+    # only after the write's wait plus a whole second timeout for the answer.
+    client = B.McpClient([PYTHON, str(FIXTURES / "mcp_server.py")], tmp_path, framing="line",
+                         timeout=2.0)
+    with client:
+        client.start()
+        assert client.call_tool("busy", {"sec": 1.5}) == "busy"  # then it reads nothing for 1.5 s
+        started = time.monotonic()
+        with pytest.raises(B.McpServerGone) as gone:  # larger than a pipe: the write waits
+            client.request("ignore", {"pad": "x" * (1 << 20)})
+        took = time.monotonic() - started
+    assert "did not answer ignore within 2 s" in gone.value.message
+    assert took < 2.8, took
+
+
 def test_mcp_stderr_lines_are_bounded(tmp_path):
     env = Env(tmp_path, server_args=["--crash-on", "gov.preflight", "--stderr-flood"])
     cs_id = env.new("Add world", [task("t1", NOTES_PATCH)])
