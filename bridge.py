@@ -186,13 +186,14 @@ def warn(message):
 
 def now_iso(ts=None):
     """Local time with its UTC offset, to the second: 2026-11-22T05:30:00+08:00."""
-    ts = time.time() if ts is None else ts
-    local = time.localtime(ts)
-    offset = local.tm_gmtoff or 0
-    sign = "+" if offset >= 0 else "-"
-    offset = abs(offset)
-    return time.strftime("%Y-%m-%dT%H:%M:%S", local) + "%s%02d:%02d" % (
-        sign, offset // 3600, (offset % 3600) // 60)
+    local = time.localtime(time.time() if ts is None else ts)
+    return time.strftime("%Y-%m-%dT%H:%M:%S", local) + utc_offset(local.tm_gmtoff or 0)
+
+
+def utc_offset(seconds):
+    """+HH:MM (or -HH:MM) of an offset from UTC in seconds."""
+    return "%s%02d:%02d" % ("-" if seconds < 0 else "+", abs(seconds) // 3600,
+                            abs(seconds) % 3600 // 60)
 
 
 def utc_iso(ts=None):
@@ -5892,11 +5893,7 @@ def render_rfc3339_nano(parsed):
     frac = frac.rstrip("0")
     if frac:
         text += "." + frac
-    if offset == 0:
-        return text + "Z"
-    sign = "+" if offset > 0 else "-"
-    offset = abs(offset)
-    return text + "%s%02d:%02d" % (sign, offset // 3600, offset % 3600 // 60)
+    return text + ("Z" if offset == 0 else utc_offset(offset))
 
 
 def _days_in_month(year, month):
@@ -5949,11 +5946,8 @@ def id_flag(opts, flag, argv=False, pair=False):
 
 def clean_slugs(values):
     """Trimmed, safe, de-duplicated and sorted slugs (Go's cleanSlugs)."""
-    out = set()
-    for value in values or ():
-        if isinstance(value, str) and is_safe_name(value.strip()):
-            out.add(value.strip())
-    return sorted(out)
+    return sorted({value.strip() for value in values or ()
+                   if isinstance(value, str) and is_safe_name(value.strip())})
 
 
 def seam_root(repo_root=None, start=None):
