@@ -7008,7 +7008,9 @@ def inbox_check(data, host="", repo_root=None, slug=None, session_id=None):
         slugs = [slug] if is_safe_name(slug) else []
     elif is_safe_name(session_id):
         slugs = [s for s in discover_slugs(bdir) if _heartbeat_session(bdir, s) == session_id]
-        marker_slug = _marker_workflow(bdir, session_id)
+        marker_slug = next((marker["workflow"] for _, _, marker in _markers(bdir)
+                            if marker.get("session_id") == session_id
+                            and is_safe_name(marker.get("workflow"))), None)
         if marker_slug and marker_slug not in slugs:
             slugs.append(marker_slug)
     else:
@@ -7074,13 +7076,6 @@ def _markers(bdir):
         if isinstance(marker, dict):
             out.append((mtime, path, go_fields(marker, MARKER_FIELDS)))
     return out
-
-
-def _marker_workflow(bdir, session_id):
-    for _, _, marker in _markers(bdir):
-        if marker.get("session_id") == session_id and is_safe_name(marker.get("workflow")):
-            return marker["workflow"]
-    return None
 
 
 # ---- FO -> Bridge: initiate, alert, feed -----------------------------------------------
@@ -7416,13 +7411,9 @@ def _wake_resumes(bdir):
     if not isinstance(saved, dict):
         return {}
     me = os.uname().nodename
-    running = {}
-    for session, meta in saved.items():
-        if not (isinstance(meta, dict) and meta.get("host") == me and _is_int(meta.get("pid"))
-                and meta["pid"] > 0 and meta.get("start_ticks")) or holder_is_dead(meta):
-            continue                               # holder_is_dead: a zombie too
-        running[session] = meta
-    return running
+    return {session: meta for session, meta in saved.items()  # holder_is_dead: a zombie too
+            if isinstance(meta, dict) and meta.get("host") == me and _is_int(meta.get("pid"))
+            and meta["pid"] > 0 and meta.get("start_ticks") and not holder_is_dead(meta)}
 
 
 def _save_wake_resumes(bdir, resumes):
