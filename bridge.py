@@ -7037,20 +7037,14 @@ def inbox_check(data, host="", repo_root=None, slug=None, session_id=None):
     return {"decision": "block", "reason": reason}
 
 
-def _heartbeat(bdir, slug):
-    """The parsed fo.<slug>.json heartbeat, or None (a malformed ts fails it whole)."""
-    beat = read_json_quiet(os.path.join(bdir, "fo.%s.json" % slug), 1 << 20)
-    if not isinstance(beat, dict):
-        return None
-    beat = go_fields(beat, HEARTBEAT_FIELDS)
-    if beat.get("ts") is not None and parse_rfc3339(beat.get("ts")) is None:
-        return None
-    return beat
-
-
 def _heartbeat_session(bdir, slug):
-    beat = _heartbeat(bdir, slug)
-    value = beat.get("session_id") if beat else None
+    """The session id in the fo.<slug>.json heartbeat, or "" (a malformed ts fails it whole)."""
+    beat = go_fields(read_json_quiet(os.path.join(bdir, "fo.%s.json" % slug), 1 << 20),
+                     HEARTBEAT_FIELDS)
+    if not isinstance(beat, dict) or (beat.get("ts") is not None
+                                      and parse_rfc3339(beat["ts"]) is None):
+        return ""
+    value = beat.get("session_id")
     return value.strip() if isinstance(value, str) else ""
 
 
