@@ -2873,7 +2873,7 @@ class Git:
         """Commit everything in the work tree (`add -A`: what info/exclude and .gitignore
         leave out stays out) on the current branch, hooks off; the new sha, or None when
         there was nothing to commit. Without a configured identity, as bridge.py."""
-        self.run("add", "-A")
+        self.add_all(os.path.join(self.git_dir(), "index"))
         result = self.run("commit", "-q", "--no-verify", "-m", message, check=False)
         if not result.ok and "tell me who you are" in (result.stderr + result.stdout).lower():
             result = self.run("-c", "user.name=bridge.py", "-c", "user.email=bridge@localhost",
@@ -2884,6 +2884,22 @@ class Git:
             raise BridgeError("git commit failed: %s" % (result.stderr or result.stdout).strip()[-300:],
                               EXIT_FAILED)
         return self.head()
+
+    def add_all(self, index, env=None, *pathspec):
+        """`git add -A` into `index` (its path), git never entering a nested repository. For
+        each gitlink whose folder holds a .git (a submodule checked out, or a repository the
+        agent made inside the work tree), git looks for changes with a `git status` inside it,
+        which reads that repository's config: its filter drivers are not among those run()
+        pins off. So those entries leave the index first, and the add records them again as
+        it records a new nested repository: its HEAD commit, read without running anything."""
+        if may_hold_gitlinks(index):
+            nested = [entry.split("\t", 1)[1] for entry in self.run(
+                "ls-files", "-s", "-z", env=env).stdout.split("\0") if entry.startswith("160000 ")
+                and os.path.lexists(os.path.join(self.root, entry.split("\t", 1)[1], ".git"))]
+            if nested:
+                self.run("update-index", "--force-remove", "-z", "--stdin", env=env,
+                         stdin_data="".join(path + "\0" for path in nested))
+        self.run("add", "-A", *pathspec, env=env)
 
     def worktree(self, path, fresh=False):
         """(Git, git directory) for the linked worktree at `path`, once git confirms it is the
@@ -2962,7 +2978,7 @@ class Git:
             env = {"GIT_INDEX_FILE": temp_index}
             # Exclusions go on the diff only: an exclude pathspec naming an ignored
             # path (e.g. .ai-handoff/ in info/exclude) makes `git add` exit 1.
-            self.run("add", "-A", "--", ".", env=env)
+            self.add_all(temp_index, env, "--", ".")
             pathspec = ["--", "."] + [":(exclude)%s" % path for path in exclude] if exclude else []
             return self.run("diff", "--cached", "--no-ext-diff", "--no-textconv", *diff_args,
                             base or EMPTY_TREE, *pathspec, env=env).stdout
@@ -2971,6 +2987,23 @@ class Git:
                 os.unlink(temp_index)
             except OSError:
                 pass
+
+
+def may_hold_gitlinks(index):
+    """False when the git index file `index` surely holds no gitlink (mode 160000, stored as
+    the bytes 00 00 e0 00); True when it may (rarely by chance), or cannot be read."""
+    try:
+        with open_input(index) as handle:
+            tail = b""
+            for chunk in iter(lambda: handle.read(1 << 20), b""):
+                if b"\x00\x00\xe0\x00" in tail + chunk:
+                    return True
+                tail = chunk[-3:]
+    except FileNotFoundError:
+        return False
+    except OSError:
+        return True
+    return False
 
 
 def git_exclude(root, pattern, comment=None):
@@ -4766,8 +4799,10 @@ class Watcher:
         `status --porcelain=v2 --branch` carries the HEAD commit and branch in its
         header; entries are rendered back to the familiar v1 `XY path` lines.
         """
+        # --ignore-submodules=dirty: git would run `git status` inside each nested repository
+        # (see Git.add_all); a gitlink's own change still shows
         result = self.git.run("status", "--porcelain=v2", "-z", "--branch", "--untracked-files=all",
-                              "--", ".", *[":(exclude)%s" % p for p in self.exclude], check=False)
+                              "--ignore-submodules=dirty", "--", ".", *[":(exclude)%s" % p for p in self.exclude], check=False)
         if not result.ok:
             return {"head": self.git.head(), "current_branch": self.git.current_branch(),
                     "status": "git status failed: %s" % result.stderr.strip()[-300:],
@@ -4802,7 +4837,14 @@ class Watcher:
 
     def audit(self, base):
         """(patch, shortstat) from base to the work tree: one temp-index diff (kernel)."""
-        out = self.git.worktree_diff(base, self.exclude, "--binary", "--shortstat", "-p")
+        try:
+            out = self.git.worktree_diff(base, self.exclude, "--binary", "--shortstat", "-p")
+        except BridgeError:  # e.g. git cannot add a nested repository without a commit
+            nested = [line[3:-1] for line in self.git_snapshot()["status"].splitlines()
+                      if line.startswith("?? ") and line.endswith("/")]  # -uall lists no other folder
+            if nested:
+                self.nested_repositories(nested)
+            raise
         if not out:
             return "", ""
         stat, _, patch = out.partition("\n\n")
@@ -5341,6 +5383,20 @@ class Watcher:
         result["patch_redacted"][which] = self.write_redacted(path, patch, self.current.unsynced)
         result["artifacts"]["patch_" + which] = self.handoff.rel(path)
         result["git"]["diff_stat_" + which] = stat
+        nested = re.findall(r"^diff --git a/.* b/(.*)\n(?:(?:old mode|deleted file mode) .*\n)?"
+                            r"(?:new file mode 160000|new mode 160000|index \S+ 160000)$", patch, re.M)
+        if nested:  # a gitlink added or moved
+            self.nested_repositories(nested)
+
+    def nested_repositories(self, paths):
+        """nested_repository: git records a repository inside the work tree as its commit id
+        only (and cannot record one without a commit), so its files would be in no commit,
+        no patch and no clone; they stay where the agent left them."""
+        raise Stop("failed", "nested_repository", "the work tree holds a git repository of its "
+                   "own at %s (added or changed by this task): a commit would record its commit "
+                   "id only, never its files, which stay in %s; move them into the work tree "
+                   "proper, or commit a submodule change yourself" % (
+                       ", ".join(printable(path) for path in paths[:5]), self.work))
 
     def tamper_check(self, guard, result, who):
         """agent_tampered when `who` changed what it must not (see Fingerprint), or moved

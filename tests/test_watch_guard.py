@@ -470,3 +470,82 @@ def test_filter_drivers_are_listed_again_only_when_a_config_file_changes(queue, 
     calls = [line for line in trace.read_text().splitlines() if "built-in: git" in line]
     listings = [line for line in calls if " config -z --show-origin --list" in line]
     assert len(calls) > 20 and 1 <= len(listings) <= 2, listings  # the watcher's, init's
+
+
+# ---- nested repositories and submodules in the work tree ---------------------------------
+
+NESTED_AGENT = """set -e
+git init -q sub && echo work > sub/file.txt && echo top > top.txt
+if [ "$1" = committed ]; then
+  git -C sub add -A && git -C sub -c user.name=a -c user.email=a@b commit -qm sub
+  git add sub top.txt && git -c user.name=a -c user.email=a@b commit -qm 'the agent commits sub'
+fi
+if [ "$1" = submodule ]; then
+  git -c protocol.file.allow=always submodule -q add "$2" lib
+fi
+printf '[filter "evil"]\\n\\tclean = %s\\n' "$3" >> sub/.git/config
+echo '* filter=evil' > sub/.gitattributes
+sleep 1.1; touch sub/file.txt   # stat-dirty, same size: a git status there runs the filter
+"""
+
+
+@pytest.mark.parametrize("case", ["committed", "uncommitted", "submodule"])
+def test_a_nested_repository_fails_the_task_keeps_its_files_and_runs_none_of_its_config(
+        git_repo, tmp_path, case):
+    """A repository the agent makes inside the work tree (with or without a commit, committed
+    by the agent or not): git would record only a commit id, never the files, so the task
+    fails as nested_repository naming it and the files stay where they are (a submodule it
+    adds writes .git/config: agent_tampered). bridge.py's own git calls never run a program
+    from the nested repository's config (git runs `git status` inside a nested repository
+    its index holds)."""
+    script, log = marker_script(tmp_path, "nested")
+    other = tmp_path / "other"
+    git(tmp_path, "init", "-q", str(other))
+    git(other, "-c", "user.name=a", "-c", "user.email=a@b", "commit", "-q", "--allow-empty", "-m", "o")
+    agent = tmp_path / "agent.sh"
+    agent.write_text(NESTED_AGENT)
+    queue = Queue(git_repo, tmp_path, executor={"command": ["sh", str(agent), case, str(other), script]})
+    queue.put(queue.task("n1", commands_to_run=["true"]))
+    out = queue.watch()
+    r = queue.result("n1")
+    if case == "submodule":
+        assert r["reason"] == "agent_tampered" and ".git/config" in r["detail"], r["detail"]
+    else:
+        assert (r["status"], r["reason"]) == ("failed", "nested_repository"), (r["detail"], out.stderr)
+        assert "of its own at sub " in r["detail"] and str(queue.repo) in r["detail"]
+    assert not log.exists(), log.read_text()
+    assert (queue.repo / "sub" / "file.txt").read_text() == "work\n"
+    assert (queue.repo / "top.txt").read_text() == "top\n"
+    if case == "committed":
+        patch = (queue.handoff / r["artifacts"]["patch_pre"]).read_text()
+        assert "+Subproject commit " in patch
+
+
+def test_a_submodule_of_yours_runs_none_of_its_config_and_the_task_commits(git_repo, tmp_path):
+    """Your repository has a submodule; the agent plants a filter driver in its config (in
+    .git/modules/, which the tamper check does not cover) and leaves a file there stat-dirty.
+    git would run `git status` inside the submodule from the audit's and the commit's `add -A`
+    and from `status`: none of bridge.py's git calls does, and the task's own work commits."""
+    script, log = marker_script(tmp_path, "nested")
+    other = tmp_path / "other"
+    git(tmp_path, "init", "-q", str(other))
+    (other / "file.txt").write_text("lib\n")
+    git(other, "add", "file.txt")
+    git(other, "-c", "user.name=a", "-c", "user.email=a@b", "commit", "-q", "-m", "o")
+    git(git_repo, "-c", "protocol.file.allow=always", "submodule", "-q", "add", str(other), "lib")
+    git(git_repo, "commit", "-q", "-m", "a submodule")
+    agent = tmp_path / "agent.sh"
+    agent.write_text("""set -e
+printf '[filter "evil"]\\n\\tclean = %s\\n' "$1" >> .git/modules/lib/config
+echo '* filter=evil' > lib/.gitattributes
+sleep 1.1; touch lib/file.txt
+echo mine > mine.txt
+""")
+    queue = Queue(git_repo, tmp_path, executor={"command": ["sh", str(agent), script]})
+    queue.put(queue.task("s1", commands_to_run=["true"]))
+    out = queue.watch()
+    r = queue.result("s1")
+    assert (r["status"], r["reason"]) == ("success", "verified"), (r["detail"], out.stderr)
+    assert not log.exists(), log.read_text()
+    assert git(queue.repo, "show", "--stat", "--format=", r["git"]["commit"]).split() == [
+        "mine.txt", "|", "1", "+", "1", "file", "changed,", "1", "insertion(+)"]
