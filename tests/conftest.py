@@ -3,6 +3,7 @@ import importlib.util
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -44,6 +45,16 @@ def load_bridge(path=BRIDGE, name="bridge_under_test"):
 # The same, as the first line of a `python -c` script: bridge.py as `b`.
 IMPORT_BRIDGE = ("import importlib.util as u; s = u.spec_from_file_location('b', %r); "
                  "b = u.module_from_spec(s); s.loader.exec_module(b)" % str(BRIDGE))
+
+
+def wait_for(predicate, timeout=20.0):
+    """Poll until `predicate()` is true (True) or `timeout` seconds passed (False)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.05)
+    return False
 
 
 def readme_quickstart(name):

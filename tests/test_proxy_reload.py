@@ -430,11 +430,10 @@ def test_a_tool_list_whose_pages_never_end_does_not_keep_the_reload_asking(tmp_p
                                                        "if schema is not None], 'nextCursor': 'again'}"))
         done = s.wait_event("doctor:reloaded")[0]["data"]
         assert "again" in done["error"], done
-        time.sleep(0.5)
+        mid = s.call("echo", text="on")                # the server reads in order: asked before
+        assert s.reply()["id"] == mid                  # the echo, an ask for a page is logged now
         asked = [line for line in s.received(s.pids()[1]) if '"cursor"' in line]
         assert len(asked) == 1, len(asked)
-        mid = s.call("echo", text="on")
-        assert s.reply()["id"] == mid
     finally:
         s.close()
 

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from conftest import (BRIDGE, FIXTURES, PYTHON, clean_env, load_bridge, make_git_repo,
-                      process_running, run_bridge)
+                      process_running, run_bridge, wait_for)
 
 SEAM = FIXTURES / "seam"
 SEAM_INDEX = ".seam-index.json"
@@ -305,6 +305,18 @@ for n in itertools.count():  # move the folder away, link it elsewhere, unlink (
         except OSError:
             pass
 """
+
+
+def has_open(pid, path):
+    """True when process `pid` has `path` open (a lock file it is taking, say)."""
+    fds = "/proc/%d/fd" % pid
+    for fd in os.listdir(fds) if os.path.isdir(fds) else ():
+        try:
+            if os.readlink(os.path.join(fds, fd)) == str(path):
+                return True
+        except OSError:
+            pass
+    return False
 
 
 def test_marker_is_never_written_through_a_sessions_folder_swapped_for_a_symlink(repo, tmp_path):
@@ -1470,9 +1482,10 @@ def test_emit_never_waits_on_a_wedged_lock_holder(repo):
     bdir.mkdir()
     (bdir / "events.jsonl").write_text("")
     holder = subprocess.Popen([PYTHON, "-c", "import fcntl,os,sys,time;fd=os.open(sys.argv[1],os.O_RDWR);"
-                               "fcntl.flock(fd,fcntl.LOCK_EX);time.sleep(30)", str(bdir / "events.jsonl")])
+                               "fcntl.flock(fd,fcntl.LOCK_EX);print('locked',flush=True);time.sleep(30)",
+                               str(bdir / "events.jsonl")], stdout=subprocess.PIPE, text=True)
     try:
-        time.sleep(0.3)
+        assert holder.stdout.readline() == "locked\n"
         started = time.monotonic()
         emit("claude", payload("claude_session_start.json", repo), cwd=repo)
         assert time.monotonic() - started < 10
@@ -1758,7 +1771,7 @@ def test_drain_adopts_the_legacy_cursor_under_the_cursor_lock(repo):
         assert holder.stdout.readline() == "locked\n"
         drain = subprocess.Popen([PYTHON, str(BRIDGE), "inbox", "drain", "--slug", "alpha"], cwd=repo,
                                  env=clean_env(), stdout=subprocess.PIPE, text=True)
-        time.sleep(0.5)  # drain is now waiting for the lock
+        assert wait_for(lambda: has_open(drain.pid, bdir / ".cursor-lock.alpha"), 30)  # waiting
         holder.stdin.write("go\n")
         holder.stdin.flush()
         out = json.loads(drain.communicate(timeout=30)[0])

@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from conftest import (BRIDGE, FIXTURES, PYTHON, clean_env, git, make_git_repo, process_running,
-                      readme_quickstart, run_bridge)
+                      readme_quickstart, run_bridge, wait_for)
 
 AGENT = [PYTHON, str(FIXTURES / "agent.py"), "--task", "{task_file}", "--prompt-file", "{prompt_file}"]
 SEED_RESULT_KEYS = {"id", "status", "exit_path", "reason", "attempt", "bead", "git", "commands",
@@ -88,15 +88,6 @@ class Queue:
 @pytest.fixture
 def queue(git_repo, tmp_path):
     return Queue(git_repo, tmp_path)
-
-
-def wait_for(predicate, timeout=20.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.05)
-    return False
 
 
 def head(repo, ref="HEAD"):
