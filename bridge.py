@@ -332,6 +332,14 @@ def _fsync_dir(directory):
         os.close(fd)
 
 
+def unlink_quietly(path, dir_fd=None):
+    """Remove `path` if it can be: for clean-up that must never fail what it cleans up after."""
+    try:
+        os.unlink(path, dir_fd=dir_fd)
+    except OSError:
+        pass
+
+
 def write_all(fd, data):
     view = memoryview(data)
     while view:
@@ -373,10 +381,7 @@ def link_once(folder_fd, name, data, mode=0o644):
     except FileExistsError:
         return False
     finally:
-        try:
-            os.unlink(tmp, dir_fd=folder_fd)
-        except OSError:
-            pass
+        unlink_quietly(tmp, dir_fd=folder_fd)
 
 
 def create_once_within(base, rel, data):
@@ -444,10 +449,7 @@ def atomic_write(path, data, mode=None, durable=True):
             os.close(fd)
         os.replace(tmp, path)
     except BaseException:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
+        unlink_quietly(tmp)
         raise
     if isinstance(durable, set):
         durable.add(directory)
@@ -2983,10 +2985,7 @@ class Git:
             return self.run("diff", "--cached", "--no-ext-diff", "--no-textconv", *diff_args,
                             base or EMPTY_TREE, *pathspec, env=env).stdout
         finally:
-            try:
-                os.unlink(temp_index)
-            except OSError:
-                pass
+            unlink_quietly(temp_index)
 
 
 def may_hold_gitlinks(index):
@@ -3165,6 +3164,7 @@ class Handoff:
                 self.root, HANDOFF_DIR, self.root))
         for name in HANDOFF_SUBDIRS:
             self.dir(name)
+        return self
 
     def history_path(self, task_id):
         return self.path("meta", "%s.results.jsonl" % task_id)
@@ -4368,10 +4368,7 @@ class Watcher:
             if name.startswith("bridge-index."):
                 pid = name.split(".")[1]
                 if pid.isdigit() and holder_is_dead({"pid": int(pid), "host": os.uname().nodename}):
-                    try:
-                        os.unlink(os.path.join(self.git_dir, name))
-                    except OSError:
-                        pass
+                    unlink_quietly(os.path.join(self.git_dir, name))
         results = self.handoff.dir("results")
         for name in os.listdir(results):  # a crashed watcher's half-written results
             if name.startswith(".") and name.endswith(".tmp"):  # (only watchers write here)
@@ -5516,8 +5513,7 @@ class Watcher:
 def submit_task(root, source, retry=False, config=None):
     """Validate a task file (or '-' for stdin), against `config` too when given (the
     executor it names), and enqueue it atomically. Returns its id."""
-    handoff = Handoff(root)
-    handoff.require()
+    handoff = Handoff(root).require()
     if source == "-":
         raw = sys.stdin.buffer.read(TASK_MAX_BYTES + 1)
         try:
@@ -5575,8 +5571,7 @@ def refuse_while_running(handoff, verb, task_id):
 
 def approve_task(root, task_id):
     """Release a task from pending/: archive its gate result, mark it approved, re-queue."""
-    handoff = Handoff(root)
-    handoff.require()
+    handoff = Handoff(root).require()
     safe_name(task_id, "task id")
     pending = handoff.path("pending", task_id + ".json")
     if not os.path.lexists(pending):
@@ -5598,8 +5593,7 @@ def approve_task(root, task_id):
 
 
 def queue_status(root, config, recent=5):
-    handoff = Handoff(root)
-    handoff.require()
+    handoff = Handoff(root).require()
     counts = {state: len(list_task_files(handoff.dir(state)))
               for state in ("tasks", "running", "pending", "failed")}
     by_status, failures = {}, []
@@ -5680,8 +5674,7 @@ def remove_worktrees(root, config):
     queued or running is committed to its branch as WIP (when it holds changes) and removed;
     the branch stays. Lines saying what was done."""
     import contextlib
-    handoff = Handoff(root)
-    handoff.require()
+    handoff = Handoff(root).require()
     lock = FileLock(handoff.path("locks", WORKER_LOCK), meta={"role": "unlock --worktrees"})
     if not lock.acquire():
         raise BridgeError("a watcher holds the worker lock (%s): stop it first, its tasks' "
@@ -10425,10 +10418,7 @@ class Proxy:
             if self.obs is not None:
                 self.obs.stop()
             if self.token_file:
-                try:
-                    os.unlink(self.token_file)
-                except OSError:
-                    pass
+                unlink_quietly(self.token_file)
             self.finish()
             os.set_blocking(1, blocking)
             for sig, handler in old.items():

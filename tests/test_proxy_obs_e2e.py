@@ -478,3 +478,4 @@ def test_the_token_file_is_never_readable_by_others_not_even_while_written(tmp_p
     assert b"this run's token" in proc.stderr
     seen = [(path, mode) for path, mode in eval(seen_file.read_text()) if "proxy-" in path]
     assert seen and all(mode == "0o600" for _path, mode in seen), seen
+    assert list((tmp_path / "config" / "bridge").glob("proxy-*.url")) == []  # removed at the end
