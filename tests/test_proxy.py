@@ -92,8 +92,19 @@ class Session:
         return msg
 
     def nothing(self, wait=0.3):
+        """No line for `wait` seconds (where no later event can show it: paused, or a server
+        that knows no ping)."""
         with pytest.raises(queue.Empty):
             self.lines.get(timeout=wait)
+
+    def settled(self):
+        """Nothing more comes of what happened so far: a ping sent now is answered next (the
+        server reads in order and bridge.py relays in order), so a line owed before it, or one
+        relayed that should not be, would show up first."""
+        self.next_id += 1
+        mid = "settled-%d" % self.next_id
+        self.request("ping", mid=mid)
+        assert self.recv() == {"jsonrpc": "2.0", "id": mid, "result": {}}
 
     def initialize(self):
         mid = self.request("initialize", INIT)
@@ -244,7 +255,7 @@ def test_long_lines_within_limit_and_dropped_beyond(session):
     assert answer["error"]["data"]["method"] == "tools/call"
     s.request("ping", mid=10)
     assert s.recv() == {"jsonrpc": "2.0", "id": 10, "result": {}}
-    s.nothing()
+    s.settled()
     assert not any('"id":9' in line for line in s.received()), "oversized line reached the server"
     assert "line longer than proxy.max_line_bytes" in s.err()
     # The TypeScript SDK writes the id last; a nested "id" is never taken for the message's own,
@@ -268,7 +279,7 @@ def test_oversized_lines_are_answered_on_the_side_that_waits(session):
     assert reply["id"] == 1 and "result" in reply, reply
     told = json.loads(reply["result"]["content"][0]["text"])["error"]
     assert told["data"]["reason"] == "too_large"
-    s.nothing()
+    s.settled()
     # the client's oversized request 2 while the server's own request 2 is pending: answered
     s.request("tools/call", {"name": "ask", "arguments": {"id": 2}}, mid=10)
     assert s.recv()["id"] == 2                                             # the server asks
@@ -308,7 +319,7 @@ def test_big_integers_leave_ids_tracked(session):
     assert s.recv()["result"]["content"][0]["text"] == "small"            # an answer without big numbers
     s.request("tools/call", {"name": "crash", "arguments": {"code": 3}}, mid=4)
     assert s.recv()["id"] == 4
-    s.nothing()                                                           # 3 was answered: not owed
+    s.settled()                                                           # 3 was answered: not owed
     s.close()
 
 
@@ -416,7 +427,7 @@ def test_crash_answers_in_flight_and_replays_handshake(session):
     assert "notifications/message" in methods                             # the Doctor's own, relayed
     assert "notifications/tools/list_changed" in methods and "notifications/resources/list_changed" in methods
     assert "notifications/prompts/list_changed" not in methods            # not advertised as changeable
-    s.nothing()                                                           # the replay's answer was swallowed
+    s.settled()                                                           # the replay's answer was swallowed
     first, second = s.pids()[:2]
     crash = s.wait_event("doctor:crashed")[0]["data"]
     assert crash["exit"] == {"code": 7} and "crashing with 7" in crash["stderrTail"][-1]
@@ -608,7 +619,7 @@ def test_busy_server_that_answers_ping_is_not_hung(session):
     assert reply == {"jsonrpc": "2.0", "id": mid, "result": {"content": [{"type": "text", "text": "ok"}]}}
     pings = [json.loads(line) for line in s.received() if '"method":"ping"' in line]
     assert len(pings) >= 2 and all(re.match(r"bridge\.py-[0-9a-f]{16}-ping-\d+$", p["id"]) for p in pings)
-    s.nothing()                                                          # the pings' answers swallowed
+    s.settled()                                                          # the pings' answers swallowed
     assert len(s.pids()) == 1 and not s.event_list("doctor:hung") and not s.event_list("doctor:crashed")
     s.close()
 
@@ -627,7 +638,7 @@ def test_server_busy_one_request_at_a_time_is_never_killed(session):
         time.sleep(0.02)
     assert sum('"method":"ping"' in line for line in s.received()) == 1  # one ping, no pile-up
     assert "may handle one request at a time, so it is not treated as hung" in s.err()
-    s.nothing()                                                          # its late answer swallowed
+    s.settled()                                                          # its late answer swallowed
     s.close()
 
 
@@ -740,8 +751,9 @@ def test_log_level_and_subscriptions_replayed_after_restart(session):
     s.call("state")
     got = s.reply()
     assert json.loads(got["result"]["content"][0]["text"]) == {"level": "debug", "subscriptions": ["file:///b"]}
-    s.nothing()                                                          # no bridge-owned answer leaked
-    new = [json.loads(line) for line in s.received(s.pids()[1])]
+    s.settled()                                                          # no bridge-owned answer leaked
+    *new, barrier = [json.loads(line) for line in s.received(s.pids()[1])]
+    assert barrier["method"] == "ping"                                   # settled's own
     assert [m.get("method") for m in new] == ["initialize", "notifications/initialized", "logging/setLevel",
                                               "resources/subscribe", "resources/subscribe", "tools/call"]
     assert new[2]["params"] == {"level": "debug"} and [m["params"]["uri"] for m in new[3:5]] == [
@@ -834,7 +846,7 @@ def test_batches_refused_are_answered_once(session):
     mid = s.call("crash", code=3)
     crashed = {m["id"]: m["error"]["data"]["reason"] for m in (s.recv(), s.recv(), s.recv())}
     assert crashed == {"b1": "crashed", "b2": "crashed", mid: "crashed"}
-    s.nothing()                                # b3 and b4 are not answered a second time
+    s.settled()                                # b3 and b4 are not answered a second time
     s.close()
 
 
@@ -1158,7 +1170,7 @@ def test_a_client_id_shaped_like_bridge_owned_ones_gets_its_own_answer(session):
     first = s.reply(timeout=10)
     assert first["id"] == "bridge.py-ping-1" and first["result"]["content"][0]["text"] == "ok", first
     assert s.reply(timeout=10)["id"] == 7
-    s.nothing(0.5)                                            # and the ping's answer is not relayed
+    s.settled()                                                # and the ping's answer is not relayed
     s.close()
 
 
@@ -1172,7 +1184,7 @@ def test_ids_1_and_1_0_and_a_4500_digit_id_are_three_requests(session):
     ids = sorted(line.split(b',"error"')[0] for line in raw)
     assert ids == sorted([b'{"jsonrpc":"2.0","id":1', b'{"jsonrpc":"2.0","id":1.0', b'{"jsonrpc":"2.0","id":2',
                           b'{"jsonrpc":"2.0","id":' + big.encode()]), raw
-    s.nothing()
+    s.settled()
     s.close()
 
 
