@@ -2431,10 +2431,10 @@ class CommandResult:
     for printing nothing for `idle` seconds."""
 
     __slots__ = ("cmd", "exit_code", "stdout", "stderr", "timed_out", "duration",
-                 "signal", "dropped_bytes", "error", "idle")
+                 "signal", "dropped_bytes", "error", "idle", "held")
 
     def __init__(self, cmd, exit_code=None, stdout="", stderr="", timed_out=False,
-                 duration=0.0, signal=None, dropped_bytes=0, error=None, idle=None):
+                 duration=0.0, signal=None, dropped_bytes=0, error=None, idle=None, held=False):
         self.cmd = cmd
         self.exit_code = exit_code
         self.stdout = stdout
@@ -2445,6 +2445,7 @@ class CommandResult:
         self.dropped_bytes = dropped_bytes
         self.error = error
         self.idle = idle
+        self.held = held  # its output pipes were still open 2 s after its group was killed
 
     @property
     def ok(self):
@@ -2701,7 +2702,7 @@ def run_command(cmd, cwd=None, env=None, timeout=None, shell=False, stdin_data=N
         stdout=out, stderr=err, timed_out=timed_out,
         duration=time.monotonic() - started,
         signal=-code if (code is not None and code < 0) else None,
-        dropped_bytes=out_cut + err_cut, idle=idle_timeout if idle else None)
+        dropped_bytes=out_cut + err_cut, idle=idle_timeout if idle else None, held=bool(reading))
 
 
 # ---- git ----------------------------------------------------------------------
@@ -3447,11 +3448,17 @@ def cap_text(text, cap_bytes, task_id):
 
 
 def dropped_note(result):
-    """Log note for output beyond run_command's in-memory cap (never silently lost)."""
-    if not result.dropped_bytes:
-        return ""
-    return " (%d bytes were cut from the middle of the output: over the capture cap)" % (
-        result.dropped_bytes)
+    """Log note for output beyond run_command's in-memory cap (never silently lost), or not
+    read because a process outside the command's group held its pipes."""
+    note = ""
+    if result.dropped_bytes:
+        note += " (%d bytes were cut from the middle of the output: over the capture cap)" % (
+            result.dropped_bytes)
+    if result.held:
+        note += " (its output pipes were still held open 2 s after it ended, by a process that " \
+                "left its process group (a daemon started with setsid?) and still runs: what " \
+                "it writes later is not recorded)"
+    return note
 
 
 def result_history(handoff, task_id):

@@ -1086,3 +1086,25 @@ def test_readme_quick_start_runs_as_written(tmp_path):
     assert (result["status"], result["reason"]) == ("success", "verified"), result["detail"]
     assert branch(repo) == "main" and git(repo, "status", "--porcelain", "--untracked-files=all") == ""
     assert git(repo, "show", "feat/ai/2026-01-15_01_hello:hello.txt") == "hello\n"
+
+
+def test_a_daemon_holding_the_agents_output_neither_wedges_the_queue_nor_loses_its_output(
+        queue, tmp_path):
+    """An agent whose daemon leaves its process group (setsid) keeping its stdout and stderr
+    open: the group kill cannot reach it and the pipes never end. The watcher waits for them
+    a bounded time, keeps what the agent printed, says why in the log, and the queue goes
+    on; the daemon itself lives on (bridge.py kills only what stays in the group)."""
+    pidfile = tmp_path / "daemon.pid"
+    queue.put(queue.task("d1", agent={"print": "the agent's own words", "daemon": [300, str(pidfile)]}))
+    queue.put(queue.task("d2"))
+    try:
+        out = queue.watch(timeout=60)
+        assert out.returncode == 0, out.stderr
+        r = queue.result("d1")
+        assert (r["status"], r["reason"]) == ("success", "verified"), r["detail"]
+        assert "the agent's own words" in r["executor"]["stdout"]
+        assert "held open" in (queue.handoff / "logs" / "d1.log").read_text()
+        assert queue.result("d2")["status"] == "success"
+        assert process_running(int(pidfile.read_text()))
+    finally:
+        os.kill(int(pidfile.read_text()), signal.SIGKILL)
