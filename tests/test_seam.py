@@ -1581,13 +1581,16 @@ def test_wake_redacts_its_start_errors_and_never_keeps_codex_output(repo, tmp_pa
     bdir = write_inbox(repo, {"id": "w1", "ts": "2026-07-02T11:00:00Z", "kind": "tell", "target": "a"})
     heartbeat(repo, "a", "session-a", "codex")
     fake = tmp_path / "codex"
-    fake.write_text("#!/bin/sh\ncat >/dev/null\n"
-                    "echo \"auth failed for %s with $SEAMTEST_API_TOKEN\" >&2\nexit 3\n" % GHP)
+    pid = tmp_path / "codex.pid"
+    fake.write_text("#!/bin/sh\necho $$ > %s\ncat >/dev/null\n"
+                    "echo \"auth failed for %s with $SEAMTEST_API_TOKEN\" >&2\nexit 3\n" % (pid, GHP))
     fake.chmod(0o755)
     result = run_bridge("wake", "--host", "codex", "--codex-bin", fake, cwd=repo, env=secret_env())
     assert (result.returncode, json.loads(result.stdout)["status"]) == (0, "woke"), result
     missing = tmp_path / GHP / ENV_SECRET  # a start error names the command: redacted
-    time.sleep(0.5)  # the resume above has ended (its output went to /dev/null)
+    # the resume above has ended (its output went to /dev/null)
+    assert wait_for(lambda: pid.exists() and pid.read_text().strip() and
+                    not process_running(int(pid.read_text())), 30)
     result = run_bridge("wake", "--host", "codex", "--codex-bin", missing, cwd=repo, env=secret_env())
     assert result.returncode == 1 and "Traceback" not in result.stderr, result
     out = json.loads(result.stdout)
