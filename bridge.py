@@ -3552,7 +3552,7 @@ def latest_result(handoff, task_id):
     return record if isinstance(record, dict) else None
 
 
-def dependency_state(handoff, task, git=None, base_commit=None, graph=None):
+def dependency_state(handoff, task, git=None, graph=None):
     """How far a task's `depends_on` lets it start: {state, reason, detail, deps, start}.
 
     "ready": the latest result of every dependency is a success. "waiting": none failed,
@@ -3562,9 +3562,8 @@ def dependency_state(handoff, task, git=None, base_commit=None, graph=None):
     without a result or history); reason dependency_cycle: the queued tasks wait for each
     other. `deps` is [{id, status, reason, commit}] for the result, where `commit` holds a
     successful dependency's verified work. Given `git`, a ready task's `start` commit is
-    asked of task_start_ref (from `base_commit`, the base it would start from otherwise,
-    by default HEAD): it may still wait for a merge, or fail on a commit git lost. `graph`:
-    see dependency_cycle."""
+    asked of task_start_ref (from HEAD, the base it would start from otherwise): it may
+    still wait for a merge, or fail on a commit git lost. `graph`: see dependency_cycle."""
     deps, waiting, failed = [], [], []
     for dep in task.get("depends_on") or ():
         place = task_place(handoff, dep)
@@ -3591,7 +3590,7 @@ def dependency_state(handoff, task, git=None, base_commit=None, graph=None):
                           "result)" % dep)
         elif status != "success":
             failed.append("%s ended %s (%s)" % (dep, status, record.get("reason")))
-    found = {"state": "ready", "reason": None, "detail": "", "deps": deps, "start": base_commit}
+    found = {"state": "ready", "reason": None, "detail": "", "deps": deps, "start": None}
     if failed:
         found.update(state="failed", reason="dependency_failed", detail="dependency " + "; ".join(failed))
     elif waiting:
@@ -3603,7 +3602,7 @@ def dependency_state(handoff, task, git=None, base_commit=None, graph=None):
                          "submit again" % " -> ".join(cycle))
     elif git is not None:
         try:
-            found["start"], wait = task_start_ref(git, deps, base_commit or git.head())
+            found["start"], wait = task_start_ref(git, deps, git.head())
             if wait:
                 found.update(state="waiting", detail=wait)
         except BridgeError as exc:
