@@ -5396,7 +5396,7 @@ class Watcher:
         only (and cannot record one without a commit), so its files would be in no commit,
         no patch and no clone; they stay where the agent left them."""
         raise Stop("failed", "nested_repository", "the work tree holds a git repository of its "
-                   "own at %s (added or changed by this task): a commit would record its commit "
+                   "own at %s, which this task's commit would take in: git records its commit "
                    "id only, never its files, which stay in %s; move them into the work tree "
                    "proper, or commit a submodule change yourself" % (
                        ", ".join(printable(path) for path in paths[:5]), self.work))
@@ -9604,10 +9604,13 @@ class Proxy:
         which removed ping) where it negotiated a later one or the client named one in _meta;
         where neither says the era, both: some older servers never answer a method they do not
         know, and ping is the one they must answer, even before initialize."""
-        legacy = isinstance(self.proto, str) and self.proto < "2026-07-28"
-        era_known = self.proto is not None or self.meta is not None
-        self.child.probes = [self.own(m) for m in ("server/discover", "ping")
-                             if m == "ping" and (legacy or not era_known) or m != "ping" and not legacy]
+        if isinstance(self.proto, str) and self.proto < "2026-07-28":
+            methods = ["ping"]
+        elif self.proto is not None or self.meta is not None:
+            methods = ["server/discover"]
+        else:
+            methods = ["server/discover", "ping"]
+        self.child.probes = [self.own(method) for method in methods]
         return self.child.probes[0]
 
     def own(self, method, params=None):

@@ -512,7 +512,7 @@ def test_a_nested_repository_fails_the_task_keeps_its_files_and_runs_none_of_its
         assert r["reason"] == "agent_tampered" and ".git/config" in r["detail"], r["detail"]
     else:
         assert (r["status"], r["reason"]) == ("failed", "nested_repository"), (r["detail"], out.stderr)
-        assert "of its own at sub " in r["detail"] and str(queue.repo) in r["detail"]
+        assert "of its own at sub," in r["detail"] and str(queue.repo) in r["detail"]
     assert not log.exists(), log.read_text()
     assert (queue.repo / "sub" / "file.txt").read_text() == "work\n"
     assert (queue.repo / "top.txt").read_text() == "top\n"
