@@ -3980,7 +3980,6 @@ class TaskRun:
         self.result = None            # the result being built (see internal_error)
         self.start = None             # the ref it starts from (start_point)
         self.owned = False            # its worktree is the task's own (made or checked by us)
-        self.nested = True            # its last status saw a submodule or nested repository
         self.others = set()           # ids of the tasks the watcher wrote for alongside it
         # folders holding its patches and prompt, renamed into place but not yet fsynced: the
         # result fsyncs them first (a crash before it re-runs the task, which writes them anew)
@@ -4810,7 +4809,7 @@ class Watcher:
             return {"head": self.git.head(), "current_branch": self.git.current_branch(),
                     "status": "git status failed: %s" % result.stderr.strip()[-300:],
                     "dirty": True}  # fail closed
-        state = {"head": None, "current_branch": None, "nested": False}
+        state = {"head": None, "current_branch": None}
         lines, fields, index = [], result.stdout.split("\0"), 0
         while index < len(fields):
             field = fields[index]
@@ -4823,16 +4822,13 @@ class Watcher:
                 state["current_branch"] = None if name == "(detached)" else name
             elif field[:2] in ("1 ", "u "):
                 parts = field.split(" ", 8 if field[0] == "1" else 10)
-                state["nested"] |= parts[2][0] == "S"
                 lines.append("%s %s" % (parts[1].replace(".", " "), parts[-1]))
             elif field[:2] == "2 ":
                 parts = field.split(" ", 9)
-                state["nested"] |= parts[2][0] == "S"
                 origin = fields[index] if index < len(fields) else ""
                 index += 1
                 lines.append("%s %s -> %s" % (parts[1].replace(".", " "), origin, parts[-1]))
             elif field[:2] in ("? ", "! "):
-                state["nested"] |= field.endswith("/")  # all files are listed, not a repository
                 lines.append("%s %s" % (field[0] * 2, field[2:]))
         state["status"] = "".join(line + "\n" for line in lines)
         state["dirty"] = bool(lines)
@@ -5335,11 +5331,12 @@ class Watcher:
         if not git_state.get("worktree") or not (run and run.owned) or git_state["worktree_kept"]:
             return
         # verified, then committed or found clean once every program that ran there ended,
-        # with no repository inside (git's own check, made already: one git status less)
-        checked = result["status"] == "success" and not run.nested and (
+        # and no submodule (a gitlink in its index, modules/): git's own check, made already
+        checked = result["status"] == "success" and (
             git_state.get("commit") or not git_state.get("dirty_after_verify")) and not (
             os.path.lexists(os.path.join(run.work, HANDOFF_DIR))  # not in our status
-            or os.path.isdir(os.path.join(run.git_dir, "modules")))
+            or os.path.isdir(os.path.join(run.git_dir, "modules"))
+            or may_hold_gitlinks(os.path.join(run.git_dir, "index")))
         with self.git_lock:
             gone = self.repo_git.remove_worktree(run.git, bool(checked))
             if gone.ok and result.get("executor") is None and git_state.get("branch_created"):
@@ -5442,8 +5439,6 @@ class Watcher:
         snap = self.git_snapshot()
         result["git"].update(head_commit=snap["head"], status_after_verify=snap["status"],
                              dirty_after_verify=snap["dirty"])
-        if self.current:
-            self.current.nested = snap["nested"]
 
     def return_to_base(self, result):
         git_state = result["git"]

@@ -578,18 +578,20 @@ def test_a_repository_made_inside_a_task_worktree_is_never_removed_with_it(git_r
     assert_user_checkout_untouched(queue)
 
 
-def test_a_submodule_checked_out_in_a_task_worktree_keeps_it_as_git_would(git_repo, tmp_path):
+@pytest.mark.parametrize("how", ["git -c protocol.file.allow=always submodule update -q --init",
+                                 "rmdir lib && git clone -q %(lib)s lib && echo mine > lib/only.txt"])
+def test_a_submodule_checked_out_in_a_task_worktree_keeps_it_as_git_would(git_repo, tmp_path, how):
     """A submodule the verification checked out (its repository under the worktree's git
-    directory, modules/) keeps a successful task's worktree: git refuses to remove it, and
-    bridge.py does not skip that check."""
+    directory, modules/), or a clone made where the submodule goes, holding a file of its
+    own, keeps a successful task's worktree: git refuses to remove it, and bridge.py does
+    not skip that check."""
     lib = tmp_path / "lib"
     git(tmp_path, "init", "-q", "lib")
     git(lib, "-c", "user.name=a", "-c", "user.email=a@b", "commit", "-q", "--allow-empty", "-m", "lib")
     git(git_repo, "-c", "protocol.file.allow=always", "submodule", "add", "-q", str(lib), "lib")
     git(git_repo, "commit", "-q", "-m", "a submodule")
     queue = worktree_queue(git_repo, tmp_path)
-    queue.put(queue.task("m1", agent={}, commands_to_run=[
-        "git -c protocol.file.allow=always submodule update -q --init"]))
+    queue.put(queue.task("m1", agent={}, commands_to_run=[how % {"lib": lib}]))
     out = queue.watch()
     assert out.returncode == 0, out.stderr
     r = queue.result("m1")
@@ -597,6 +599,7 @@ def test_a_submodule_checked_out_in_a_task_worktree_keeps_it_as_git_would(git_re
     path = queue.repo / ".git" / "bridge-worktrees" / "m1"
     assert "could not be removed" in out.stdout + out.stderr
     assert git(path / "lib", "log", "-1", "--format=%s") == "lib\n"
+    assert "only.txt" not in how or (path / "lib" / "only.txt").read_text() == "mine\n"
 
 
 @pytest.mark.parametrize("link", ["gitdir: %(repo)s/.git\\0x", "gitdir %(repo)s/.git", ""])
