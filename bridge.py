@@ -12933,8 +12933,7 @@ def cmd_submit(args):
 
 def cmd_watch(args):
     root, config = load_args_config(args)
-    watcher = Watcher(root, config, poll=args.poll, once=args.once)
-    return watcher.run()
+    return Watcher(root, config, poll=args.poll, once=args.once).run()
 
 
 def cmd_status(args):
@@ -13744,9 +13743,8 @@ def _relay_open(args):
 
 def cmd_relay_down(args):
     root, config = _relay_open(args)
-    cmd_id = relay_down(root, config, args.captain_id, args.cluster_session, args.message,
-                        args.project, args.priority, args.acceptance_criteria)
-    print(cmd_id)
+    print(relay_down(root, config, args.captain_id, args.cluster_session, args.message,
+                     args.project, args.priority, args.acceptance_criteria))
     return EXIT_OK
 
 
@@ -13801,9 +13799,8 @@ def cmd_changes_id(args):
 
 def cmd_changes_new(args):
     sets = _changes_open(args)
-    cs_id = changeset_new(sets, args.subject, args.plan, args.architecture, args.snapshot,
-                          args.worktree)
-    print(cs_id)
+    print(changeset_new(sets, args.subject, args.plan, args.architecture, args.snapshot,
+                        args.worktree))
     return EXIT_OK
 
 
