@@ -10012,7 +10012,10 @@ class Proxy:
                 self.hold(line, reqs, method)          # the next one: a request of its in progress (a
                 continue                               # reload's grace) may wait on it
             if reqs:
-                self.owe(reqs, line, now)
+                if method.__class__ is str and method != "subscriptions/listen":
+                    pending[mid] = (method, now)   # one request (owe(), its common case, inline)
+                else:
+                    self.owe(reqs, line, now)
             out.append(line)
         if out:
             self.send_child(b"".join(out))
@@ -10465,7 +10468,6 @@ class Proxy:
         return max(0.0, min(due) - now)
 
     def on_ready(self, fd, ev=0):
-        import select
         child = self.child
         if fd == self.wake_r:
             os.read(fd, 4096)
@@ -10488,6 +10490,7 @@ class Proxy:
         elif fd == 1:
             self.send_client()
         elif child is not None and fd == child.fin:
+            import select
             if ev & select.POLLERR:                # nobody reads its stdin any more
                 self.deaf()
             else:
