@@ -2542,8 +2542,9 @@ class _Output:
     the last half (the end is usually the summary); the middle is cut (see cut_middle)."""
 
     def __init__(self, cap):
+        import collections
         self.half, self.room = cap // 2, cap - cap // 2
-        self.head, self.tail, self.total = bytearray(), bytearray(), 0
+        self.head, self.tail, self.tail_len, self.total = bytearray(), collections.deque(), 0, 0
 
     def add(self, block):
         self.total += len(block)
@@ -2551,13 +2552,15 @@ class _Output:
         if room > 0:
             self.head += block[:room]
             block = block[room:]
-        self.tail += block
-        if len(self.tail) > 2 * self.half + 65536:  # let go of the oldest now and then
-            del self.tail[:len(self.tail) - self.half]
+        if block:  # the tail: whole blocks, the oldest let go once half is still held
+            self.tail.append(block)
+            self.tail_len += len(block)
+            while self.tail_len - len(self.tail[0]) >= self.half:
+                self.tail_len -= len(self.tail.popleft())
 
     def kept(self):
         """(the text kept, the bytes cut)."""
-        end = bytes(self.tail[max(0, len(self.tail) - self.half):])
+        end = b"".join(self.tail)[-self.half:] if self.half else b""
         data, cut = cut_middle(bytes(self.head), end, self.total - len(self.head) - len(end))
         return data.decode("utf-8", "replace"), cut
 
