@@ -2997,16 +2997,24 @@ class Git:
 
 def may_hold_gitlinks(index):
     """False when the git index file `index` surely holds no gitlink (mode 160000, stored as
-    the bytes 00 00 e0 00); True when it may (rarely by chance), or cannot be read."""
+    the bytes 00 00 e0 00); True when it may (rarely by chance), or cannot be read. A split
+    index (core.splitIndex, `update-index --split-index`) keeps most entries in the
+    sharedindex.HASH file beside it its `link` extension names: those files are read too."""
+    files = [index]
     try:
-        with open_input(index) as handle:
-            tail = b""
-            for chunk in iter(lambda: handle.read(1 << 20), b""):
-                if b"\x00\x00\xe0\x00" in tail + chunk:
-                    return True
-                tail = chunk[-3:]
+        for path in files:
+            with open_input(path) as handle:
+                tail = b""
+                for chunk in iter(lambda: handle.read(1 << 20), b""):
+                    if b"\x00\x00\xe0\x00" in tail + chunk:
+                        return True
+                    if path == index and b"link" in tail + chunk and len(files) == 1:
+                        folder = os.path.dirname(index)
+                        files += [os.path.join(folder, name) for name in os.listdir(folder)
+                                  if name.startswith("sharedindex.")]
+                    tail = chunk[-3:]
     except FileNotFoundError:
-        return False
+        return len(files) > 1  # no index; a shared one git removed meanwhile: ask git
     except OSError:
         return True
     return False

@@ -521,11 +521,13 @@ def test_a_nested_repository_fails_the_task_keeps_its_files_and_runs_none_of_its
         assert "+Subproject commit " in patch
 
 
-def test_a_submodule_of_yours_runs_none_of_its_config_and_the_task_commits(git_repo, tmp_path):
+@pytest.mark.parametrize("split", ["", "git update-index --split-index"])
+def test_a_submodule_of_yours_runs_none_of_its_config_and_the_task_commits(git_repo, tmp_path, split):
     """Your repository has a submodule; the agent plants a filter driver in its config (in
     .git/modules/, which the tamper check does not cover) and leaves a file there stat-dirty.
     git would run `git status` inside the submodule from the audit's and the commit's `add -A`
-    and from `status`: none of bridge.py's git calls does, and the task's own work commits."""
+    and from `status`: none of bridge.py's git calls does, and the task's own work commits. A
+    split index (the gitlink in its shared index file, the index naming it) changes nothing."""
     script, log = marker_script(tmp_path, "nested")
     other = tmp_path / "other"
     git(tmp_path, "init", "-q", str(other))
@@ -540,7 +542,7 @@ printf '[filter "evil"]\\n\\tclean = %s\\n' "$1" >> .git/modules/lib/config
 echo '* filter=evil' > lib/.gitattributes
 sleep 1.1; touch lib/file.txt
 echo mine > mine.txt
-""")
+""" + split)
     queue = Queue(git_repo, tmp_path, executor={"command": ["sh", str(agent), script]})
     queue.put(queue.task("s1", commands_to_run=["true"]))
     out = queue.watch()

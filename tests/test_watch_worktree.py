@@ -579,12 +579,14 @@ def test_a_repository_made_inside_a_task_worktree_is_never_removed_with_it(git_r
 
 
 @pytest.mark.parametrize("how", ["git -c protocol.file.allow=always submodule update -q --init",
-                                 "rmdir lib && git clone -q %(lib)s lib && echo mine > lib/only.txt"])
+                                 "rmdir lib && git clone -q %(lib)s lib && echo mine > lib/only.txt",
+                                 "rmdir lib && git clone -q %(lib)s lib && echo mine > lib/only.txt"
+                                 " && git update-index --split-index"])
 def test_a_submodule_checked_out_in_a_task_worktree_keeps_it_as_git_would(git_repo, tmp_path, how):
     """A submodule the verification checked out (its repository under the worktree's git
     directory, modules/), or a clone made where the submodule goes, holding a file of its
     own, keeps a successful task's worktree: git refuses to remove it, and bridge.py does
-    not skip that check."""
+    not skip that check (a split index holds the gitlink in its shared index file)."""
     lib = tmp_path / "lib"
     git(tmp_path, "init", "-q", "lib")
     git(lib, "-c", "user.name=a", "-c", "user.email=a@b", "commit", "-q", "--allow-empty", "-m", "lib")
