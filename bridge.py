@@ -2989,7 +2989,9 @@ class Git:
             # path (e.g. .ai-handoff/ in info/exclude) makes `git add` exit 1.
             self.add_all(temp_index, env, "--", ".")
             pathspec = ["--", "."] + [":(exclude)%s" % path for path in exclude] if exclude else []
-            return self.run("diff", "--cached", "--no-ext-diff", "--no-textconv", *diff_args,
+            # git's plain patch whatever your color.ui, diff.noprefix or diff.mnemonicPrefix
+            return self.run("diff", "--cached", "--no-ext-diff", "--no-textconv", "--no-color",
+                            "--src-prefix=a/", "--dst-prefix=b/", *diff_args,
                             base or EMPTY_TREE, *pathspec, env=env).stdout
         finally:
             unlink_quietly(temp_index)
@@ -5397,7 +5399,7 @@ class Watcher:
         result["patch_redacted"][which] = self.write_redacted(path, patch, self.current.unsynced)
         result["artifacts"]["patch_" + which] = self.handoff.rel(path)
         result["git"]["diff_stat_" + which] = stat
-        nested = re.findall(r"^diff --git a/.* b/(.*)\n(?:(?:old mode|deleted file mode) .*\n)?"
+        nested = re.findall(r'^diff --git "?a/.* "?b/(.*?)"?\n(?:(?:old mode|deleted file mode) .*\n)?'
                             r"(?:new file mode 160000|new mode 160000|index \S+ 160000)$", patch, re.M)
         if nested:  # a gitlink added or moved
             self.nested_repositories(nested)

@@ -551,3 +551,27 @@ echo mine > mine.txt
     assert not log.exists(), log.read_text()
     assert git(queue.repo, "show", "--stat", "--format=", r["git"]["commit"]).split() == [
         "mine.txt", "|", "1", "+", "1", "file", "changed,", "1", "insertion(+)"]
+
+
+@pytest.mark.parametrize("name", ["süb", "a\"b", "sub"])
+def test_a_nested_repository_is_seen_whatever_its_name_and_your_diff_config(git_repo, tmp_path, name):
+    """git quotes a path holding a byte outside ASCII or a quote in a patch's `diff --git`
+    line, and your diff.mnemonicPrefix (c/ i/) or color.ui=always change that line too: a
+    repository the agent commits inside the work tree still fails the task as
+    nested_repository, and the patch is git's plain one."""
+    config = tmp_path / "gitconfig"
+    config.write_text("[diff]\n\tmnemonicPrefix = true\n[color]\n\tui = always\n")
+    agent = tmp_path / "agent.sh"
+    agent.write_text("""set -e
+git init -q "$1" && echo work > "$1/file.txt" && git -C "$1" add -A
+git -C "$1" -c user.name=a -c user.email=a@b commit -qm sub
+git add -A 2>/dev/null && git -c user.name=a -c user.email=a@b commit -qm 'the agent commits it'
+""")
+    queue = Queue(git_repo, tmp_path, executor={"command": ["sh", str(agent), name]})
+    queue.put(queue.task("q1", commands_to_run=["true"]))
+    out = queue.watch(env=dict(queue.env, GIT_CONFIG_GLOBAL=str(config)))
+    r = queue.result("q1")
+    assert (r["status"], r["reason"]) == ("failed", "nested_repository"), (r["detail"], out.stderr)
+    patch = (queue.handoff / r["artifacts"]["patch_pre"]).read_text()
+    assert "\x1b" not in patch and "--- /dev/null\n" in patch and "+Subproject commit " in patch
+    assert (queue.repo / name / "file.txt").read_text() == "work\n"
