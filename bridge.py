@@ -8733,35 +8733,32 @@ PROXY_ERROR_CODE = -32000             # the MCP SDKs' "connection closed": clien
 PROXY_HIGH_WATER = 4 << 20            # stop reading a source while its destination holds this much
 PROXY_RATE_WINDOW = 5.0               # seconds the message rates in bridge:stats are taken over
 PROXY_RELOAD_PACE = 10                # seconds between reloads for files that change after each one
-class ProxyFloat(float):
-    """A number written with a fraction or exponent, as parsed from a relayed line: as a JSON-RPC
-    id it is never the same id as an integer (`1.0` is not `1`)."""
+class ProxyNumber:
+    """A number as parsed from a relayed line, equal only to one of its own class: as a JSON-RPC
+    id a ProxyFloat is never the same id as an integer (`1.0` is not `1`), nor a ProxyDigits the
+    same as the string of its text."""
     __slots__ = ()
 
     def __eq__(self, other):
-        return other.__class__ is ProxyFloat and float(self) == float(other)
+        return other.__class__ is self.__class__ and super().__eq__(other)
 
     def __ne__(self, other):
         return not self.__eq__(other)
 
     def __hash__(self):
-        return hash((ProxyFloat, float(self)))
+        return hash((self.__class__, super().__hash__()))
 
 
-class ProxyDigits(str):
+class ProxyFloat(ProxyNumber, float):
+    """A number written with a fraction or exponent."""
+    __slots__ = ()
+
+
+class ProxyDigits(ProxyNumber, str):
     """A number kept as its text: an integer longer than Python's digit limit (4300 digits on
-    3.11), or one beyond a double's range (1e400, which float() makes infinity). A distinct id
-    from the string of that text, and written back as the number (reply_error)."""
+    3.11), or one beyond a double's range (1e400, which float() makes infinity). Written back
+    as the number (reply_error)."""
     __slots__ = ()
-
-    def __eq__(self, other):
-        return other.__class__ is ProxyDigits and str.__eq__(self, other)
-
-    def __ne__(self, other):
-        return not self.__eq__(other)
-
-    def __hash__(self):
-        return hash((ProxyDigits, str(self)))
 
 
 def proxy_wire(obj):
@@ -9233,12 +9230,7 @@ class ProxyWatch:
                             changed.update(self.paths)
                         elif wd in wds and not self.excluded(os.fsdecode(name)):
                             path = os.path.join(wds[wd], os.fsdecode(name)) if name else wds[wd]
-                            if mask & 0x40000000 and mask & (0x100 | 0x80):    # a folder created or moved in
-                                try:
-                                    self.watch_tree(path)
-                                except OSError as exc:
-                                    self.log("watch: %s not watched: %s" % (path, exc.strerror))
-                            elif mask & 0x8000:    # the watch is gone: its folder deleted, or
+                            if mask & 0x8000:      # the watch is gone: its folder deleted, or
                                 del wds[wd]        # its file replaced by a rename (an editor's save)
                                 if path not in self.paths:
                                     continue
@@ -9246,7 +9238,8 @@ class ProxyWatch:
                                     gone = path    # nothing is left to watch for its return: polling
                                     changed.add(path)
                                     break
-                                try:
+                            if mask & 0x8000 or mask & 0x40000000 and mask & (0x100 | 0x80):
+                                try:               # watched again, or a folder created or moved in
                                     self.watch_tree(path)
                                 except OSError as exc:
                                     self.log("watch: %s not watched: %s" % (path, exc.strerror))
@@ -10305,21 +10298,8 @@ class Proxy:
         """Read what the Doctor wrote; final=True: everything already in the pipes."""
         child = self.child
         if not final:                              # the hot path: one read of stdout
-            fd = child.fout
-            if fd is not None:
-                try:
-                    data = os.read(fd, 1 << 16)
-                except OSError:
-                    data = b""
-                if data:
-                    child.heard = time.monotonic()
-                    self.child_lines(child.lines.feed(data))
-                    if child.lines.dropped:
-                        self.dropped(child.lines, "doctor")
-                else:
-                    self.child_lines(child.lines.finish())
-                    child.close("fout")
-                    child.eof_at = time.monotonic()
+            if child.fout is not None:
+                self.read_child("fout")
             return
         import select
         for name in ("fout", "ferr"):
@@ -10327,19 +10307,27 @@ class Proxy:
                 fd = getattr(child, name)
                 if fd is None or not select.select([fd], [], [], 0)[0]:
                     break
-                try:
-                    data = os.read(fd, 1 << 16)
-                except OSError:
-                    data = b""
-                if name == "ferr":
-                    self.stderr_data(data)
-                elif data:
-                    self.child_lines(child.lines.feed(data))
-                    self.dropped(child.lines, "doctor")
-                else:
-                    self.child_lines(child.lines.finish())
-                if not data:
-                    child.close(name)
+                self.read_child(name)
+
+    def read_child(self, name):
+        """One read of the Doctor's stdout ("fout") or stderr ("ferr"), closed at its end."""
+        child = self.child
+        try:
+            data = os.read(getattr(child, name), 1 << 16)
+        except OSError:
+            data = b""
+        if name == "ferr":
+            self.stderr_data(data)
+        elif data:
+            child.heard = time.monotonic()
+            self.child_lines(child.lines.feed(data))
+            if child.lines.dropped:
+                self.dropped(child.lines, "doctor")
+        else:
+            self.child_lines(child.lines.finish())
+            child.eof_at = time.monotonic()
+        if not data:
+            child.close(name)
 
     def stderr_data(self, data):
         """Doctor stderr -> ours, line by line with a prefix, redacted; a line without end is
