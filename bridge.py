@@ -2928,7 +2928,7 @@ class Git:
                                                or "."))
         self.filter_config()
         git, seen = Git(path, self.timeout), self._config_seen
-        git._config_seen = seen  # rev-parse runs no filter
+        git._config_seen = seen  # rev-parse (unless fresh) runs no filter
         if fresh:
             link = read_input(os.path.join(path, ".git"), "file", 4096, missing=b"")
             link = link.decode("utf-8", "replace").rstrip("\r\n")
@@ -2946,6 +2946,8 @@ class Git:
             raise BridgeError("%s exists but is no worktree of this repository; remove it or "
                               "rename the task" % path, EXIT_FAILED)
         git._git_dir = lines[1] = os.path.realpath(lines[1])
+        # from now on git there uses what was checked, whatever its .git file says later
+        git.env = dict(git.env, GIT_DIR=lines[1], GIT_WORK_TREE=os.path.realpath(path))
         # the same config files, stat-checked on every call as ever, plus its own
         own = (os.path.join(path, ".git"), os.path.join(lines[1], "config.worktree"),
                os.path.join(lines[1], "commondir"))
@@ -2960,8 +2962,8 @@ class Git:
         holding changes stays. `checked`: the caller made that check itself, after the last
         program that could write there ended, so git is not asked to again (--force; a
         locked worktree still stays)."""
-        return self.run(*git.filter_config(), "worktree", "remove", *["--force"][:checked],
-                        git.root, check=False)
+        return self.run(*git.filter_config(), "worktree", "remove",
+                        *(("--force",) if checked else ()), git.root, check=False)
 
     def worktree_diff(self, base, exclude=(), *diff_args):
         """`git diff --cached BASE` of the whole work tree through a throwaway index.
@@ -5254,7 +5256,10 @@ class Watcher:
             fresh = not reused
         self.use_worktree(path, fresh)
         # git has just checked the base out on a new branch there: index and files are that
-        # commit's, and nothing else is in the folder (one git status less per task)
+        # commit's, and nothing else is in the folder (one git status less per task), while
+        # its HEAD still names that branch
+        fresh = fresh and _read_small(os.path.join(self.current.git_dir, "HEAD")) == \
+            "ref: refs/heads/" + branch
         snap = {"head": base, "current_branch": branch, "status": "", "dirty": False} if fresh \
             else self.git_snapshot()
         if snap["current_branch"] != branch:
@@ -5273,18 +5278,21 @@ class Watcher:
     def checkout_head(self):
         """(commit, branch or None when detached) your checkout has checked out. git is asked
         again only once a file it keeps HEAD or that branch in changed (Fingerprint.refs),
-        their signatures taken before it answers: one process less per task."""
-        seen = self.head_seen
-        refs = Fingerprint.ref_signatures(Fingerprint.refs(self.repo_git.git_dir(), seen[1][1:]
-                                                           if seen else ()))
+        their signatures taken before it answers: one process less per task. Only while HEAD
+        names that branch itself (not a branch that is a symbolic ref, nor a reftable's stub)."""
+        git_dir, seen = self.repo_git.git_dir(), self.head_seen
+        named = _read_small(os.path.join(git_dir, "HEAD")) or ""
+        refs = Fingerprint.ref_signatures(Fingerprint.refs(git_dir, [named[16:]] if named.startswith(
+            "ref: refs/heads/") else ()))
         if seen and seen[0] == refs:
             return seen[1]
-        now = self.repo_git.run("rev-parse", "HEAD", "--abbrev-ref", "HEAD", check=False)
+        now = self.repo_git.run("rev-parse", "HEAD", "--symbolic-full-name", "HEAD", check=False)
         if not now.ok:
             raise Stop("blocked", "branch_checkout_failed", "the repository has no commit yet "
                        "(unborn branch); commit something first")
-        head, branch = now.stdout.split()
-        self.head_seen = refs, (head, None if branch == "HEAD" else branch)
+        head, full = now.stdout.split()
+        branch = full[11:] if full.startswith("refs/heads/") else None  # else detached
+        self.head_seen = (refs if named in ("ref: " + full, head) else None), (head, branch)
         return self.head_seen[1]
 
     def use_worktree(self, path, fresh=False):
@@ -5354,7 +5362,7 @@ class Watcher:
             or os.path.isdir(os.path.join(run.git_dir, "modules"))
             or may_hold_gitlinks(os.path.join(run.git_dir, "index")))
         with self.git_lock:
-            gone = self.repo_git.remove_worktree(run.git, bool(checked))
+            gone = self.repo_git.remove_worktree(run.git, checked)
             if gone.ok and result.get("executor") is None and git_state.get("branch_created"):
                 # only while it is where it was made (a dependency's commit is on no branch
                 # of yours: `branch -d` would refuse it)
@@ -5452,9 +5460,14 @@ class Watcher:
                    "result)" % detail)
 
     def post_state(self, result):
-        snap = self.git_snapshot()
-        result["git"].update(head_commit=snap["head"], status_after_verify=snap["status"],
-                             dirty_after_verify=snap["dirty"])
+        snap, git_state = self.git_snapshot(), result["git"]
+        git_state.update(head_commit=snap["head"], status_after_verify=snap["status"],
+                         dirty_after_verify=snap["dirty"])
+        if git_state["worktree"] and snap["current_branch"] != git_state["branch"]:
+            # one more look before the commit: a process running alongside (another task's
+            # agent) may have pointed this worktree's HEAD elsewhere before its fingerprint
+            self.tampered(result, ["HEAD: on %s" % printable(snap["current_branch"] or "no branch")],
+                          "the worktree's HEAD is not on %s" % git_state["branch"])
 
     def return_to_base(self, result):
         git_state = result["git"]

@@ -11,7 +11,7 @@ import signal
 
 import pytest
 
-from conftest import git, process_running
+from conftest import FIXTURES, PYTHON, clean_env, git, process_running
 from test_watch import Queue, branch, head, wait_for
 from test_watch_crash import crash_watch
 
@@ -514,10 +514,13 @@ def test_unlock_worktrees_force_clears_a_live_lock_as_unlock_force_does(git_repo
         live.wait(10)
 
 
-def test_each_task_starts_from_what_your_checkout_has_checked_out_now(git_repo, tmp_path):
+@pytest.mark.parametrize("tag", [False, True])
+def test_each_task_starts_from_what_your_checkout_has_checked_out_now(git_repo, tmp_path, tag):
     """The watcher asks git for your checkout's HEAD only when a file git keeps HEAD or that
     branch in changed: a commit on your branch, or a switch to another branch, between two
-    tasks of one run is seen by the next task."""
+    tasks of one run is seen by the next task (also with a tag named like the branch)."""
+    if tag:
+        git(git_repo, "tag", "main")
     queue = worktree_queue(git_repo, tmp_path)
     queue.put(queue.task("h1", commands_to_run=[
         "git -C %s commit -q --allow-empty -m 'yours, meanwhile'" % queue.repo]))
@@ -527,8 +530,8 @@ def test_each_task_starts_from_what_your_checkout_has_checked_out_now(git_repo, 
     assert out.returncode == 0, out.stderr
     first, second, third = (queue.result(t)["git"] for t in ("h1", "h2", "h3"))
     assert first["base_commit"] == queue.user_head and first["base_branch"] == "main"
-    moved = git(queue.repo, "rev-parse", "main").strip()
-    assert moved != queue.user_head and git(queue.repo, "log", "-1", "--format=%s", "main") \
+    moved = git(queue.repo, "rev-parse", "refs/heads/main").strip()
+    assert moved != queue.user_head and git(queue.repo, "log", "-1", "--format=%s", moved) \
         == "yours, meanwhile\n"
     assert (second["base_commit"], second["base_branch"]) == (moved, "main")
     assert (third["base_commit"], third["base_branch"]) == (moved, "other")
@@ -581,7 +584,9 @@ def test_a_repository_made_inside_a_task_worktree_is_never_removed_with_it(git_r
 @pytest.mark.parametrize("how", ["git -c protocol.file.allow=always submodule update -q --init",
                                  "rmdir lib && git clone -q %(lib)s lib && echo mine > lib/only.txt",
                                  "rmdir lib && git clone -q %(lib)s lib && echo mine > lib/only.txt"
-                                 " && git update-index --split-index"])
+                                 " && git update-index --split-index",
+                                 "split: rmdir lib && git clone -q %(lib)s lib && echo mine > "
+                                 "lib/only.txt"])
 def test_a_submodule_checked_out_in_a_task_worktree_keeps_it_as_git_would(git_repo, tmp_path, how):
     """A submodule the verification checked out (its repository under the worktree's git
     directory, modules/), or a clone made where the submodule goes, holding a file of its
@@ -592,8 +597,10 @@ def test_a_submodule_checked_out_in_a_task_worktree_keeps_it_as_git_would(git_re
     git(lib, "-c", "user.name=a", "-c", "user.email=a@b", "commit", "-q", "--allow-empty", "-m", "lib")
     git(git_repo, "-c", "protocol.file.allow=always", "submodule", "add", "-q", str(lib), "lib")
     git(git_repo, "commit", "-q", "-m", "a submodule")
+    if how.startswith("split: "):  # most of the index in a sharedindex file
+        git(git_repo, "config", "core.splitIndex", "true")
     queue = worktree_queue(git_repo, tmp_path)
-    queue.put(queue.task("m1", agent={}, commands_to_run=[how % {"lib": lib}]))
+    queue.put(queue.task("m1", agent={}, commands_to_run=[how.replace("split: ", "") % {"lib": lib}]))
     out = queue.watch()
     assert out.returncode == 0, out.stderr
     r = queue.result("m1")
@@ -622,3 +629,70 @@ def test_a_new_worktree_link_that_git_could_not_have_written_is_refused(git_repo
     r = queue.result("w10")
     assert (r["status"], r["reason"]) == ("blocked", "branch_checkout_failed"), out.stderr
     assert_user_checkout_untouched(queue)
+
+
+def test_a_new_worktree_pointed_at_a_forged_git_directory_on_your_branch_is_refused(git_repo, tmp_path):
+    """Right after `git worktree add` (an agent running alongside), a git directory is made
+    under .git/worktrees/ whose HEAD names your branch, and the new worktree's .git file is
+    pointed at it: every check of where it leads passes, but its HEAD is not the task's
+    branch, so the task is refused and nothing is committed on your branch."""
+    queue = worktree_queue(git_repo, tmp_path)
+    evil = queue.repo / ".git" / "worktrees" / "evil"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    wrapper = bin_dir / "git"
+    wrapper.write_text('#!/bin/sh\n"%s" "$@"\nrc=$?\ncase " $* " in\n  *" worktree add "*)\n'
+                       '    eval dir=\\${$(($# - 1))}\n    mkdir -p "%s"\n'
+                       '    printf "ref: refs/heads/main\\n" > "%s/HEAD"\n'
+                       '    printf "../..\\n" > "%s/commondir"\n'
+                       '    printf "gitdir: %s\\n" > "$dir/.git" ;;\nesac\nexit $rc\n'
+                       % (shutil.which("git"), evil, evil, evil, evil))
+    wrapper.chmod(0o755)
+    queue.put(queue.task("w11", agent={"write": {"x.txt": "x\n"}}))
+    out = queue.watch(env=dict(queue.env, PATH=str(bin_dir) + os.pathsep + queue.env["PATH"]))
+    r = queue.result("w11")
+    assert (r["status"], r["reason"]) == ("blocked", "branch_checkout_failed"), out.stderr
+    assert "is not a worktree on feat/ai/w11" in r["detail"]
+    assert_user_checkout_untouched(queue)
+
+
+def test_a_worktree_head_pointed_at_your_branch_before_its_fingerprint_commits_nothing(git_repo, tmp_path):
+    """Between making the worktree and taking its fingerprint, a process running alongside
+    (here as the bead command runs) points the worktree's HEAD at your branch: the look at
+    HEAD before the commit refuses it as tampering, and your branch does not move."""
+    queue = worktree_queue(git_repo, tmp_path)
+    queue.config["bead"] = {"command": ["sh", "-c", 'for f in "%s"/.git/worktrees/*/HEAD; do printf '
+                                        '"ref: refs/heads/main\\n" > "$f"; done; exec "%s" "%s" "$@"'
+                                        % (queue.repo, PYTHON, FIXTURES / "bd"), "bd"],
+                            "timeout_sec": 10}
+    queue.save_config()
+    queue.env = clean_env(BD_FIXTURE_STATE=tmp_path / "bd.json")
+    queue.put(queue.task("w12", agent={"write": {"x.txt": "x\n"}}))
+    out = queue.watch()
+    r = queue.result("w12")
+    assert (r["status"], r["reason"]) == ("failed", "agent_tampered"), out.stderr
+    assert "HEAD is not on feat/ai/w12" in r["detail"] and r["git"]["commit"] is None
+    assert head(queue.repo) == queue.user_head and branch(queue.repo) == "main"
+
+
+def test_a_head_naming_a_branch_that_is_a_symbolic_ref_is_asked_about_every_task(git_repo, tmp_path):
+    """HEAD names `alias`, a symbolic ref to main; a task repoints alias at another branch:
+    the next task starts from where HEAD leads now."""
+    git(git_repo, "branch", "other")
+    git(git_repo, "symbolic-ref", "refs/heads/alias", "refs/heads/main")
+    git(git_repo, "symbolic-ref", "HEAD", "refs/heads/alias")
+    queue = worktree_queue(git_repo, tmp_path)
+    git(queue.repo, "checkout", "-q", "other")
+    git(queue.repo, "commit", "-q", "--allow-empty", "-m", "on other")
+    other = head(queue.repo)
+    git(queue.repo, "checkout", "-q", "alias")
+    queue.put(queue.task("s1"))
+    queue.put(queue.task("s2", commands_to_run=[
+        "git -C %s symbolic-ref refs/heads/alias refs/heads/other" % queue.repo]))
+    queue.put(queue.task("s3"))
+    out = queue.watch()
+    assert out.returncode == 0, out.stderr
+    first, second, third = (queue.result(t)["git"] for t in ("s1", "s2", "s3"))
+    assert (first["base_commit"], first["base_branch"]) == (queue.user_head, "main")
+    assert (second["base_commit"], second["base_branch"]) == (queue.user_head, "main")
+    assert (third["base_commit"], third["base_branch"]) == (other, "other")
