@@ -7562,23 +7562,11 @@ RELAY_NUDGE_TEXT = "新規指令 {cmd_id} を受信。処理されたし。"
 _YAML_SPECIAL_WORDS = frozenset(
     "y Y yes Yes YES n N no No NO true True TRUE false False FALSE "
     "on On ON off Off OFF null Null NULL ~".split())
-# A conservative plain scalar: no indicator first, none of the characters
-# that end or change a plain scalar, no first character that any PyYAML
-# implicit resolver (int, float, timestamp, merge, value, null) keys on.
-_YAML_PLAIN_OK = None        # compiled lazily (see _yaml_plain_re)
-
-
-def _yaml_plain_re():
-    global _YAML_PLAIN_OK
-    if _YAML_PLAIN_OK is None:
-        # Non-ASCII is allowed except what PyYAML treats as a line break or
-        # space (U+0085, U+2028, U+2029), the BOM, and non-printables.
-        other = "\u00a0-\u2027\u202a-\ud7ff\ue000-\ufefe\uff00-\ufffd\U00010000-\U0010ffff"
-        first = "A-Za-z_/(" + other
-        rest = "\\-A-Za-z0-9_./()+=$^~<>;!?%@*&'\"" + other
-        _YAML_PLAIN_OK = re.compile(
-            "[%s](?:[%s ]*[%s])?\\Z" % (first, rest, rest))
-    return _YAML_PLAIN_OK
+# The non-ASCII characters YAML text may hold raw: all but what PyYAML treats as a line
+# break or space (U+0085, U+2028, U+2029), the BOM, surrogates and non-printables.
+_YAML_OTHER = "\u00a0-\u2027\u202a-\ud7ff\ue000-\ufefe\uff00-\ufffd\U00010000-\U0010ffff"
+# What may follow the first character of a plain scalar yaml_scalar_lines writes.
+_YAML_PLAIN_REST = "\\-A-Za-z0-9_./()+=$^~<>;!?%@*&'\"" + _YAML_OTHER
 
 
 _YAML_ESCAPES = {'"': '\\"', "\\": "\\\\", "\n": "\\n", "\t": "\\t", "\r": "\\r"}
@@ -7603,13 +7591,6 @@ def yaml_quote_double(text):
     return '"%s"' % re.sub('["\\\\\x00-\x1f\x7f-\x9f\u2028\u2029\ufeff\ufffe\uffff]', escape, text)
 
 
-def _yaml_is_printable(text):
-    """True when every character may appear raw in a PyYAML-read file and
-    none of them is a line break other than \\n (tabs are allowed)."""
-    return re.search("[\x00-\x08\x0b-\x1f\x7f-\x9f\u2028\u2029\ufeff\ufffe\uffff\ud800-\udfff]",
-                     text) is None
-
-
 def yaml_scalar_lines(text, indent):
     """Render string `text` as the value of a block-map key.
 
@@ -7622,19 +7603,20 @@ def yaml_scalar_lines(text, indent):
     """
     if not isinstance(text, str):
         raise TypeError("yaml_scalar_lines wants str")
+    # every character may appear raw in a PyYAML-read file (a tab too), and no line break but \n
+    printable = YamlSubset.compiled()._PRINTABLE.search(text) is None
     if "\n" not in text:
         # Not plain when it starts with a space to Python's `\s` (U+3000, U+00A0):
         # PyYAML reads that, but YamlSubset starts no value at such a character and
         # would refuse the file at the next append.
-        if text not in _YAML_SPECIAL_WORDS and _yaml_plain_re().match(text) \
+        if text not in _YAML_SPECIAL_WORDS and YamlSubset._PLAIN_OK.match(text) \
                 and not text[0].isspace() and ": " not in text and " #" not in text:
             return text, []
-        if _yaml_is_printable(text) and "\t" not in text:
+        if printable and "\t" not in text:
             return "'" + text.replace("'", "''") + "'", []
         return yaml_quote_double(text), []
     lines = text.split("\n")
-    literal_ok = _yaml_is_printable(text) and all(
-        not ln or ln.strip(" ") for ln in lines[:-1])
+    literal_ok = printable and all(not ln or ln.strip(" ") for ln in lines[:-1])
     if literal_ok:
         # Chomping: strip (no final newline), clip (one), keep (more).
         if not text.endswith("\n"):
@@ -7797,8 +7779,12 @@ class YamlSubset:
         _FLOW_PLAIN=r"(?:[^\s\-?:,\[\]{}#&*!|>'\"%@`]|-[^\s,\[\]{}#:])[^,?\[\]{}#:\t]*",
         _KEY_END=r":(?: |\Z)| #",
         _BLOCK_HEADER=r"[|>](?:([1-9])[+-]?|[+-]([1-9])?)?(?: +(?:#.*)?)?\Z",
-        _PRINTABLE="[^\t\n\x20-\x7e\xa0-\u2027\u202a-\ud7ff\ue000-\ufefe\uff00-\ufffd"
-                   "\U00010000-\U0010ffff]",
+        _PRINTABLE="[^\t\n\x20-\x7e%s]" % _YAML_OTHER,
+        # A conservative plain scalar (yaml_scalar_lines): no indicator first, none of the
+        # characters that end or change a plain scalar, no first character that any PyYAML
+        # implicit resolver (int, float, timestamp, merge, value, null) keys on.
+        _PLAIN_OK="[A-Za-z_/(%s](?:[%s ]*[%s])?\\Z" % (_YAML_OTHER, _YAML_PLAIN_REST,
+                                                       _YAML_PLAIN_REST),
         _SINGLE=r"(?:[^']|'')*",
         _DOUBLE=r'(?:[^"\\]|\\[0abt\tnvfre "/\\N_LP]|\\x[0-9A-Fa-f]{2}'
                 r'|\\u[0-9A-Fa-f]{4}|\\U[0-9A-Fa-f]{8})*',
@@ -7807,11 +7793,17 @@ class YamlSubset:
 
     _RUNS = {}                   # (dash column or None, key column) -> compiled run
 
+    @classmethod
+    def compiled(cls):
+        """The class, with its _PATTERNS compiled (by the first use)."""
+        if "_PRINTABLE" not in vars(cls):
+            for name, pattern in cls._PATTERNS.items():
+                setattr(cls, name, re.compile(pattern))
+        return cls
+
     def __init__(self, path, text):
         import itertools
-        if "_PRINTABLE" not in vars(YamlSubset):
-            for name, pattern in self._PATTERNS.items():
-                setattr(YamlSubset, name, re.compile(pattern))
+        self.compiled()
         self.path = path
         self.text = text
         self.depth = 0               # collections open around the node being checked
