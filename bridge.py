@@ -8316,34 +8316,23 @@ def relay_max_id(layout):
     return best
 
 
-def relay_splice(layout, entry_lines):
-    """The new file text: the entry appended at the layout's insertion point."""
-    text = layout.text
+def relay_splice(layout, raw, bom, entry_lines):
+    """The new file's bytes: the entry appended at the layout's insertion point. The file's
+    bytes `raw` around the entry are copied, not re-encoded, so a large queue costs one copy
+    (the tail after the insertion point, usually empty, is the only text encoded); a new key,
+    or a flow-empty value rewritten, is the whole text encoded (behind the `bom`)."""
+    text, at = layout.text, layout.insert_at
     block = "\n".join(entry_lines) + "\n"
-    at = layout.insert_at
     if layout.kind == "new":
         head = "" if not text or text.endswith("\n") else "\n"
-        return text + head + layout.key + ":\n" + block
+        return (bom + text + head + layout.key + ":\n" + block).encode("utf-8")
     if at > 0 and text[at - 1] != "\n":
         block = "\n" + block
     if layout.rewrite is not None:
         a, b = layout.rewrite
         rest = text[b:at].lstrip(" \t") if text[b:at].lstrip(" \t").startswith("#") else text[b:at]
         sep = " " if rest.startswith("#") else ""
-        return text[:a].rstrip(" \t") + sep + rest + block + text[at:]
-    return text[:at] + block + text[at:]
-
-
-def relay_splice_bytes(layout, raw, bom, entry_lines):
-    """relay_splice as bytes: the original bytes around the entry are copied,
-    not re-encoded, so a large queue costs one copy (the tail after the
-    insertion point, usually empty, is the only text encoded)."""
-    text, at = layout.text, layout.insert_at
-    if raw is None or layout.kind == "new" or layout.rewrite is not None:
-        return (bom + relay_splice(layout, entry_lines)).encode("utf-8")
-    block = "\n".join(entry_lines) + "\n"
-    if at > 0 and text[at - 1] != "\n":
-        block = "\n" + block
+        return (bom + text[:a].rstrip(" \t") + sep + rest + block + text[at:]).encode("utf-8")
     cut = len(raw) - len(text[at:].encode("utf-8"))
     return raw[:cut] + block.encode("utf-8") + raw[cut:]
 
@@ -8546,7 +8535,7 @@ def relay_append(path, keys, config, log, what, entry, say_errors=True):
         try:
             layout = relay_layout(path, text, keys, checked=relay_wrote_last(fd, raw))
             entry_id, fields = entry(layout)
-            new = relay_splice_bytes(layout, raw, bom, relay_entry_text(layout, entry_id, fields))
+            new = relay_splice(layout, raw, bom, relay_entry_text(layout, entry_id, fields))
             try:
                 atomic_write(path, new)
             except OSError as exc:

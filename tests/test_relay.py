@@ -906,7 +906,8 @@ def test_every_file_relay_accepts_pyyaml_loads_before_and_after():
             continue
         accepted += 1
         assert pyyaml_error(text) is None, text
-        after = bridge.relay_splice(layout, bridge.relay_entry_text(layout, "cmd_X", fields))
+        after = bridge.relay_splice(layout, text.encode("utf-8"), "", bridge.relay_entry_text(
+            layout, "cmd_X", fields)).decode("utf-8")
         assert pyyaml_error(after) is None, (text, after)
         # relay's own output stays in the subset (the next append trusts its digest)
         bridge.relay_layout("q.yaml", after, ("commands", "queue"))
