@@ -196,9 +196,9 @@ def utc_offset(seconds):
                             abs(seconds) % 3600 // 60)
 
 
-def utc_iso(ts=None):
-    """UTC time to the second with a Z suffix: 2026-11-22T05:30:00Z."""
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(time.time() if ts is None else ts))
+def utc_iso():
+    """UTC time now, to the second with a Z suffix: 2026-11-22T05:30:00Z."""
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
 
 
 def random_hex(nbytes=4):
@@ -223,13 +223,13 @@ INPUT_MAX_BYTES = 64 << 20  # the largest file bridge.py reads whole (task, resu
 JSON_MAX_DEPTH = 256        # nesting no file bridge.py reads needs; far below the recursion limit
 
 
-def _open_regular(path, flags, mode=0o644):
+def _open_regular(path, flags):
     """os.open(path) that never follows a symlink at `path` and never blocks, and an OSError
-    naming `path` unless what it opened is a regular file."""
+    naming `path` unless what it opened is a regular file (one it creates is mode 0644)."""
     import errno
     import stat
     try:
-        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK, mode)
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
     except OSError as exc:
         if exc.errno == errno.ELOOP:
             raise OSError(exc.errno, "is a symlink (never followed)", path) from None
@@ -272,10 +272,10 @@ def read_input(path, what="file", limit=INPUT_MAX_BYTES, missing=_Missing):
     return data
 
 
-def read_json_file(path, what="file", limit=INPUT_MAX_BYTES, missing=_Missing):
+def read_json_file(path, what="file", missing=_Missing):
     """read_input, decoded as UTF-8 JSON (parse_json's limits): every failure is a
     BridgeError naming the place."""
-    raw = read_input(path, what, limit, missing)
+    raw = read_input(path, what, missing=missing)
     if raw is missing:
         return missing
     try:
@@ -462,8 +462,8 @@ def json_compact(obj):
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":"))
 
 
-def atomic_write_json(path, obj, indent=2):
-    atomic_write(path, json.dumps(obj, ensure_ascii=False, indent=indent) + "\n")
+def atomic_write_json(path, obj):
+    atomic_write(path, json.dumps(obj, ensure_ascii=False, indent=2) + "\n")
 
 
 def make_dirs(path, root, create=True):
@@ -893,8 +893,7 @@ class FileLock:
             self._write_meta()
 
     def release(self):
-        if self.fd is None:
-            return
+        """Only after a successful acquire(), once (every caller's pattern)."""
         import fcntl
         try:
             self.meta["released_at"] = now_iso()
@@ -2414,10 +2413,7 @@ def get_redactor(config=None, env=None):
     hands out (config_secrets; built once per process, with the secret-named environment
     variables of that moment). With `env`, a Redactor of its own for that environment: a
     child given secrets of its own (proxy doctor.env) echoes them."""
-    patterns = (config or {}).get("redaction_patterns") or ()
-    if not isinstance(patterns, (list, tuple)):
-        raise BridgeError("redaction_patterns must be a list of regex strings")
-    patterns = tuple(patterns)
+    patterns = tuple((config or {}).get("redaction_patterns") or ())
     known = tuple(config_secrets(config))
     if env is not None:
         return Redactor(patterns, env=env, known=known)
@@ -3208,10 +3204,10 @@ def handoff_init(root):
 
 # ---- task files -----------------------------------------------------------------
 
-def too_deep(value, limit, path=""):
+def too_deep(value, limit):
     """The path of the first list or object nested deeper than `limit` in `value`, or
     None. A loop, not recursion: the depth it guards against is the recursion limit's."""
-    stack = [(value, path, 1)]
+    stack = [(value, "", 1)]
     while stack:
         node, here, depth = stack.pop()
         if isinstance(node, (dict, list)):
@@ -3794,14 +3790,12 @@ class Fingerprint:
 
     KEEP_MAX = 1 << 20  # .git files larger than this are compared, not restored
 
-    def __init__(self, handoff, git_dir, task_id, config_files=(), branches=(), work=None,
-                 others=()):
+    def __init__(self, handoff, git_dir, task_id, config_files, branches, work, others):
         self.handoff, self.task_id = handoff, task_id
         common = _read_small(os.path.join(git_dir, "commondir"))
         common = os.path.normpath(os.path.join(git_dir, common)) if common else git_dir
         self.git_paths = [os.path.join(common, "config"), os.path.join(git_dir, "config.worktree"),
                           os.path.join(common, "hooks"), os.path.join(common, "info")]
-        work = work or handoff.root
         self.work = work if work != handoff.root else None
         if self.work:  # a worktree: what ties it to its git directory
             self.git_paths += [os.path.join(work, ".git"), os.path.join(git_dir, "commondir"),
@@ -4048,7 +4042,7 @@ class Watcher:
     each task runs in a thread of its own; `git`, `git_dir` and `work` answer for the
     current task (its worktree) and else for the repository."""
 
-    def __init__(self, root, config, poll=None, once=False, out=None):
+    def __init__(self, root, config, poll=None, once=False):
         import threading
         self.root = os.path.abspath(root)
         self.config = config
@@ -4081,7 +4075,6 @@ class Watcher:
         self.progress_sec = config["progress_sec"]
         self.executor = list(config["executor"]["command"])
         self.executors = executor_templates(config)
-        self.out = out or sys.stdout
         self.worker = None
         self.stopping = None
         self.stopped_on_failure = False
@@ -5392,17 +5385,16 @@ class Watcher:
         if error:
             raise Stop("failed", "bead_failed", error)
 
-    def audit_into(self, task_id, result, which, attributes=None):
+    def audit_into(self, task_id, result, which, attributes):
         base = result["git"]["base_commit"]
         patch, stat = self.audit(base)
-        if attributes is not None:
-            # the work tree's .gitattributes is the agent's to edit, except where it
-            # points files at a filter (a program the user's own git would then run)
-            pointed = attribute_filter_lines(patch) ^ attributes
-            if pointed:
-                self.tampered(result, ["%s: %s" % item for item in sorted(pointed)],
-                              "the work tree's .gitattributes changed which files go "
-                              "through a filter")
+        # the work tree's .gitattributes is the agent's to edit, except where it points
+        # files at a filter (a program the user's own git would then run)
+        pointed = attribute_filter_lines(patch) ^ attributes
+        if pointed:
+            self.tampered(result, ["%s: %s" % item for item in sorted(pointed)],
+                          "the work tree's .gitattributes changed which files go "
+                          "through a filter")
         path = self.handoff.path("patches", "%s_%s.patch" % (task_id, which))
         result["patch_redacted"][which] = self.write_redacted(path, patch, self.current.unsynced)
         result["artifacts"]["patch_" + which] = self.handoff.rel(path)
@@ -12444,11 +12436,6 @@ class ChangeExecutor:
             self.sets.record(None, "lock_recovered", holder=self.lock.recovered)
         self.sets.ensure_excluded()
 
-    def release(self):
-        if self.lock is not None:
-            self.lock.release()
-            self.lock = None
-
     def run_once(self):
         """One pass over every change set. Returns the list of (id, final state) processed."""
         sets = self.sets
@@ -13858,7 +13845,7 @@ def cmd_changes_run(args):
                 time.sleep(min(0.2, poll))
             executor.lock.heartbeat()
     finally:
-        executor.release()
+        executor.lock.release()
         for s, h in old.items():
             signal.signal(s, h)
     return EXIT_FAILED if failed else EXIT_OK
