@@ -2743,12 +2743,12 @@ class Git:
 
     # Keys that make git run a program: pinned for every call (bridge.py never
     # talks to a remote, so every transport is refused; that also rules out
-    # core.sshCommand and askpass). filter.<driver>.* cannot be pinned by a
-    # wildcard: see filter_config().
+    # core.sshCommand and askpass; submodule.recurse would run git inside each submodule,
+    # with its config). filter.<driver>.* cannot be pinned by a wildcard: see filter_config().
     SAFE_CONFIG = ("core.hooksPath=/dev/null", "core.fsmonitor=false", "core.pager=cat",
                    "core.editor=:", "sequence.editor=:", "core.askPass=", "credential.helper=",
                    "protocol.allow=never", "commit.gpgSign=false", "tag.gpgSign=false",
-                   "gc.auto=0", "maintenance.auto=false")
+                   "gc.auto=0", "maintenance.auto=false", "submodule.recurse=false")
     # Environment that outranks config, set or dropped the same way.
     SAFE_ENV = {"GIT_TERMINAL_PROMPT": "0", "GIT_OPTIONAL_LOCKS": "0", "GIT_PAGER": "cat",
                 "GIT_EDITOR": ":", "GIT_SEQUENCE_EDITOR": ":", "GIT_ASKPASS": ""}
@@ -2987,9 +2987,10 @@ class Git:
             # path (e.g. .ai-handoff/ in info/exclude) makes `git add` exit 1.
             self.add_all(temp_index, env, "--", ".")
             pathspec = ["--", "."] + [":(exclude)%s" % path for path in exclude] if exclude else []
-            # git's plain patch whatever your color.ui, diff.noprefix or diff.mnemonicPrefix
+            # git's plain patch whatever your color.ui, diff.noprefix, diff.mnemonicPrefix or
+            # diff.submodule (=diff runs `git diff` inside a nested repository, its config's)
             return self.run("diff", "--cached", "--no-ext-diff", "--no-textconv", "--no-color",
-                            "--src-prefix=a/", "--dst-prefix=b/", *diff_args,
+                            "--src-prefix=a/", "--dst-prefix=b/", "--submodule=short", *diff_args,
                             base or EMPTY_TREE, *pathspec, env=env).stdout
         finally:
             unlink_quietly(temp_index)

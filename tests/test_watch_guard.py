@@ -556,22 +556,60 @@ echo mine > mine.txt
 @pytest.mark.parametrize("name", ["süb", "a\"b", "sub"])
 def test_a_nested_repository_is_seen_whatever_its_name_and_your_diff_config(git_repo, tmp_path, name):
     """git quotes a path holding a byte outside ASCII or a quote in a patch's `diff --git`
-    line, and your diff.mnemonicPrefix (c/ i/) or color.ui=always change that line too: a
-    repository the agent commits inside the work tree still fails the task as
-    nested_repository, and the patch is git's plain one."""
+    line; your diff.mnemonicPrefix (c/ i/) or color.ui=always change that line, and your
+    diff.submodule=diff (or log) shows a gitlink without it, running `git diff` inside the
+    nested repository (its diff.external): a repository the agent commits inside the work
+    tree still fails the task as nested_repository, the patch is git's plain one, and no
+    program of the nested repository's config runs."""
+    script, log = marker_script(tmp_path, "nested")
     config = tmp_path / "gitconfig"
-    config.write_text("[diff]\n\tmnemonicPrefix = true\n[color]\n\tui = always\n")
+    config.write_text("[diff]\n\tmnemonicPrefix = true\n\tsubmodule = diff\n[color]\n\tui = always\n")
     agent = tmp_path / "agent.sh"
     agent.write_text("""set -e
 git init -q "$1" && echo work > "$1/file.txt" && git -C "$1" add -A
 git -C "$1" -c user.name=a -c user.email=a@b commit -qm sub
+printf '[diff]\\n\\texternal = %s\\n' "$2" >> "$1/.git/config"
 git add -A 2>/dev/null && git -c user.name=a -c user.email=a@b commit -qm 'the agent commits it'
 """)
-    queue = Queue(git_repo, tmp_path, executor={"command": ["sh", str(agent), name]})
+    queue = Queue(git_repo, tmp_path, executor={"command": ["sh", str(agent), name, script]})
     queue.put(queue.task("q1", commands_to_run=["true"]))
     out = queue.watch(env=dict(queue.env, GIT_CONFIG_GLOBAL=str(config)))
     r = queue.result("q1")
     assert (r["status"], r["reason"]) == ("failed", "nested_repository"), (r["detail"], out.stderr)
+    assert not log.exists(), log.read_text()
     patch = (queue.handoff / r["artifacts"]["patch_pre"]).read_text()
     assert "\x1b" not in patch and "--- /dev/null\n" in patch and "+Subproject commit " in patch
     assert (queue.repo / name / "file.txt").read_text() == "work\n"
+
+
+def test_your_submodule_recurse_never_takes_bridge_py_into_a_submodule(git_repo, tmp_path):
+    """Your submodule.recurse=true makes checkout update each submodule with a git run inside
+    it, which reads that submodule's config (.git/modules/, the agent's to write): bridge.py's
+    checkout back to your branch, after a task that moved your submodule to another commit,
+    runs none of it."""
+    script, log = marker_script(tmp_path, "nested")
+    other = tmp_path / "other"
+    git(tmp_path, "init", "-q", str(other))
+    for text in ("1\n", "2\n"):
+        (other / "file.txt").write_text(text)
+        git(other, "add", "file.txt")
+        git(other, "-c", "user.name=a", "-c", "user.email=a@b", "commit", "-q", "-m", text)
+    git(git_repo, "-c", "protocol.file.allow=always", "submodule", "-q", "add", str(other), "lib")
+    git(git_repo, "commit", "-q", "-m", "a submodule")
+    config = tmp_path / "gitconfig"
+    config.write_text("[submodule]\n\trecurse = true\n")
+    agent = tmp_path / "agent.sh"
+    agent.write_text("""set -e
+git -C lib checkout -q HEAD~1
+printf '[filter "evil"]\\n\\tclean = %s\\n\\tsmudge = %s\\n' "$1" "$1" >> .git/modules/lib/config
+echo '* filter=evil' > .git/modules/lib/info/attributes
+git add lib && git -c user.name=a -c user.email=a@b commit -qm 'the agent moves lib'
+""")
+    queue = Queue(git_repo, tmp_path, executor={"command": ["sh", str(agent), script]},
+                  continue_on_failure=True)  # the work parked as WIP, then back to your branch
+    queue.put(queue.task("r1", commands_to_run=["true"]))
+    out = queue.watch(env=dict(queue.env, GIT_CONFIG_GLOBAL=str(config)))
+    r = queue.result("r1")
+    assert (r["status"], r["reason"], r["git"]["returned_to_base"]) == (
+        "failed", "nested_repository", True), (r["detail"], out.stderr)
+    assert not log.exists(), log.read_text()
