@@ -8336,8 +8336,6 @@ def relay_entry_text(layout, cmd_id, fields):
     if layout.kind == "map":
         return [" " * d + cmd_id + ":"] + yaml_entry_lines(
             fields, k, " " * k, layout.nested_indent)
-    if layout.kind == "new":
-        d, k = 0, 2
     prefix = " " * d + "-" + " " * (k - d - 1)
     return yaml_entry_lines(fields, k, prefix, layout.nested_indent)
 
@@ -9261,8 +9259,8 @@ class ProxyWatch:
                 fire_at = max(fire_at or 0.0, saved + self.debounce)
                 before = now
             del now                                # no second 10,000-entry dict while waiting
-            last_scan, wait = start, max(self.interval, 100 * (time.thread_time() - cpu))   # its CPU, not a busy
-            # machine's delays
+            # the next scan waits for this one's CPU time, not for a busy machine's delays
+            last_scan, wait = start, max(self.interval, 100 * (time.thread_time() - cpu))
             if fire_at is not None and time.time() >= fire_at:
                 self.notify(sorted(changed))
                 changed, fire_at = set(), None
