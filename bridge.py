@@ -290,8 +290,8 @@ def read_json_file(path, what="file", missing=_Missing):
         raise BridgeError("%s %s: %s" % (what, path, exc))
 
 
-def check_json_depth(data, limit=JSON_MAX_DEPTH):
-    """ValueError when the JSON text `data` (str or bytes) nests deeper than `limit`.
+def check_json_depth(data):
+    """ValueError when the JSON text `data` (str or bytes) nests deeper than JSON_MAX_DEPTH.
 
     Counted without recursion, in one pass: strings and everything but brackets are
     dropped, and the depth after each bracket is the running sum of +1 for an opening one
@@ -299,7 +299,7 @@ def check_json_depth(data, limit=JSON_MAX_DEPTH):
     into each before it finds the text unterminated). Text with fewer opening brackets
     than the limit (every ordinary record) is not scanned at all."""
     b = isinstance(data, bytes)
-    if data.count(b"[" if b else "[") + data.count(b"{" if b else "{") <= limit:
+    if data.count(b"[" if b else "[") + data.count(b"{" if b else "{") <= JSON_MAX_DEPTH:
         return
     from itertools import accumulate, count
     from operator import sub
@@ -307,8 +307,8 @@ def check_json_depth(data, limit=JSON_MAX_DEPTH):
         (r'"[^"\\]*(?:\\.[^"\\]*)*"?', r"[^][{}]+")
     rest = re.sub(other, data[:0], re.sub(string, data[:0], data, flags=re.S))
     steps = (rest if b else rest.encode("ascii")).translate(bytes.maketrans(b"[{]}", b"\2\2\0\0"))
-    if max(map(sub, accumulate(steps), count(1)), default=0) > limit:  # sum(step - 1)
-        raise ValueError("JSON nested deeper than %d levels" % limit)
+    if max(map(sub, accumulate(steps), count(1)), default=0) > JSON_MAX_DEPTH:  # sum(step - 1)
+        raise ValueError("JSON nested deeper than %d levels" % JSON_MAX_DEPTH)
 
 
 def parse_json(data, **hooks):
@@ -3448,9 +3448,9 @@ def unknown_executor(task, config):
         name[:100], ", ".join(sorted(config["executors"])) or "none are defined")
 
 
-def last_lines(text, count=20):
-    """The last `count` non-empty lines of `text`."""
-    return [line for line in text.splitlines() if line.strip()][-count:]
+def last_lines(text):
+    """The last 20 non-empty lines of `text`."""
+    return [line for line in text.splitlines() if line.strip()][-20:]
 
 
 def cap_text(text, cap_bytes, task_id):
@@ -5615,7 +5615,7 @@ def approve_task(root, task_id):
     return task
 
 
-def queue_status(root, config, recent=5):
+def queue_status(root, config):
     handoff = Handoff(root).require()
     counts = {state: len(list_task_files(handoff.dir(state)))
               for state in ("tasks", "running", "pending", "failed")}
@@ -5645,7 +5645,7 @@ def queue_status(root, config, recent=5):
     worktrees = task_worktrees(worktree_root(root, config, Git(root)))
     return {"queued": counts["tasks"], "running": counts["running"], "pending": counts["pending"],
             "failed": counts["failed"], "results": by_status, "worker": worker,
-            "recent_failures": failures[:recent], "waiting": waiting_tasks(handoff),
+            "recent_failures": failures[:5], "waiting": waiting_tasks(handoff),
             "skipped_in_tasks": skipped_task_files(handoff),
             "worktrees": [{"id": task_id, "path": path, "why": worktree_state(handoff, task_id)
                            or "nothing needs it (removed by the next watcher start in worktree isolation, "
@@ -6134,13 +6134,13 @@ def read_cursor(bdir, slug):
     return go_count(text or "") or 0
 
 
-def cursor_lock(bdir, slug, timeout=10.0):
-    """Take `slug`'s cursor lock (an fd for release_flock), or None after `timeout` s.
+def cursor_lock(bdir, slug):
+    """Take `slug`'s cursor lock (an fd for release_flock), or None after 10 s.
 
     Named `.cursor-lock.<slug>`, not `.inbox-cursor.<slug>.lock`: Go collects cursor
     files by the prefix `.inbox-cursor.` (truncateReplies' floor), and would read a lock
     file as the cursor of a slug "<slug>.lock" at 0, which stops its trim for good."""
-    return acquire_flock(os.path.join(bdir, ".cursor-lock." + slug), timeout=timeout)
+    return acquire_flock(os.path.join(bdir, ".cursor-lock." + slug), timeout=10.0)
 
 
 def adopt_cursor(bdir, slug, locked=False):
@@ -11448,14 +11448,14 @@ _SLUG_EXTRA = {"ß": "ss", "æ": "ae", "Æ": "ae", "ø": "o", "Ø": "o", "œ": "
                "đ": "d", "Đ": "d", "ł": "l", "Ł": "l", "þ": "th", "Þ": "th", "ı": "i"}
 
 
-def changeset_slug(subject, max_len=48):
-    """ASCII slug: accents transliterated (NFKD, combining marks dropped), anything not
-    [a-z0-9] becomes one `-`, trimmed, cut to `max_len` and trimmed again; `change` if empty."""
+def changeset_slug(subject):
+    """ASCII slug: accents transliterated (NFKD, combining marks dropped), each run of
+    anything but [a-z0-9] one `-`, trimmed, cut to 48 characters, trimmed; `change` if empty."""
     import unicodedata
     text = "".join(_SLUG_EXTRA.get(ch, ch) for ch in str(subject))
     text = unicodedata.normalize("NFKD", text).encode("ascii", "ignore").decode("ascii")
     text = re.sub(r"[^a-z0-9]+", "-", text.lower()).strip("-")
-    text = text[:max_len].strip("-")
+    text = text[:48].strip("-")
     return text or "change"
 
 
