@@ -8269,8 +8269,7 @@ def _relay_insert_point(layout):
     start, end = layout.region
     pos = end
     while pos > start:
-        prev = text.rfind("\n", start, pos - 1) + 1
-        prev = max(prev, start)
+        prev = max(text.rfind("\n", start, pos - 1) + 1, start)
         line = text[prev:pos].rstrip("\n")
         if line.strip(" ") == "" or line.startswith("#"):
             pos = prev
@@ -11093,11 +11092,9 @@ class ObservabilityServer:
             except Exception as e:  # a handler bug must not kill the connection
                 self.log("observability: control %s failed: %r" % (action, e))
                 outcome = {"ok": False, "error": "internal error: %s" % e}
-            outcome = outcome if isinstance(outcome, dict) else {"ok": bool(outcome)}
             ack["ok"] = bool(outcome.get("ok"))
             if ack["ok"]:
-                ack["result"] = outcome.get("result", {k: v for k, v in outcome.items()
-                                                       if k != "ok"})
+                ack["result"] = outcome.get("result", {})
             else:
                 ack["error"] = str(outcome.get("error") or "failed")
         return ack
