@@ -4851,8 +4851,8 @@ class Watcher:
         try:
             out = self.git.worktree_diff(base, self.exclude, "--binary", "--shortstat", "-p")
         except BridgeError:  # e.g. git cannot add a nested repository without a commit
-            nested = [line[3:-1] for line in self.git_snapshot()["status"].splitlines()
-                      if line.startswith("?? ") and line.endswith("/")]  # -uall lists no other folder
+            nested = [path[:-1] for path in self.git.run("ls-files", "-z", "-o", "--exclude-standard",
+                      check=False).stdout.split("\0") if path.endswith("/")]  # it lists no other folder
             if nested:
                 self.nested_repositories(nested)
             raise
@@ -5402,7 +5402,7 @@ class Watcher:
         result["git"]["diff_stat_" + which] = stat
         nested = re.findall(r'^diff --git "?a/.* "?b/(.*?)"?\n(?:(?:old mode|deleted file mode) .*\n)?'
                             r"(?:new file mode 160000|new mode 160000|index \S+ 160000)$", patch, re.M)
-        if nested:  # a gitlink added or moved
+        if nested:  # a gitlink added or its commit changed (one renamed keeps its commit)
             self.nested_repositories(nested)
 
     def nested_repositories(self, paths):
@@ -9623,9 +9623,7 @@ class Proxy:
         """Kill a Doctor that is stuck, never one that is only slow (README "Hang detection").
         A restarted Doctor that has neither answered the replayed initialize nor said anything
         within start_timeout_sec is stuck starting. A ready one that owes an answer and has been
-        silent for health_check_sec is sent a health check: `ping`, or where the protocol has no
-        ping (MCP 2026-07-28, or no version negotiated) `server/discover`, which every 2026-07-28
-        server answers. No answer within health_timeout_sec is a hang only if it has answered a
+        silent for health_check_sec is sent a health check (probe()). No answer within health_timeout_sec is a hang only if it has answered a
         health check while busy before (`concurrent`): a server that handles one request at a
         time cannot, and is left alone."""
         child = self.child

@@ -613,3 +613,17 @@ git add lib && git -c user.name=a -c user.email=a@b commit -qm 'the agent moves 
     assert (r["status"], r["reason"], r["git"]["returned_to_base"]) == (
         "failed", "nested_repository", True), (r["detail"], out.stderr)
     assert not log.exists(), log.read_text()
+
+
+def test_a_nested_repository_without_a_commit_is_named_whatever_its_name(git_repo, tmp_path):
+    """A repository with no commit yet, at a path holding a newline, fails the task as
+    nested_repository naming it (git cannot add it: the audit finds it in git's own list)."""
+    agent = tmp_path / "agent.sh"
+    agent.write_text('set -e\ngit init -q "a\nb" && echo work > "a\nb/file.txt"\n')
+    queue = Queue(git_repo, tmp_path, executor={"command": ["sh", str(agent)]})
+    queue.put(queue.task("q1", commands_to_run=["true"]))
+    out = queue.watch()
+    r = queue.result("q1")
+    assert (r["status"], r["reason"]) == ("failed", "nested_repository"), (r["detail"], out.stderr)
+    assert "of its own at a\\x0ab, " in r["detail"]
+    assert (queue.repo / "a\nb" / "file.txt").read_text() == "work\n"
