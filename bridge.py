@@ -6124,10 +6124,8 @@ def read_cursor(bdir, slug):
     Missing, unreadable, negative, non-numeric or past Go's int64 means 0. When the
     slug has no cursor file yet, the legacy shared `.inbox-cursor` is read instead
     (drain and commit then adopt it into the slug's file). A symlink is never followed:
-    it reads as missing.
+    it reads as missing. `slug` is a safe name (every caller checks it, as for the lock).
     """
-    if not is_safe_name(slug):
-        return 0
     text = _read_small(os.path.join(bdir, ".inbox-cursor." + slug))
     if text is None:
         text = _read_small(os.path.join(bdir, ".inbox-cursor"))
