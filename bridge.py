@@ -7701,24 +7701,6 @@ def _refuse(path, text, offset, why):
         path, text.count("\n", 0, offset) + 1, why), EXIT_FAILED)
 
 
-def relay_decode(path, raw):
-    """Bytes of a queue file -> (bom, text), refusing what a splice cannot keep intact."""
-    try:
-        text = raw.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise BridgeError("%s line %d: not valid UTF-8 (byte offset %d); the file was not "
-                          "changed" % (path, raw.count(b"\n", 0, exc.start) + 1, exc.start),
-                          EXIT_FAILED)
-    bom = ""
-    if text.startswith("\ufeff"):
-        bom, text = "\ufeff", text[1:]
-    cr = text.find("\r")
-    if cr >= 0:
-        _refuse(path, text, cr, "carriage return (CRLF line endings are not supported; "
-                                "convert the file to LF)")
-    return bom, text
-
-
 def _strip_comment(value):
     """A one-line value without its trailing comment (only ` #` starts one)."""
     if value.startswith("#"):
@@ -8466,12 +8448,25 @@ def relay_queue_path(root, session, config):
 
 
 def _relay_read(path):
-    """(raw bytes, bom, text) of a queue file; a missing file reads as `commands: []`. A
-    symlink (never followed, so never written through) or a FIFO is an error naming it."""
+    """(raw bytes, bom, text) of a queue file, refusing what a splice cannot keep intact; a
+    missing file reads as `commands: []`. A symlink (never followed, so never written through)
+    or a FIFO is an error naming it."""
     raw = read_input(path, "queue file", missing=None)
     if raw is None:
         return None, "", ""
-    bom, text = relay_decode(path, raw)
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise BridgeError("%s line %d: not valid UTF-8 (byte offset %d); the file was not "
+                          "changed" % (path, raw.count(b"\n", 0, exc.start) + 1, exc.start),
+                          EXIT_FAILED)
+    bom = ""
+    if text.startswith("\ufeff"):
+        bom, text = "\ufeff", text[1:]
+    cr = text.find("\r")
+    if cr >= 0:
+        _refuse(path, text, cr, "carriage return (CRLF line endings are not supported; "
+                                "convert the file to LF)")
     return raw, bom, text
 
 

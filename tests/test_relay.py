@@ -373,6 +373,18 @@ def test_down_keeps_a_bom_and_a_missing_final_newline(tmp_path):
             "cmd_004", "cmd_005"]
 
 
+@pytest.mark.parametrize("raw, why", [
+    (b"commands:\n- id: cmd_001\n  command: caf\xe9\n", "line 3: not valid UTF-8 (byte offset 38)"),
+    (b"commands:\n- id: cmd_001\r\n", "line 2: carriage return (CRLF line endings"),
+])
+def test_down_refuses_a_queue_not_utf8_or_with_crlf_naming_the_line(tmp_path, raw, why):
+    root, queue = make_root(tmp_path, text=raw)
+    result = down(root, "miho", "main", "m", "p")
+    assert result.returncode == 1 and why in result.stderr and "Traceback" not in result.stderr, \
+        result.stderr
+    assert queue.read_bytes() == raw
+
+
 def test_undecodable_argument_is_a_usage_error(tmp_path):
     root, queue = make_root(tmp_path, "legacy_queue.yaml")
     before = queue.read_bytes()
