@@ -2551,7 +2551,7 @@ class _Output:
         if block:  # the tail: whole blocks, the oldest let go once half is still held
             self.tail.append(block)
             self.tail_len += len(block)
-            while self.tail_len - len(self.tail[0]) >= self.half:
+            while self.tail and self.tail_len - len(self.tail[0]) >= self.half:
                 self.tail_len -= len(self.tail.popleft())
 
     def kept(self):
@@ -2583,6 +2583,7 @@ def run_command(cmd, cwd=None, env=None, timeout=None, shell=False, stdin_data=N
       (a headless agent waiting for an answer nobody will give), its group is stopped as on
       a timeout and the result's `idle` says so.
     """
+    import contextlib
     import select
     import signal
     import subprocess
@@ -2598,21 +2599,6 @@ def run_command(cmd, cwd=None, env=None, timeout=None, shell=False, stdin_data=N
         name = cmd if isinstance(cmd, str) else (cmd[0] if cmd else "")
         return CommandResult(cmd, exit_code=127, stderr="cannot start %s: %s" % (
             name, exc.strerror or exc), error="cannot start %s: %s" % (name, exc.strerror or exc))
-
-    if on_start:
-        on_start(proc)
-    if stdin_data is not None:
-        def feed():
-            try:
-                proc.stdin.write(stdin_data.encode() if isinstance(stdin_data, str) else stdin_data)
-            except OSError:
-                pass
-            finally:
-                try:
-                    proc.stdin.close()
-                except OSError:
-                    pass
-        threading.Thread(target=feed, daemon=True).start()
 
     # One loop reads both pipes and waits for the child's exit without reaping it (until it
     # is reaped, its pid, and so its group id, cannot be reused): on Linux a pidfd turns
@@ -2632,7 +2618,7 @@ def run_command(cmd, cwd=None, env=None, timeout=None, shell=False, stdin_data=N
     def pump(seconds):
         """Read what the pipes hold, waiting at most `seconds` for output or the exit."""
         nonlocal exited, heard
-        if not reading and (exit_fd is None or exited):
+        if not reading and exit_fd is None:
             exited = wait_exited(proc.pid, max(0.0, seconds))
             return
         for fd, _ in poller.poll(max(0.0, seconds) * 1000):
@@ -2657,6 +2643,13 @@ def run_command(cmd, cwd=None, env=None, timeout=None, shell=False, stdin_data=N
     deadline = None if timeout is None else started + timeout
     next_tick = started + tick_sec
     try:
+        if on_start:
+            on_start(proc)
+        if stdin_data is not None:
+            def feed():  # a child may exit or close its stdin before it read it all: EPIPE
+                with contextlib.suppress(OSError), proc.stdin:
+                    proc.stdin.write(stdin_data.encode() if isinstance(stdin_data, str) else stdin_data)
+            threading.Thread(target=feed, daemon=True).start()
         while not exited:
             now = time.monotonic()
             if deadline is not None and now >= deadline:
@@ -2687,11 +2680,12 @@ def run_command(cmd, cwd=None, env=None, timeout=None, shell=False, stdin_data=N
             end = time.monotonic() + grace
             while not exited and time.monotonic() < end:
                 pump(end - time.monotonic())
-        kill_process_group(proc, 0)
+        signal_group(proc.pid, signal.SIGKILL)  # the child is reaped only below
         end = time.monotonic() + 2.0
         while reading and time.monotonic() < end:
             pump(end - time.monotonic())
-    finally:
+    finally:  # every way out ends the group, also a callback that raised or Ctrl-C in a CLI
+        kill_process_group(proc, 0)
         if exit_fd is not None:
             os.close(exit_fd)
         proc.stdout.close()

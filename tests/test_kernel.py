@@ -194,6 +194,55 @@ def test_run_command_does_not_hang_on_grandchild_holding_pipes():
     assert time.monotonic() - started < 15
 
 
+@pytest.mark.parametrize("pidfd", [True, False])
+def test_run_command_without_a_pidfd_behaves_the_same(monkeypatch, pidfd):
+    """Where os.pidfd_open is missing (not Linux) the exit is polled: the same results."""
+    if not pidfd:
+        monkeypatch.delattr(os, "pidfd_open", raising=False)
+    res = bridge.run_command([sys.executable, "-c", "import os, sys, time; os.close(1); "
+                              "time.sleep(0.2); sys.stderr.write('late'); sys.exit(3)"])
+    assert (res.exit_code, res.stdout, res.stderr, res.held) == (3, "", "late", False)
+    res = bridge.run_command("cat; echo parent-done; sleep 30 &", shell=True, stdin_data="x" * 200000)
+    assert res.exit_code == 0 and res.stdout == "x" * 200000 + "parent-done\n" and not res.held
+    res = bridge.run_command("trap '' TERM; echo up; sleep 30", shell=True, timeout=0.5, kill_grace=0.2)
+    assert (res.timed_out, res.signal, res.stdout) == (True, 9, "up\n")
+    assert bridge.run_command(["echo", "hello"], cap_bytes=1).dropped_bytes == 6
+
+
+@pytest.mark.parametrize("how", ["ctrl-c", "on_start"])
+def test_run_command_ends_the_group_when_it_raises(tmp_path, how):
+    """Ctrl-C in a CLI command (KeyboardInterrupt) or a callback's error while a command runs:
+    the command, in a session of its own that no terminal signal reaches, ends with it."""
+    pidfile = tmp_path / "child.pid"
+    script = IMPORT_BRIDGE + textwrap.dedent("""
+        import os, signal, sys, threading, time
+        pidfile = sys.argv[1]
+        def interrupt():
+            while not os.path.exists(pidfile):
+                time.sleep(0.01)
+            os.kill(os.getpid(), signal.SIGINT)
+        def on_start(proc):
+            if sys.argv[2] == "on_start":
+                while not os.path.exists(pidfile):
+                    time.sleep(0.01)
+                raise OSError("cannot write the task lock")
+            threading.Thread(target=interrupt, daemon=True).start()
+        try:
+            b.run_command("echo $$ > %s.tmp && mv %s.tmp %s && exec sleep 60" % ((pidfile,) * 3),
+                          shell=True, timeout=60, on_start=on_start)
+        except (KeyboardInterrupt, OSError) as exc:
+            print(type(exc).__name__)
+        """)
+    out = subprocess.run([PYTHON, "-c", script, str(pidfile), how], capture_output=True,
+                         text=True, timeout=60)
+    assert out.stdout.strip() == ("KeyboardInterrupt" if how == "ctrl-c" else "OSError"), out.stderr
+    child = int(pidfile.read_text())
+    alive = process_running(child)
+    if alive:
+        os.kill(child, 9)
+    assert not alive
+
+
 def test_git_hooks_never_fire_and_index_untouched(git_repo):
     hook = git_repo / ".git" / "hooks" / "pre-commit"
     marker = git_repo.parent / "hook-fired"
