@@ -5036,11 +5036,6 @@ class Watcher:
         result["retry_context"] = self.retry_context(task_id)
         prompt = build_prompt(task, result["retry_context"])
         prompt_path = self.handoff.path("meta", task_id + ".prompt.md")
-        # The agent reads the task as written (like the task file in running/, stored as
-        # given); the copy kept once the agent is done is redacted.
-        kept = self.redact(prompt)
-        atomic_write(prompt_path, prompt, durable=self.current.unsynced if kept == prompt else False)
-        result["artifacts"]["prompt"] = self.handoff.rel(prompt_path)
         log_path = self.handoff.path("logs", task_id + ".log")
         result["artifacts"]["logs"] = self.handoff.rel(log_path)
         self.log(task_id, "=== %s attempt %d started %s on %s (base %s)%s\n" % (
@@ -5066,6 +5061,12 @@ class Watcher:
         guard.base_tip = None if git_state["worktree"] else snap["head"]
         attributes = attribute_filter_lines(self.audit(git_state["base_commit"])[0]) \
             if snap["dirty"] else set()
+        # The agent reads the task as written (like the task file in running/, stored as
+        # given), written only now (a step failing before would leave it so); the copy kept
+        # once the agent is done is redacted.
+        kept = self.redact(prompt)
+        atomic_write(prompt_path, prompt, durable=self.current.unsynced if kept == prompt else False)
+        result["artifacts"]["prompt"] = self.handoff.rel(prompt_path)
         try:
             ran = self.run_child(argv, task, "agent", env=env,
                                  idle_timeout=self.config["agent_idle_timeout_sec"])

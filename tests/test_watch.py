@@ -1108,3 +1108,19 @@ def test_a_daemon_holding_the_agents_output_neither_wedges_the_queue_nor_loses_i
         assert process_running(int(pidfile.read_text()))
     finally:
         os.kill(int(pidfile.read_text()), signal.SIGKILL)
+
+
+def test_the_prompt_kept_is_redacted_when_a_step_before_the_agent_fails(queue):
+    """The agent's copy of the prompt (unredacted) is written only right before the agent
+    runs: a step failing in between (here git's config, changed by the bead command, defines
+    a filter driver git cannot switch off) leaves the redacted copy the result names."""
+    secret = "sk-proj-" + "Q1w2E3r4" * 5
+    plant = "printf '[filter \"a=b\"]\\n\\tclean = cat\\n' >> .git/config; echo bd-1"
+    queue.config["bead"] = {"command": ["sh", "-c", plant, "bd"]}
+    queue.save_config()
+    queue.put(queue.task("pf", prompt="Rotate the key %s in config.py." % secret))
+    queue.watch()
+    result = queue.result("pf")
+    assert result["status"] == "failed" and "filter driver" in result["detail"], result
+    prompt = queue.handoff / "meta" / "pf.prompt.md"
+    assert not prompt.exists() or secret not in prompt.read_text()
