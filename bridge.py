@@ -2890,15 +2890,20 @@ class Git:
         agent made inside the work tree), git looks for changes with a `git status` inside it,
         which reads that repository's config: its filter drivers are not among those run()
         pins off. So those entries leave the index first, and the add records them again as
-        it records a new nested repository: its HEAD commit, read without running anything."""
-        if may_hold_gitlinks(index):
-            nested = [entry.split("\t", 1)[1] for entry in self.run(
-                "ls-files", "-s", "-z", env=env).stdout.split("\0") if entry.startswith("160000 ")
-                and os.path.lexists(os.path.join(self.root, entry.split("\t", 1)[1], ".git"))]
-            if nested:
-                self.run("update-index", "--force-remove", "-z", "--stdin", env=env,
-                         stdin_data="".join(path + "\0" for path in nested))
-        self.run("add", "-A", *pathspec, env=env)
+        it records a new nested repository: its HEAD commit, read without running anything.
+        Should the add fail (it then writes no index), they go back as they were."""
+        nested = [entry + "\0" for entry in self.run("ls-files", "-s", "-z", env=env).stdout.split(
+            "\0") if entry.startswith("160000 ") and os.path.lexists(os.path.join(
+                self.root, entry.split("\t", 1)[1], ".git"))] if may_hold_gitlinks(index) else []
+        if nested:
+            self.run("update-index", "--force-remove", "-z", "--stdin", env=env,
+                     stdin_data="".join(entry.split("\t", 1)[1] for entry in nested))
+        try:
+            self.run("add", "-A", *pathspec, env=env)
+        except BridgeError:
+            if nested:  # ls-files -s writes what --index-info reads
+                self.run("update-index", "-z", "--index-info", env=env, stdin_data="".join(nested))
+            raise
 
     def worktree(self, path, fresh=False):
         """(Git, git directory) for the linked worktree at `path`, once git confirms it is the

@@ -627,3 +627,23 @@ def test_a_nested_repository_without_a_commit_is_named_whatever_its_name(git_rep
     assert (r["status"], r["reason"]) == ("failed", "nested_repository"), (r["detail"], out.stderr)
     assert "of its own at a\\x0ab, " in r["detail"]
     assert (queue.repo / "a\nb" / "file.txt").read_text() == "work\n"
+
+
+def test_a_failed_add_puts_your_submodule_back_in_your_index(git_repo, tmp_path):
+    """`add -A` drops a checked-out submodule from the index before it runs (see the tests
+    above): when git then refuses a path the agent made (x/.git.) and writes no index, the
+    submodule goes back into your index as it was (it was left staged as deleted)."""
+    other = tmp_path / "other"
+    git(tmp_path, "init", "-q", str(other))
+    git(other, "-c", "user.name=a", "-c", "user.email=a@b", "commit", "-q", "--allow-empty", "-m", "o")
+    git(git_repo, "-c", "protocol.file.allow=always", "submodule", "-q", "add", str(other), "lib")
+    git(git_repo, "commit", "-q", "-m", "a submodule")
+    before = git(git_repo, "ls-files", "-s", "lib")
+    agent = tmp_path / "agent.sh"
+    agent.write_text('mkdir x && echo a > "x/.git." && echo mine > mine.txt\n')
+    queue = Queue(git_repo, tmp_path, executor={"command": ["sh", str(agent)]}, continue_on_failure=True)
+    queue.put(queue.task("s1", commands_to_run=["true"]))
+    out = queue.watch()
+    r = queue.result("s1")
+    assert r["status"] == "failed" and "invalid path 'x/.git.'" in r["detail"], (r["detail"], out.stderr)
+    assert before.startswith("160000 ") and git(queue.repo, "ls-files", "-s", "lib") == before
