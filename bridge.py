@@ -2979,8 +2979,7 @@ class Git:
                 with open_input(real_index) as source, os.fdopen(create_once(temp_index), "wb") as copy:
                     shutil.copyfileobj(source, copy)
             except OSError:
-                if os.path.lexists(temp_index):
-                    os.unlink(temp_index)
+                unlink_quietly(temp_index)
             env = {"GIT_INDEX_FILE": temp_index}
             # Exclusions go on the diff only: an exclude pathspec naming an ignored
             # path (e.g. .ai-handoff/ in info/exclude) makes `git add` exit 1.
@@ -3089,11 +3088,11 @@ def read_message(stream, max_bytes=16 << 20):
 
 
 def frame_message(message, framing="line"):
-    """Encode a message (dict or bytes) for the wire in the given framing."""
-    data = message if isinstance(message, (bytes, bytearray)) else json_compact(message).encode("utf-8")
+    """Encode a message (a dict) for the wire in the given framing."""
+    data = json_compact(message).encode("utf-8")
     if framing == "content-length":
-        return b"Content-Length: %d\r\n\r\n" % len(data) + bytes(data)
-    return bytes(data) + b"\n"
+        return b"Content-Length: %d\r\n\r\n" % len(data) + data
+    return data + b"\n"
 
 
 # ---- roots --------------------------------------------------------------------
