@@ -1768,22 +1768,17 @@ class Redactor:
 
     # -- public API --
 
-    def redact(self, text, cut_start=False, cut_end=False):
+    def redact(self, text):
         """`text` with every secret span replaced by REDACTED; everything else unchanged.
-        Bytes are redacted too (as UTF-8, undecodable bytes kept as they are).
-        cut_start/cut_end: the text was cut there (a capture cap): the word at that edge
-        may be part of a secret too short to recognise, so it goes as well."""
+        Bytes are redacted too (as UTF-8, undecodable bytes kept as they are)."""
         if not text:
             return text
         if isinstance(text, (bytes, bytearray)):
             decoded = bytes(text).decode("utf-8", "surrogateescape")
-            return self.redact(decoded, cut_start, cut_end).encode("utf-8", "surrogateescape")
+            return self.redact(decoded).encode("utf-8", "surrogateescape")
         if not isinstance(text, str):
             raise TypeError("redact() takes str or bytes, not %s" % type(text).__name__)
-        spans = self.spans(text)
-        if cut_start or cut_end:
-            spans.extend(_edge_words(text, cut_start, cut_end))
-        return _replace_spans(text, spans)
+        return _replace_spans(text, self.spans(text))
 
     def stream(self):
         """A RedactStream: redacts text that arrives in pieces (see there)."""
@@ -2329,18 +2324,11 @@ def _replace_spans(text, spans):
     return "".join(out)
 
 
-def _edge_words(text, cut_start, cut_end):
-    """Spans of the word at each cut edge of `text` (at most 4096 characters each)."""
-    spans = []
-    if cut_start:
-        m = re.match(r"[^\s\"'<>]{1,4096}", text)
-        if m:
-            spans.append(m.span())
-    if cut_end:                    # matched on the reversed tail: a search for \Z is quadratic
-        m = re.match(r"[^\s\"'<>]{1,4096}", text[-4096:][::-1])
-        if m and m.group() != REDACTED[::-1]:
-            spans.append((len(text) - m.end(), len(text)))
-    return spans
+def _last_word(text):
+    """[the span of the word `text` ends with] (at most 4096 characters), or [] when it ends
+    with none or with REDACTED."""
+    m = re.match(r"[^\s\"'<>]{1,4096}", text[-4096:][::-1])  # reversed: a search for \Z is quadratic
+    return [(len(text) - m.end(), len(text))] if m and m.group() != REDACTED[::-1] else []
 
 
 class RedactStream:
@@ -2351,7 +2339,6 @@ class RedactStream:
     seen whole; a private key block is held until its END line (64 KiB at most), and a
     line without end is passed on in 64 KiB steps, cut between words. The line before each
     piece stays as context (a lone secret after a command that prints one).
-    close(cut=True) says the stream was cut short there: its last word goes too.
     Works on str, or on bytes (UTF-8, undecodable bytes kept).
     """
 
@@ -2371,8 +2358,8 @@ class RedactStream:
         self.pending += data
         return self._emit(*self._cut())
 
-    def close(self, cut=False):
-        return self._emit(len(self.pending), cut_end=cut)
+    def close(self):
+        return self._emit(len(self.pending))
 
     def _cut(self):
         """Where the text safe to pass on ends, and whether that cuts a word."""
@@ -2391,15 +2378,15 @@ class RedactStream:
         return cut, False
 
     def _emit(self, cut, cut_end=False):
-        if not cut and not cut_end:
+        if not cut:
             return b"" if self.binary else ""
         piece, self.pending = self.pending[:cut], self.pending[cut:]
         context = self.context
         whole = context + piece
         spans = [(max(a - len(context), 0), b - len(context))
                  for a, b in self.redactor.spans(whole) if b > len(context)]
-        if cut_end:
-            spans.extend(_edge_words(piece, False, True))
+        if cut_end:  # a hard cut (see _cut): the word there may start a token
+            spans.extend(_last_word(piece))
         out = _replace_spans(piece, spans)
         self.context = piece[piece.rfind("\n", 0, len(piece) - 1) + 1:][-4096:]
         return out.encode("utf-8", "surrogateescape") if self.binary else out
