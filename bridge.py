@@ -2752,11 +2752,11 @@ class Git:
             cmd += ["-c", pair]
         return cmd
 
-    def run(self, *args, check=True, env=None, stdin_data=None, timeout=None):
+    def run(self, *args, check=True, env=None, stdin_data=None):
         cmd = self._base() + self.filter_config() + list(args)
         merged_env = dict(self.env, **env) if env else self.env
         result = run_command(cmd, cwd=self.root, env=merged_env, stdin_data=stdin_data,
-                             timeout=timeout or self.timeout, stop=self.stop)
+                             timeout=self.timeout, stop=self.stop)
         if check and not result.ok:
             raise BridgeError("git %s failed (%s): %s" % (
                 " ".join(args[:3]), result.describe(), result.stderr.strip()[-500:]), EXIT_FAILED)
