@@ -4237,9 +4237,8 @@ class Watcher:
                         return
                     try:
                         self.worker.heartbeat()
-                        for run in self.runs.values():
-                            if run.lock is not None:
-                                run.lock.heartbeat()
+                        for run in self.runs.values():  # each holds its lock (claim)
+                            run.lock.heartbeat()
                     except OSError as exc:
                         self.say("heartbeat failed: %s" % exc)
         threading.Thread(target=beat, name="bridge-heartbeat", daemon=True).start()
