@@ -5387,6 +5387,9 @@ class Watcher:
         result["git"]["diff_stat_" + which] = stat
         nested = re.findall(r'^diff --git "?a/.* "?b/(.*?)"?\n(?:(?:old mode|deleted file mode) .*\n)?'
                             r"(?:new file mode 160000|new mode 160000|index \S+ 160000)$", patch, re.M)
+        if re.search(r"^\[\.\.\. \d+ bytes cut here", patch, re.M):  # the capture cap cut its middle
+            nested += re.findall(r'^:\d+ 160000 \S+ \S+ [AMT]\t"?(.*?)"?$', self.git.worktree_diff(
+                base, self.exclude, "--raw", "--no-renames"), re.M)  # the gitlinks alone
         if nested:  # a gitlink added or its commit changed (one renamed keeps its commit)
             self.nested_repositories(nested)
 

@@ -647,3 +647,23 @@ def test_a_failed_add_puts_your_submodule_back_in_your_index(git_repo, tmp_path)
     r = queue.result("s1")
     assert r["status"] == "failed" and "invalid path 'x/.git.'" in r["detail"], (r["detail"], out.stderr)
     assert before.startswith("160000 ") and git(queue.repo, "ls-files", "-s", "lib") == before
+
+
+def test_a_nested_repository_in_the_cut_middle_of_a_huge_patch_is_seen(git_repo, tmp_path):
+    """A patch over the 64 MiB capture cap loses its middle, and with it the lines showing a
+    gitlink sorted there (a.bin, m, z.bin): git is asked for the gitlinks alone, and the
+    repository the agent committed inside the work tree fails the task all the same."""
+    agent = tmp_path / "agent.sh"
+    agent.write_text("""set -e
+head -c 28000000 /dev/urandom > a.bin; head -c 28000000 /dev/urandom > z.bin
+git init -q m && echo work > m/file.txt && git -C m add -A
+git -C m -c user.name=a -c user.email=a@b commit -qm sub
+""")
+    queue = Queue(git_repo, tmp_path, executor={"command": ["sh", str(agent)]})
+    queue.put(queue.task("q1", commands_to_run=["true"]))
+    out = queue.watch(timeout=300)
+    r = queue.result("q1")
+    assert (r["status"], r["reason"]) == ("failed", "nested_repository"), (r["detail"], out.stderr)
+    assert "of its own at m, " in r["detail"]
+    patch = (queue.handoff / r["artifacts"]["patch_pre"]).read_text()
+    assert " bytes cut here: over the capture cap ...]" in patch and "b/m\n" not in patch
