@@ -4856,13 +4856,12 @@ class Watcher:
                    for r in result_history(self.handoff, task_id))
 
     def note_in_task_lock(self, **fields):
-        """Record fields in the task lock's metadata (read by a later crash recovery)."""
+        """Record fields in the held task lock's metadata (read by a later crash recovery)."""
         with self.beat_lock:
             lock = self.current.lock
-            if lock is not None:
-                lock.extra.update(fields)
-                lock.meta.update(fields)
-                lock.heartbeat()
+            lock.extra.update(fields)
+            lock.meta.update(fields)
+            lock.heartbeat()
 
     def progress(self, task_id, step):
         def tick(elapsed):
@@ -4878,10 +4877,9 @@ class Watcher:
             if self.stopping:  # the signal came between two steps: stop this one at once
                 import signal
                 signal_group(proc.pid, signal.SIGTERM)
-            lock = run.lock
-            if lock is not None:  # every group, so a crash recovery can end them all
-                group = {"pid": proc.pid, "start_ticks": _start_ticks(proc.pid), "step": step}
-                self.note_in_task_lock(groups=lock.meta.get("groups", []) + [group])
+            # every group, so a crash recovery can end them all
+            group = {"pid": proc.pid, "start_ticks": _start_ticks(proc.pid), "step": step}
+            self.note_in_task_lock(groups=run.lock.meta.get("groups", []) + [group])
         try:
             return run_command(cmd, cwd=run.work, env=env, timeout=task["timeout_sec"],
                                shell=shell, on_tick=self.progress(task["id"], step),
