@@ -5646,7 +5646,7 @@ def task_worktrees(folder):
     except FileNotFoundError:
         return []
     except OSError as exc:
-        raise BridgeError("cannot list the task worktrees in %s: %s" % (folder, os_error_message(exc)))
+        raise BridgeError("cannot list the task worktrees in %s: %s" % (folder, exc.strerror))
     return [(name, os.path.join(folder, name)) for name in names]
 
 

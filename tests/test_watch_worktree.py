@@ -11,7 +11,7 @@ import signal
 
 import pytest
 
-from conftest import FIXTURES, PYTHON, clean_env, git, process_running
+from conftest import FIXTURES, PYTHON, clean_env, git, load_bridge, process_running
 from test_watch import Queue, branch, head, wait_for
 from test_watch_crash import crash_watch
 
@@ -696,3 +696,11 @@ def test_a_head_naming_a_branch_that_is_a_symbolic_ref_is_asked_about_every_task
     assert (first["base_commit"], first["base_branch"]) == (queue.user_head, "main")
     assert (second["base_commit"], second["base_branch"]) == (queue.user_head, "main")
     assert (third["base_commit"], third["base_branch"]) == (other, "other")
+
+
+def test_a_worktree_folder_that_cannot_be_listed_is_named_with_why():
+    """The listing error says what failed (listing) and why, not "cannot write"."""
+    bridge = load_bridge()
+    with pytest.raises(bridge.BridgeError) as caught:
+        bridge.task_worktrees(__file__)  # a file, not a folder
+    assert caught.value.message == "cannot list the task worktrees in %s: Not a directory" % __file__
