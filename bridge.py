@@ -4805,7 +4805,7 @@ class Watcher:
             return {"head": self.git.head(), "current_branch": self.git.current_branch(),
                     "status": "git status failed: %s" % result.stderr.strip()[-300:],
                     "dirty": True}  # fail closed
-        state = {"head": None, "current_branch": None}
+        state, moved = {"head": None, "current_branch": None}, {}
         lines, fields, index = [], result.stdout.split("\0"), 0
         while index < len(fields):
             field = fields[index]
@@ -4819,6 +4819,8 @@ class Watcher:
             elif field[:2] in ("1 ", "u "):
                 parts = field.split(" ", 8 if field[0] == "1" else 10)
                 lines.append("%s %s" % (parts[1].replace(".", " "), parts[-1]))
+                if parts[1] == ".M" and parts[2][0] == "S":  # a submodule at another commit
+                    moved[lines[-1]] = parts[-1]
             elif field[:2] == "2 ":
                 parts = field.split(" ", 9)
                 origin = fields[index] if index < len(fields) else ""
@@ -4826,6 +4828,16 @@ class Watcher:
                 lines.append("%s %s -> %s" % (parts[1].replace(".", " "), origin, parts[-1]))
             elif field[:2] in ("? ", "! "):
                 lines.append("%s %s" % (field[0] * 2, field[2:]))
+        if moved:  # one your submodule.<name>.ignore=all hides, as git's own status does
+            keys = {}  # (--ignore-submodules overrides it): .git/config's, else .gitmodules'
+            for where in (("-f", ".gitmodules"), ()):
+                for entry in self.git.run("config", "-z", *where, "--get-regexp", r"^submodule\..*\."
+                                          r"(path|ignore)$", check=False).stdout.split("\0"):
+                    key, _, value = entry.partition("\n")
+                    name, _, field = key[10:].rpartition(".")
+                    keys.setdefault(name, {})[field] = value
+            ignored = {sub.get("path") for sub in keys.values() if sub.get("ignore") == "all"}
+            lines = [line for line in lines if moved.get(line) not in ignored]
         state["status"] = "".join(line + "\n" for line in lines)
         state["dirty"] = bool(lines)
         return state

@@ -667,3 +667,28 @@ git -C m -c user.name=a -c user.email=a@b commit -qm sub
     assert "of its own at m, " in r["detail"]
     patch = (queue.handoff / r["artifacts"]["patch_pre"]).read_text()
     assert " bytes cut here: over the capture cap ...]" in patch and "b/m\n" not in patch
+
+
+def test_a_submodule_you_have_git_ignore_does_not_make_your_repository_dirty(git_repo, tmp_path):
+    """submodule.<name>.ignore=all (in .gitmodules, or .git/config) hides a submodule checked
+    out at another commit from git's status; bridge.py's status (whose --ignore-submodules
+    keeps git out of every submodule, and overrides that setting) hides it too, so the task
+    is not blocked as dirty_repo, and its commit holds only its own work."""
+    other = tmp_path / "other"
+    git(tmp_path, "init", "-q", str(other))
+    for text in ("1\n", "2\n"):
+        (other / "file.txt").write_text(text)
+        git(other, "add", "file.txt")
+        git(other, "-c", "user.name=a", "-c", "user.email=a@b", "commit", "-q", "-m", text)
+    git(git_repo, "-c", "protocol.file.allow=always", "submodule", "-q", "add", str(other), "lib")
+    git(git_repo, "config", "-f", ".gitmodules", "submodule.lib.ignore", "all")
+    git(git_repo, "add", ".gitmodules")
+    git(git_repo, "commit", "-q", "-m", "a submodule")
+    git(git_repo / "lib", "checkout", "-q", "HEAD~1")
+    assert git(git_repo, "status", "--porcelain") == ""
+    queue = Queue(git_repo, tmp_path)
+    queue.put(queue.task("s1"))
+    out = queue.watch()
+    r = queue.result("s1")
+    assert (r["status"], r["reason"]) == ("success", "verified"), (r["detail"], out.stderr)
+    assert git(queue.repo, "show", "--name-only", "--format=", r["git"]["commit"]) == "s1.txt\n"
