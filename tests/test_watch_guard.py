@@ -582,12 +582,8 @@ git add -A 2>/dev/null && git -c user.name=a -c user.email=a@b commit -qm 'the a
     assert (queue.repo / name / "file.txt").read_text() == "work\n"
 
 
-def test_your_submodule_recurse_never_takes_bridge_py_into_a_submodule(git_repo, tmp_path):
-    """Your submodule.recurse=true makes checkout update each submodule with a git run inside
-    it, which reads that submodule's config (.git/modules/, the agent's to write): bridge.py's
-    checkout back to your branch, after a task that moved your submodule to another commit,
-    runs none of it."""
-    script, log = marker_script(tmp_path, "nested")
+def add_submodule_of_two_commits(git_repo, tmp_path):
+    """Your repository gets a submodule `lib` (not committed yet) whose repository has two commits."""
     other = tmp_path / "other"
     git(tmp_path, "init", "-q", str(other))
     for text in ("1\n", "2\n"):
@@ -595,6 +591,15 @@ def test_your_submodule_recurse_never_takes_bridge_py_into_a_submodule(git_repo,
         git(other, "add", "file.txt")
         git(other, "-c", "user.name=a", "-c", "user.email=a@b", "commit", "-q", "-m", text)
     git(git_repo, "-c", "protocol.file.allow=always", "submodule", "-q", "add", str(other), "lib")
+
+
+def test_your_submodule_recurse_never_takes_bridge_py_into_a_submodule(git_repo, tmp_path):
+    """Your submodule.recurse=true makes checkout update each submodule with a git run inside
+    it, which reads that submodule's config (.git/modules/, the agent's to write): bridge.py's
+    checkout back to your branch, after a task that moved your submodule to another commit,
+    runs none of it."""
+    script, log = marker_script(tmp_path, "nested")
+    add_submodule_of_two_commits(git_repo, tmp_path)
     git(git_repo, "commit", "-q", "-m", "a submodule")
     config = tmp_path / "gitconfig"
     config.write_text("[submodule]\n\trecurse = true\n")
@@ -674,13 +679,7 @@ def test_a_submodule_you_have_git_ignore_does_not_make_your_repository_dirty(git
     out at another commit from git's status; bridge.py's status (whose --ignore-submodules
     keeps git out of every submodule, and overrides that setting) hides it too, so the task
     is not blocked as dirty_repo, and its commit holds only its own work."""
-    other = tmp_path / "other"
-    git(tmp_path, "init", "-q", str(other))
-    for text in ("1\n", "2\n"):
-        (other / "file.txt").write_text(text)
-        git(other, "add", "file.txt")
-        git(other, "-c", "user.name=a", "-c", "user.email=a@b", "commit", "-q", "-m", text)
-    git(git_repo, "-c", "protocol.file.allow=always", "submodule", "-q", "add", str(other), "lib")
+    add_submodule_of_two_commits(git_repo, tmp_path)
     git(git_repo, "config", "-f", ".gitmodules", "submodule.lib.ignore", "all")
     git(git_repo, "add", ".gitmodules")
     git(git_repo, "commit", "-q", "-m", "a submodule")
