@@ -4837,7 +4837,7 @@ class Watcher:
                     name, _, field = key[10:].rpartition(".")
                     keys.setdefault(name, {})[field] = value
             ignored = {sub.get("path") for sub in keys.values() if sub.get("ignore") == "all"}
-            lines = [line for line in lines if moved.get(line) not in ignored]
+            lines = [line for line in lines if line not in moved or moved[line] not in ignored]
         state["status"] = "".join(line + "\n" for line in lines)
         state["dirty"] = bool(lines)
         return state

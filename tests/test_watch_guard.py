@@ -691,3 +691,11 @@ def test_a_submodule_you_have_git_ignore_does_not_make_your_repository_dirty(git
     r = queue.result("s1")
     assert (r["status"], r["reason"]) == ("success", "verified"), (r["detail"], out.stderr)
     assert git(queue.repo, "show", "--name-only", "--format=", r["git"]["commit"]) == "s1.txt\n"
+    # a submodule your .git/config names with no path (one removed since) hides nothing else
+    git(git_repo, "config", "submodule.gone.ignore", "all")
+    (git_repo / "mine.txt").write_text("mine\n")
+    queue.put(queue.task("s2"))
+    out = queue.watch()
+    r = queue.result("s2")
+    assert (r["status"], r["reason"], r["git"]["status_before"]) == (
+        "blocked", "dirty_repo", "?? mine.txt\n"), (r["detail"], out.stderr)
