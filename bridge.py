@@ -2961,10 +2961,13 @@ class Git:
         try:
             # A copy of the index keeps git's stat cache (a fast add -A). It is only a cache:
             # anything but a regular file there (a link to /dev/zero an agent planted would
-            # be copied until the disk is full) is not copied, and add -A starts empty.
+            # be copied until the disk is full), or one mostly holes, is not copied, and
+            # add -A starts empty.
             try:
-                with open_input(real_index) as source, os.fdopen(create_once(temp_index), "wb") as copy:
-                    shutil.copyfileobj(source, copy)
+                with open_input(real_index) as source:
+                    if not mostly_holes(source):
+                        with os.fdopen(create_once(temp_index), "wb") as copy:
+                            shutil.copyfileobj(source, copy)
             except OSError:
                 unlink_quietly(temp_index)
             env = {"GIT_INDEX_FILE": temp_index}
@@ -2981,6 +2984,13 @@ class Git:
             unlink_quietly(temp_index)
 
 
+def mostly_holes(handle):
+    """True for a large file that is mostly holes (`truncate -s 4G`, never written): no
+    index git writes is; copying or reading it would be gigabytes of nothing."""
+    st = os.fstat(handle.fileno())
+    return st.st_size > 64 << 20 and st.st_blocks * 512 < st.st_size // 2
+
+
 def may_hold_gitlinks(index):
     """False when the git index file `index` surely holds no gitlink (mode 160000, stored as
     the bytes 00 00 e0 00); True when it may (rarely by chance), or cannot be read. A split
@@ -2990,6 +3000,8 @@ def may_hold_gitlinks(index):
     try:
         for path in files:
             with open_input(path) as handle:
+                if mostly_holes(handle):
+                    return True
                 tail = b""
                 for chunk in iter(lambda: handle.read(1 << 20), b""):
                     if b"\x00\x00\xe0\x00" in tail + chunk:

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PYTHON, clean_env, git, run_bridge
+from conftest import BRIDGE, PYTHON, clean_env, git, run_bridge
 from test_watch import Queue, branch, head, wait_for  # noqa: F401 (fixture helpers)
 
 
@@ -699,3 +699,29 @@ def test_a_submodule_you_have_git_ignore_does_not_make_your_repository_dirty(git
     r = queue.result("s2")
     assert (r["status"], r["reason"], r["git"]["status_before"]) == (
         "blocked", "dirty_repo", "?? mine.txt\n"), (r["detail"], out.stderr)
+
+
+def test_an_index_made_gigabytes_of_holes_is_never_copied(git_repo, tmp_path):
+    """An agent truncates the index to a huge size (holes, no disk used): the audit neither
+    copies it into a temporary index (that writes all of it) nor reads it through, and the
+    task ends with a result. What the watcher wrote is counted by the kernel (/proc/self/io,
+    read as it exits); a file size limit keeps a copy from filling the disk."""
+    import resource
+    grow = ("import os, resource; resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY,"
+            " resource.RLIM_INFINITY)); os.truncate('.git/index', 300 << 20)")
+    queue = Queue(git_repo, tmp_path, executor={"command": [PYTHON, "-c", grow]})
+    queue.put(queue.task("holes"))
+    counted = tmp_path / "io"
+    watcher = ("import atexit, runpy, shutil, sys; atexit.register(shutil.copy, '/proc/self/io', %r); "
+               "sys.argv = sys.argv[1:]; runpy.run_path(sys.argv[0], run_name='__main__')" % str(counted))
+
+    def limit():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (50 << 20, resource.RLIM_INFINITY))
+    out = subprocess.run([PYTHON, "-c", watcher, str(BRIDGE), "watch", "--once", "--root",
+                          str(queue.repo), "--config", str(queue.config_path)], env=queue.env,
+                         preexec_fn=limit, stdin=subprocess.DEVNULL, capture_output=True, text=True,
+                         timeout=120)
+    r = queue.result("holes")  # git itself refuses the index of zeros it finds afterwards
+    assert (r["status"], out.returncode) == ("failed", 1) and "index" in r["detail"], out.stderr
+    io = dict(line.split(": ") for line in counted.read_text().splitlines())
+    assert int(io["wchar"]) < 10 << 20 and int(io["rchar"]) < 100 << 20, io
