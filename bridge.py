@@ -354,8 +354,8 @@ def create_once(path, mode=0o644):
 
 
 def write_once(path, data, mode=0o644):
-    """Create `path` holding `data`, whole and fsynced, or FileExistsError when anything is
-    there: a second process, or a reader, never sees it empty or half written (link_once)."""
+    """Create `path` holding `data`, whole (its data fsynced), or FileExistsError when anything
+    is there: a second process, or a reader, never sees it empty or half written (link_once)."""
     folder = os.open(os.path.dirname(path) or ".", os.O_RDONLY | os.O_DIRECTORY)
     try:
         if not link_once(folder, os.path.basename(path), data, mode):
@@ -443,7 +443,7 @@ def atomic_write(path, data, mode=None, durable=True):
             write_all(fd, data)
             if mode is not None:
                 os.fchmod(fd, mode)
-            if durable or isinstance(durable, set):
+            if durable is not False:  # True, or a set (of folders left to sync)
                 os.fsync(fd)
         finally:
             os.close(fd)
@@ -705,8 +705,8 @@ def _proc_stat(pid):
     return stat.rsplit(")", 1)[1].split() if stat and ")" in stat else []
 
 
-def _start_ticks(pid):
-    fields = _proc_stat(pid)
+def _start_ticks(pid, fields=None):
+    fields = _proc_stat(pid) if fields is None else fields
     return fields[19] if len(fields) > 19 else None
 
 
@@ -749,7 +749,7 @@ def holder_is_dead(meta):
     fields = _proc_stat(pid)
     if fields[:1] == ["Z"]:  # killed, its parent has not reaped it yet: it runs nothing
         return True
-    ticks = fields[19] if len(fields) > 19 else None
+    ticks = _start_ticks(pid, fields)
     return bool(meta.get("start_ticks") and ticks and ticks != meta["start_ticks"])
 
 
@@ -1133,7 +1133,7 @@ def config_value(name, value, source):
         ok, what = isinstance(value, list) and value and all(isinstance(a, str) for a in value), \
             "a non-empty list of strings (an argv template)"
     elif kind is NAME:
-        ok, what = isinstance(value, str) and is_safe_name(value), \
+        ok, what = is_safe_name(value), \
             "a file name ([A-Za-z0-9._-]+, not . or ..)"
     elif limits:  # one of the values in `limits` (a list: each of its items)
         choice = value.lower() if isinstance(value, str) else value
@@ -2605,6 +2605,8 @@ def run_command(cmd, cwd=None, env=None, timeout=None, shell=False, stdin_data=N
     def pump(seconds):
         """Read what the pipes hold, waiting at most `seconds` for output or the exit."""
         nonlocal exited, heard
+        if exit_fd is None:  # the exit is looked at between waits: at least every 0.5 s
+            seconds = min(seconds, 0.5)
         if not reading and exit_fd is None:
             exited = wait_exited(proc.pid, max(0.0, seconds))
             return
@@ -2944,8 +2946,9 @@ class Git:
         holding changes stays. `checked`: the caller made that check itself, after the last
         program that could write there ended, so git is not asked to again (--force; a
         locked worktree still stays)."""
-        return self.run(*git.filter_config(), "worktree", "remove",
-                        *(("--force",) if checked else ()), git.root, check=False)
+        if checked:  # git then looks at nothing there: no filter to pin
+            return self.run("worktree", "remove", "--force", git.root, check=False)
+        return self.run(*git.filter_config(), "worktree", "remove", git.root, check=False)
 
     def worktree_diff(self, base, exclude=(), *diff_args):
         """`git diff --cached BASE` of the whole work tree through a throwaway index.
@@ -4812,7 +4815,8 @@ class Watcher:
         # --ignore-submodules=dirty: git would run `git status` inside each nested repository
         # (see Git.add_all); a gitlink's own change still shows
         result = self.git.run("status", "--porcelain=v2", "-z", "--branch", "--untracked-files=all",
-                              "--ignore-submodules=dirty", "--", ".", *[":(exclude)%s" % p for p in self.exclude], check=False)
+                              "--ignore-submodules=dirty", "--", ".",
+                              *[":(exclude)%s" % p for p in self.exclude], check=False)
         if not result.ok:
             return {"head": self.git.head(), "current_branch": self.git.current_branch(),
                     "status": "git status failed: %s" % result.stderr.strip()[-300:],
@@ -4859,8 +4863,9 @@ class Watcher:
         try:
             out = self.git.worktree_diff(base, self.exclude, "--binary", "--shortstat", "-p")
         except BridgeError:  # e.g. git cannot add a nested repository without a commit
-            nested = [path[:-1] for path in self.git.run("ls-files", "-z", "-o", "--exclude-standard",
-                      check=False).stdout.split("\0") if path.endswith("/")]  # it lists no other folder
+            listed = self.git.run("ls-files", "-z", "-o", "--exclude-standard", check=False)
+            # a folder it lists is a repository (it lists the files of any other)
+            nested = [path[:-1] for path in listed.stdout.split("\0") if path.endswith("/")]
             if nested:
                 self.nested_repositories(nested)
             raise
@@ -7604,13 +7609,14 @@ def yaml_scalar_lines(text, indent):
     """
     if not isinstance(text, str):
         raise TypeError("yaml_scalar_lines wants str")
+    yaml = YamlSubset.compiled()
     # every character may appear raw in a PyYAML-read file (a tab too), and no line break but \n
-    printable = YamlSubset.compiled()._PRINTABLE.search(text) is None
+    printable = yaml._PRINTABLE.search(text) is None
     if "\n" not in text:
         # Not plain when it starts with a space to Python's `\s` (U+3000, U+00A0):
         # PyYAML reads that, but YamlSubset starts no value at such a character and
         # would refuse the file at the next append.
-        if text not in _YAML_SPECIAL_WORDS and YamlSubset._PLAIN_OK.match(text) \
+        if text not in _YAML_SPECIAL_WORDS and yaml._PLAIN_OK.match(text) \
                 and not text[0].isspace() and ": " not in text and " #" not in text:
             return text, []
         if printable and "\t" not in text:
@@ -9603,7 +9609,10 @@ class Proxy:
             methods = ["server/discover"]
         else:
             methods = ["server/discover", "ping"]
-        self.child.probes = [self.own(method) for method in methods]
+        # one asked before and never answered (an older server ignores server/discover) is
+        # not asked again: its id stays owned, so a late answer is still swallowed
+        left = {method: mid for mid, method in self.child.owned.items() if method in methods}
+        self.child.probes = [left.get(method) or self.own(method) for method in methods]
         return self.child.probes[0]
 
     def own(self, method, params=None):
@@ -9628,9 +9637,9 @@ class Proxy:
         """Kill a Doctor that is stuck, never one that is only slow (README "Hang detection").
         A restarted Doctor that has neither answered the replayed initialize nor said anything
         within start_timeout_sec is stuck starting. A ready one that owes an answer and has been
-        silent for health_check_sec is sent a health check (probe()). No answer within health_timeout_sec is a hang only if it has answered a
-        health check while busy before (`concurrent`): a server that handles one request at a
-        time cannot, and is left alone."""
+        silent for health_check_sec is sent a health check (probe()). No answer within
+        health_timeout_sec is a hang only if it has answered a health check while busy before
+        (`concurrent`): a server that handles one request at a time cannot, and is left alone."""
         child = self.child
         if not child.ready:
             if self.start_timeout and child.replay_id is not None and \
