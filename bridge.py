@@ -2907,9 +2907,7 @@ class Git:
         worktree) instead of asking git; the same checks follow. Anything that could rewrite
         them in between could as well right after the check: the tamper check's fingerprint
         covers them from then on."""
-        mine = self.git_dir()
-        common = os.path.realpath(os.path.join(mine, _read_small(os.path.join(mine, "commondir"))
-                                               or "."))
+        common = os.path.realpath(common_git_dir(self.git_dir()))
         self.filter_config()
         git, seen = Git(path, self.timeout), self._config_seen
         git._config_seen = seen  # rev-parse (unless fresh) runs no filter
@@ -2938,6 +2936,47 @@ class Git:
         git._config_seen = None if seen[3] or os.path.lexists(own[1]) else (
             seen[0] + own, seen[1] + self._contents(own), seen[2], False)
         return git, lines[1]
+
+    def add_worktree(self, path, branch):
+        """`git worktree add -q PATH BRANCH` for a branch nothing has checked out (one made a
+        moment ago), done as git does it in one git process instead of four (git runs branch,
+        symbolic-ref and reset --hard as children; they were a third of a worktree task's git
+        time): PATH/.git and the files gitrepository-layout(5) describes (worktrees/ID/gitdir
+        first, so `worktree prune` never finds it naming nothing, then commondir and HEAD) are
+        written, and `read-tree -u --reset` checks the branch out. git's own command does it
+        when a new worktree would get more than that (refs kept in a reftable; sparse-checkout
+        patterns or per-worktree config to copy) or when a worktree of that name is registered
+        already (git then picks another name). A BridgeError, what was made removed again (as
+        git does), when it cannot."""
+        mine = self.git_dir()
+        common = common_git_dir(mine)
+        admin = os.path.join(common, "worktrees", os.path.basename(path))
+        if any(os.path.lexists(os.path.join(*parts)) for parts in (
+                (common, "reftable"), (mine, "info", "sparse-checkout"), (mine, "config.worktree"),
+                (admin,))):
+            self.run("worktree", "add", "-q", path, branch)
+            return
+        made = []
+        try:
+            os.makedirs(path)
+            made.append(path)
+            os.makedirs(os.path.dirname(admin), exist_ok=True)
+            path, admin = os.path.realpath(path), os.path.join(os.path.realpath(
+                os.path.dirname(admin)), os.path.basename(admin))
+            atomic_write(os.path.join(path, ".git"), ("gitdir: %s\n" % admin).encode(), durable=False)
+            os.mkdir(admin)
+            made.append(admin)
+            for name, text in (("gitdir", path + "/.git"), ("commondir", "../.."),
+                               ("HEAD", "ref: refs/heads/" + branch)):
+                atomic_write(os.path.join(admin, name), (text + "\n").encode(), durable=False)
+            self.run("read-tree", "-u", "--reset", "HEAD",
+                     env={"GIT_DIR": admin, "GIT_WORK_TREE": path})
+        except (OSError, BridgeError) as exc:
+            import shutil
+            for folder in made:  # what this call made, and nothing else ran there yet
+                shutil.rmtree(folder, ignore_errors=True)
+            raise exc if isinstance(exc, BridgeError) else BridgeError(
+                "cannot make the worktree %s: %s" % (exc.filename or path, exc.strerror))
 
     def remove_worktree(self, git, checked=False):
         """`git worktree remove` of the worktree `git` (from worktree()) works in. git checks
@@ -2992,6 +3031,13 @@ def mostly_holes(handle):
     index git writes is; copying or reading it would be gigabytes of nothing."""
     st = os.fstat(handle.fileno())
     return st.st_size > 64 << 20 and st.st_blocks * 512 < st.st_size // 2
+
+
+def common_git_dir(git_dir):
+    """The git directory holding the refs, objects and config `git_dir` shares: the one its
+    `commondir` file names (a linked worktree's), else `git_dir` itself."""
+    common = _read_small(os.path.join(git_dir, "commondir"))
+    return os.path.normpath(os.path.join(git_dir, common)) if common else git_dir
 
 
 def may_hold_gitlinks(index):
@@ -3793,8 +3839,7 @@ class Fingerprint:
 
     def __init__(self, handoff, git_dir, task_id, config_files, branches, work, others):
         self.handoff, self.task_id = handoff, task_id
-        common = _read_small(os.path.join(git_dir, "commondir"))
-        common = os.path.normpath(os.path.join(git_dir, common)) if common else git_dir
+        common = common_git_dir(git_dir)
         self.git_paths = [os.path.join(common, "config"), os.path.join(git_dir, "config.worktree"),
                           os.path.join(common, "hooks"), os.path.join(common, "info")]
         self.work = work if work != handoff.root else None
@@ -3869,9 +3914,7 @@ class Fingerprint:
         """Where git keeps HEAD and the `branches`: git moves a ref by writing a new file and
         renaming it into place (or a new reftable), so while none of these changed signature
         no branch moved and nothing need ask git."""
-        if common is None:
-            common = _read_small(os.path.join(git_dir, "commondir"))
-            common = os.path.normpath(os.path.join(git_dir, common)) if common else git_dir
+        common = common or common_git_dir(git_dir)
         return [os.path.join(git_dir, "HEAD"), os.path.join(common, "packed-refs"),
                 os.path.join(common, "reftable", "tables.list")] + [
             os.path.join(common, "refs", "heads", *name.split("/")) for name in branches if name]
@@ -5257,9 +5300,17 @@ class Watcher:
                                branch=branch, worktree=path, dirty_before=False)
         reused, fresh = os.path.lexists(path), False
         if not reused:
-            reused = self.task_branch(task, result, ("worktree", "add", "-q", "-b", branch, path,
-                                                     base), ("worktree", "add", "-q", path, branch))
+            reused = self.task_branch(task, result, ("branch", branch, base),
+                                      ("worktree", "add", "-q", path, branch))
             fresh = not reused
+            if fresh:
+                with self.git_lock:
+                    try:
+                        self.repo_git.add_worktree(path, branch)
+                    except BridgeError as exc:  # nothing is on the branch made a moment ago
+                        git_state["branch_created"] = not self.repo_git.run(
+                            "update-ref", "-d", "refs/heads/" + branch, base, check=False).ok
+                        raise Stop("blocked", "branch_checkout_failed", exc.message)
         self.use_worktree(path, fresh)
         # git has just checked the base out on a new branch there: index and files are that
         # commit's, and nothing else is in the folder (one git status less per task), while

@@ -28,6 +28,27 @@ def worktree_queue(repo, tmp_path, **config):
     return queue
 
 
+def made_by_git(queue):
+    """Have `git worktree add` make the task worktrees, not bridge.py: a sparse-checkout file
+    git would copy into a new worktree (ignored here: core.sparseCheckout is off)."""
+    (queue.repo / ".git" / "info").mkdir(exist_ok=True)
+    (queue.repo / ".git" / "info" / "sparse-checkout").write_text("/*\n")
+
+
+def after_worktree_made(tmp_path, script):
+    """PATH for a `git` that runs the real one, then the shell `script` with $dir the new
+    worktree, once it is made: by bridge.py (its read-tree there) or by `git worktree add`."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    wrapper = bin_dir / "git"
+    wrapper.write_text('#!/bin/sh\n"%s" "$@"\nrc=$?\ncase " $* " in\n'
+                       '  *" worktree add "*) eval dir=\\${$(($# - 1))} ;;\n'
+                       '  *" read-tree -u --reset "*) dir=$GIT_WORK_TREE ;;\n'
+                       '  *) exit $rc ;;\nesac\n%s\nexit $rc\n' % (shutil.which("git"), script))
+    wrapper.chmod(0o755)
+    return str(bin_dir) + os.pathsep + os.environ["PATH"]
+
+
 def assert_user_checkout_untouched(queue):
     assert branch(queue.repo) == "main" and head(queue.repo) == queue.user_head
     assert git(queue.repo, "status", "--porcelain", "--untracked-files=all") == queue.user_status
@@ -290,9 +311,64 @@ def test_a_task_started_while_another_takes_its_record_is_not_its_tampering(git_
 
 
 
+def test_a_worktree_of_yours_named_like_the_task_is_left_and_git_names_the_task_one(git_repo,
+                                                                                    tmp_path):
+    """A worktree you made yourself whose folder is named like the task (git registers it
+    under that name): bridge.py does not make the task's worktree itself, git does, under
+    another name, and yours is untouched."""
+    queue = worktree_queue(git_repo, tmp_path)
+    mine = tmp_path / "elsewhere" / "w20"
+    git(queue.repo, "worktree", "add", "-q", "-b", "yours", str(mine))
+    (mine / "wip.txt").write_text("mine\n")
+    queue.put(queue.task("w20", agent={"write": {"x.txt": "x\n"}}))
+    out = queue.watch()
+    assert out.returncode == 0, out.stderr
+    assert queue.result("w20")["status"] == "success"
+    assert git(queue.repo, "show", "feat/ai/w20:x.txt") == "x\n"
+    assert worktrees(queue) == [str(mine)]
+    assert (mine / "wip.txt").read_text() == "mine\n" and branch(mine) == "yours"
+    assert_user_checkout_untouched(queue)
+
+
+def test_a_sparse_checkout_of_yours_is_copied_into_each_task_worktree_as_git_does(git_repo,
+                                                                                   tmp_path):
+    """Your checkout is sparse (per-worktree config, patterns): git copies both into a new
+    worktree, so bridge.py has git make it; the task sees the same sparse tree."""
+    for name in ("keep/a.txt", "drop/b.txt"):
+        (git_repo / name).parent.mkdir()
+        (git_repo / name).write_text(name + "\n")
+    git(git_repo, "add", ".")
+    git(git_repo, "commit", "-q", "-m", "two folders")
+    git(git_repo, "sparse-checkout", "set", "keep")
+    queue = worktree_queue(git_repo, tmp_path)
+    queue.put(queue.task("w21", commands_to_run=["test -f keep/a.txt && test ! -e drop/b.txt"]))
+    out = queue.watch()
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert queue.result("w21")["status"] == "success"
+    assert_user_checkout_untouched(queue)
+
+
+def test_a_worktree_git_cannot_check_out_is_removed_with_its_branch(git_repo, tmp_path):
+    """The checkout into a new worktree fails (here git is made to fail it): the task is
+    blocked saying why, and neither the folder, nor git's record of it, nor the branch made
+    for it stays."""
+    queue = worktree_queue(git_repo, tmp_path)
+    queue.put(queue.task("w22"))
+    out = queue.watch(env=dict(queue.env, PATH=after_worktree_made(
+        tmp_path, 'echo "fatal: no space left on device" >&2\nexit 128')))
+    r = queue.result("w22")
+    assert (r["status"], r["reason"]) == ("blocked", "branch_checkout_failed"), out.stderr
+    assert "no space left on device" in r["detail"] and r["executor"] is None
+    assert worktrees(queue) == [] and not (queue.repo / ".git" / "worktrees" / "w22").exists()
+    assert git(queue.repo, "branch", "--list", "feat/ai/w22") == ""
+    assert_user_checkout_untouched(queue)
+
+
 # step -> (how the watcher dies, the attempt that finally succeeds)
 WORKTREE_STEPS = {
-    "worktree add": ("worktree add -q -b feat/ai/k", 2),
+    "branch made": ("branch feat/ai/k", 2),
+    "worktree made": ("read-tree -u --reset", 2),
+    "worktree made by git": ("worktree add -q", 2),
     "commit": ("commit -q --no-verify", 2),
     "result write": ({"event": "os.rename", "args": {"0": ".tmp", "1": "/results/k.json"}}, 2),
     "worktree remove": ("worktree remove", 1),
@@ -306,6 +382,8 @@ def test_sigkill_at_each_worktree_step_then_restart(git_repo, tmp_path, step):
     result, leaves no worktree behind and never touches your checkout."""
     how, final_attempt = WORKTREE_STEPS[step]
     queue = worktree_queue(git_repo, tmp_path)
+    if step.endswith("by git"):
+        made_by_git(queue)
     queue.put(queue.task("k", agent={"write": {"k.txt": "k\n"}}, retry_policy={"max_attempts": 2}))
     crash_watch(queue, tmp_path, how)
     out = queue.watch()
@@ -537,25 +615,19 @@ def test_each_task_starts_from_what_your_checkout_has_checked_out_now(git_repo, 
     assert (third["base_commit"], third["base_branch"]) == (moved, "other")
 
 
-def test_a_worktree_whose_new_git_link_names_your_repository_is_not_used(git_repo, tmp_path):
-    """The link git wrote when it made the worktree is read, not asked about: rewritten right
-    after `git worktree add` (by an agent running alongside) to name your own git directory,
-    the task is refused before any git call there, and your index and branch stay as they
-    were."""
+@pytest.mark.parametrize("maker", ["bridge.py", "git"])
+def test_a_worktree_whose_new_git_link_names_your_repository_is_not_used(git_repo, tmp_path, maker):
+    """The link written when the worktree was made is read, not asked about: rewritten right
+    after (by an agent running alongside) to name your own git directory, the task is
+    refused before any git call there, and your index and branch stay as they were."""
     queue = worktree_queue(git_repo, tmp_path)
+    if maker == "git":
+        made_by_git(queue)
     git(queue.repo, "add", "mine.txt")  # something staged of yours
     queue.user_status = git(queue.repo, "status", "--porcelain", "--untracked-files=all")
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    wrapper = bin_dir / "git"
-    wrapper.write_text('#!/bin/sh\n"%s" "$@"\nrc=$?\ncase " $* " in\n  *" worktree add "*)\n'
-                       '    eval dir=\\${$(($# - 1))}\n'
-                       '    printf "gitdir: %s\\n" > "$dir/.git" ;;\nesac\nexit $rc\n'
-                       % (shutil.which("git"), queue.repo / ".git"))
-    wrapper.chmod(0o755)
     queue.put(queue.task("w9", agent={"write": {"x.txt": "x\n"}}))
-    env = dict(queue.env, PATH=str(bin_dir) + os.pathsep + queue.env["PATH"])
-    out = queue.watch(env=env)
+    out = queue.watch(env=dict(queue.env, PATH=after_worktree_made(
+        tmp_path, 'printf "gitdir: %s\\n" > "$dir/.git"' % (queue.repo / ".git"))))
     r = queue.result("w9")
     assert (r["status"], r["reason"]) == ("blocked", "branch_checkout_failed"), out.stderr
     assert "is no worktree of this repository" in r["detail"] and r["executor"] is None
@@ -611,45 +683,39 @@ def test_a_submodule_checked_out_in_a_task_worktree_keeps_it_as_git_would(git_re
     assert "only.txt" not in how or (path / "lib" / "only.txt").read_text() == "mine\n"
 
 
+@pytest.mark.parametrize("maker", ["bridge.py", "git"])
 @pytest.mark.parametrize("link", ["gitdir: %(repo)s/.git\\0x", "gitdir %(repo)s/.git", ""])
-def test_a_new_worktree_link_that_git_could_not_have_written_is_refused(git_repo, tmp_path, link):
-    """A NUL, a missing `gitdir: ` or an empty .git file, written right after `git worktree
-    add`: the task is blocked saying so, never an internal error."""
+def test_a_new_worktree_link_that_git_could_not_have_written_is_refused(git_repo, tmp_path, link,
+                                                                         maker):
+    """A NUL, a missing `gitdir: ` or an empty .git file, written right after the worktree
+    was made: the task is blocked saying so, never an internal error."""
     queue = worktree_queue(git_repo, tmp_path)
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    wrapper = bin_dir / "git"
-    wrapper.write_text('#!/bin/sh\n"%s" "$@"\nrc=$?\ncase " $* " in\n  *" worktree add "*)\n'
-                       '    eval dir=\\${$(($# - 1))}\n'
-                       '    printf "%s" > "$dir/.git" ;;\nesac\nexit $rc\n'
-                       % (shutil.which("git"), link % {"repo": queue.repo}))
-    wrapper.chmod(0o755)
+    if maker == "git":
+        made_by_git(queue)
     queue.put(queue.task("w10"))
-    out = queue.watch(env=dict(queue.env, PATH=str(bin_dir) + os.pathsep + queue.env["PATH"]))
+    out = queue.watch(env=dict(queue.env, PATH=after_worktree_made(
+        tmp_path, 'printf "%s" > "$dir/.git"' % (link % {"repo": queue.repo}))))
     r = queue.result("w10")
     assert (r["status"], r["reason"]) == ("blocked", "branch_checkout_failed"), out.stderr
     assert_user_checkout_untouched(queue)
 
 
-def test_a_new_worktree_pointed_at_a_forged_git_directory_on_your_branch_is_refused(git_repo, tmp_path):
-    """Right after `git worktree add` (an agent running alongside), a git directory is made
-    under .git/worktrees/ whose HEAD names your branch, and the new worktree's .git file is
-    pointed at it: every check of where it leads passes, but its HEAD is not the task's
+@pytest.mark.parametrize("maker", ["bridge.py", "git"])
+def test_a_new_worktree_pointed_at_a_forged_git_directory_on_your_branch_is_refused(git_repo, tmp_path,
+                                                                                     maker):
+    """Right after the worktree was made (an agent running alongside), a git directory is
+    made under .git/worktrees/ whose HEAD names your branch, and the new worktree's .git file
+    is pointed at it: every check of where it leads passes, but its HEAD is not the task's
     branch, so the task is refused and nothing is committed on your branch."""
     queue = worktree_queue(git_repo, tmp_path)
+    if maker == "git":
+        made_by_git(queue)
     evil = queue.repo / ".git" / "worktrees" / "evil"
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    wrapper = bin_dir / "git"
-    wrapper.write_text('#!/bin/sh\n"%s" "$@"\nrc=$?\ncase " $* " in\n  *" worktree add "*)\n'
-                       '    eval dir=\\${$(($# - 1))}\n    mkdir -p "%s"\n'
-                       '    printf "ref: refs/heads/main\\n" > "%s/HEAD"\n'
-                       '    printf "../..\\n" > "%s/commondir"\n'
-                       '    printf "gitdir: %s\\n" > "$dir/.git" ;;\nesac\nexit $rc\n'
-                       % (shutil.which("git"), evil, evil, evil, evil))
-    wrapper.chmod(0o755)
     queue.put(queue.task("w11", agent={"write": {"x.txt": "x\n"}}))
-    out = queue.watch(env=dict(queue.env, PATH=str(bin_dir) + os.pathsep + queue.env["PATH"]))
+    out = queue.watch(env=dict(queue.env, PATH=after_worktree_made(tmp_path, (
+        'mkdir -p "%s"\nprintf "ref: refs/heads/main\\n" > "%s/HEAD"\n'
+        'printf "../..\\n" > "%s/commondir"\nprintf "gitdir: %s\\n" > "$dir/.git"')
+        % (evil, evil, evil, evil))))
     r = queue.result("w11")
     assert (r["status"], r["reason"]) == ("blocked", "branch_checkout_failed"), out.stderr
     assert "is not a worktree on feat/ai/w11" in r["detail"]
