@@ -4902,9 +4902,10 @@ class Watcher:
         return state
 
     def audit(self, base):
-        """(patch, shortstat) from base to the work tree: one temp-index diff (kernel)."""
+        """(patch, shortstat, raw) from base to the work tree: one temp-index diff (kernel);
+        raw is git's --raw lines (the modes of each path, which a pure rename's patch lacks)."""
         try:
-            out = self.git.worktree_diff(base, self.exclude, "--binary", "--shortstat", "-p")
+            out = self.git.worktree_diff(base, self.exclude, "--raw", "--binary", "--shortstat", "-p")
         except BridgeError:  # e.g. git cannot add a nested repository without a commit
             listed = self.git.run("ls-files", "-z", "-o", "--exclude-standard", check=False)
             # a folder it lists is a repository (it lists the files of any other)
@@ -4913,9 +4914,10 @@ class Watcher:
                 self.nested_repositories(nested)
             raise
         if not out:
-            return "", ""
-        stat, _, patch = out.partition("\n\n")
-        return patch, stat.strip()
+            return "", "", ""
+        head, _, patch = out.partition("\n\n")
+        raw, _, stat = head.rpartition("\n")
+        return patch, stat.strip(), raw
 
     def commit_all(self, message):
         """Commit everything but .ai-handoff/ on the current branch; the new sha or None."""
@@ -5451,7 +5453,7 @@ class Watcher:
 
     def audit_into(self, task_id, result, which, attributes):
         base = result["git"]["base_commit"]
-        patch, stat = self.audit(base)
+        patch, stat, raw = self.audit(base)
         # the work tree's .gitattributes is the agent's to edit, except where it points
         # files at a filter (a program the user's own git would then run)
         pointed = attribute_filter_lines(patch) ^ attributes
@@ -5463,13 +5465,16 @@ class Watcher:
         result["patch_redacted"][which] = self.write_redacted(path, patch, self.current.unsynced)
         result["artifacts"]["patch_" + which] = self.handoff.rel(path)
         result["git"]["diff_stat_" + which] = stat
-        nested = re.findall(r'^diff --git "?a/.* "?b/(.*?)"?\n(?:(?:old mode|deleted file mode) .*\n)?'
-                            r"(?:new file mode 160000|new mode 160000|index \S+ 160000)$", patch, re.M)
-        if re.search(r"^\[\.\.\. \d+ bytes cut here", patch, re.M):  # the capture cap cut its middle
-            nested += re.findall(r'^:\d+ 160000 \S+ \S+ [AMT]\t"?(.*?)"?$', self.git.worktree_diff(
+        # a gitlink added, its commit changed, or moved (git mv leaves your submodule's
+        # checkout an untracked folder back on your branch; mv, .gitmodules naming no url)
+        gitlinks = r'^:\d+ 160000 \S+ \S+ [AMTRC]\d*\t(?:[^\t\n]*\t)?"?(.*?)"?$'
+        nested = re.findall(gitlinks, raw, re.M)
+        if any(re.search(r"^\[\.\.\. \d+ bytes cut here", text, re.M) for text in (raw, patch)):
+            # the capture cap cut its middle
+            nested += re.findall(gitlinks, self.git.worktree_diff(
                 base, self.exclude, "--raw", "--no-renames"), re.M)  # the gitlinks alone
-        if nested:  # a gitlink added or its commit changed (one renamed keeps its commit)
-            self.nested_repositories(nested)
+        if nested:
+            self.nested_repositories(sorted(set(nested)))
 
     def nested_repositories(self, paths):
         """nested_repository: git records a repository inside the work tree as its commit id

@@ -620,6 +620,28 @@ git add lib && git -c user.name=a -c user.email=a@b commit -qm 'the agent moves 
     assert not log.exists(), log.read_text()
 
 
+@pytest.mark.parametrize("move", ["git mv lib lib2", "mv lib lib2", "mv lib 'l b'; git add -A"])
+def test_a_submodule_the_agent_moves_fails_the_task_as_nested_repository(git_repo, tmp_path, move):
+    """git shows a gitlink moved with its commit unchanged as a pure rename (no mode line):
+    the task fails as nested_repository naming the new path all the same. A plain mv leaves
+    .gitmodules naming the old path, so no clone would get the files there; even `git mv`
+    moves your submodule's checkout out from under you (back on your branch it is an
+    untracked folder) and rewrites its config in .git/modules/: moving one is yours to do,
+    as with diff.renames=false, which shows the same move as a gitlink added."""
+    add_submodule_of_two_commits(git_repo, tmp_path)
+    git(git_repo, "commit", "-q", "-m", "a submodule")
+    agent = tmp_path / "agent.sh"
+    agent.write_text("set -e\n%s\necho mine > mine.txt\n" % move)
+    queue = Queue(git_repo, tmp_path, executor={"command": ["sh", str(agent)]})
+    queue.put(queue.task("m1", commands_to_run=["true"]))
+    out = queue.watch()
+    r = queue.result("m1")
+    assert (r["status"], r["reason"]) == ("failed", "nested_repository"), (r["detail"], out.stderr)
+    assert "of its own at %s, " % ("l b" if "'" in move else "lib2") in r["detail"]
+    patch = (queue.handoff / r["artifacts"]["patch_pre"]).read_text()
+    assert "similarity index 100%\nrename from lib\n" in patch and "160000" not in patch
+
+
 def test_a_nested_repository_without_a_commit_is_named_whatever_its_name(git_repo, tmp_path):
     """A repository with no commit yet, at a path holding a newline, fails the task as
     nested_repository naming it (git cannot add it: the audit finds it in git's own list)."""
