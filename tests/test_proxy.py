@@ -655,6 +655,25 @@ def test_an_ignored_request_is_no_proof_of_concurrency(session):
     s.close()
 
 
+def test_an_older_servers_unanswered_discover_is_asked_once_and_its_late_answer_swallowed(session):
+    """Without a handshake a health check asks server/discover and ping; an older server that
+    never answers a method it does not know answers only ping. Its server/discover is not asked
+    again at each later check (each would leave an id of bridge.py's own unanswered for ever),
+    and its answer, should it come at last, never reaches the client."""
+    s = session(["--ignore-unknown"], config=HEALTH)
+    s.settled()                                                          # it answered: ready
+    s.request("ignore", mid="never")                                     # owed for ever: checked
+    assert wait_for(lambda: sum('"method":"ping"' in line for line in s.received()) >= 5, 20)
+    discover = [json.loads(line) for line in s.received() if '"method":"server/discover"' in line]
+    assert len(discover) == 1, discover
+    late = {"jsonrpc": "2.0", "id": discover[0]["id"], "result": {"supportedVersions": ["2026-07-28"]}}
+    mid = s.call("raw", line=json.dumps(late) + "\n")                  # the server answers it now
+    ok = {"content": [{"type": "text", "text": "ok"}]}
+    assert s.recv() == {"jsonrpc": "2.0", "id": mid, "result": ok}      # the late answer swallowed
+    s.settled()
+    s.close()
+
+
 def test_a_slow_first_call_on_a_restarted_server_is_not_a_stuck_start(session):
     """Without a replayed initialize (MCP 2026-07-28 clients send none) there is no start to
     time: a restarted server's slow answer is only slow."""
