@@ -209,6 +209,40 @@ def test_run_command_without_a_pidfd_behaves_the_same(monkeypatch, pidfd):
     assert bridge.run_command(["echo", "hello"], cap_bytes=1).dropped_bytes == 6
 
 
+def test_run_command_where_the_kernel_refuses_a_pidfd_kills_soon_after_the_exit(tmp_path):
+    """A container whose seccomp profile predates pidfd_open (Docker's default before 20.10)
+    refuses it: the exit is polled. A command stopped for its timeout that exits on SIGTERM,
+    leaving a grandchild that ignores it holding the pipes, has its group killed within half a
+    second of that exit, not at the end of kill_grace."""
+    pidfile = tmp_path / "grandchild.pid"
+    script = IMPORT_BRIDGE + textwrap.dedent("""
+        import ctypes, os, struct, sys
+        # seccomp filter: pidfd_open (434 on every Linux architecture but alpha) fails with EPERM
+        code = [(0x20, 0, 0, 0), (0x15, 0, 1, 434), (0x06, 0, 0, 0x50001), (0x06, 0, 0, 0x7fff0000)]
+        insns = ctypes.create_string_buffer(b"".join(struct.pack("HBBI", *op) for op in code))
+        prog = struct.pack("HP", len(code), ctypes.addressof(insns))
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(38, 1, 0, 0, 0) or libc.prctl(22, 2, ctypes.c_char_p(prog), 0, 0):
+            sys.exit("no seccomp here: errno %d" % ctypes.get_errno())
+        try:
+            os.pidfd_open(os.getpid())
+            sys.exit("pidfd_open still works")
+        except PermissionError:
+            pass
+        res = b.run_command("sh -c 'echo $$ > %s; trap \\"\\" TERM; exec sleep 60' & wait" % sys.argv[1],
+                            shell=True, timeout=0.5, kill_grace=20)
+        print(res.timed_out, round(res.duration, 1))
+        """)
+    out = subprocess.run([PYTHON, "-c", script, str(pidfile)], capture_output=True, text=True,
+                         timeout=60)
+    if out.stderr.startswith("no seccomp here"):
+        pytest.skip(out.stderr)
+    timed_out, duration = out.stdout.split()
+    assert timed_out == "True" and float(duration) < 10, (out.stdout, out.stderr)
+    grandchild = int(pidfile.read_text())
+    assert wait_for(lambda: not process_running(grandchild), 10)
+
+
 @pytest.mark.parametrize("how", ["ctrl-c", "on_start"])
 def test_run_command_ends_the_group_when_it_raises(tmp_path, how):
     """Ctrl-C in a CLI command (KeyboardInterrupt) or a callback's error while a command runs:
