@@ -2628,6 +2628,12 @@ def run_command(cmd, cwd=None, env=None, timeout=None, shell=False, stdin_data=N
         if exit_fd is None and not exited:
             exited = wait_exited(proc.pid, 0)
 
+    def pump_while(busy, seconds):
+        """pump() while busy() and `seconds` are not up."""
+        end = time.monotonic() + seconds
+        while busy() and time.monotonic() < end:
+            pump(end - time.monotonic())
+
     timed_out = stopped = idle = False
     deadline = None if timeout is None else started + timeout
     next_tick = started + tick_sec
@@ -2666,13 +2672,9 @@ def run_command(cmd, cwd=None, env=None, timeout=None, shell=False, stdin_data=N
         grace = kill_grace if timed_out or idle else 1.0 if stopped else 0
         if grace and not exited:
             signal_group(proc.pid, signal.SIGTERM)
-            end = time.monotonic() + grace
-            while not exited and time.monotonic() < end:
-                pump(end - time.monotonic())
+            pump_while(lambda: not exited, grace)
         signal_group(proc.pid, signal.SIGKILL)  # the child is reaped only below
-        end = time.monotonic() + 2.0
-        while reading and time.monotonic() < end:
-            pump(end - time.monotonic())
+        pump_while(lambda: reading, 2.0)
     finally:  # every way out ends the group, also a callback that raised or Ctrl-C in a CLI
         kill_process_group(proc, 0)
         if exit_fd is not None:
@@ -12300,16 +12302,24 @@ class ChangeSets:
         return "draft", None, "00-meta.json or 02-implementation-plan.json missing"
 
     # -- base state --
-    def base_state(self, client, worktree=False):
-        """{"kind": "worktree", "id": sha256 of the canonical JSON of snapshot.info's
-        fingerprint}; servers without snapshot.info anchor to a new snapshot (unless
-        `worktree`: then that is the McpError)."""
-        try:
-            return {"kind": "worktree", "id": self.worktree_fingerprint(client)}
-        except McpError as exc:
-            if exc.mcp_code != -32601 or worktree:
-                raise
-        snap = client.call_tool("snapshot.create", {"repo_root": self.root})
+    def base_state(self, snapshot=None, worktree=False):
+        """{"kind": "snapshot", "id": snapshot} for --snapshot ID; else {"kind": "worktree",
+        "id": sha256 of the canonical JSON of snapshot.info's fingerprint}; servers without
+        snapshot.info anchor to a new snapshot (unless --worktree: then that is the McpError)."""
+        if snapshot:
+            return {"kind": "snapshot", "id": str(snapshot)}
+        if not self.mcp_configured():
+            raise BridgeError("a worktree base state comes from the MCP server's snapshot.info: "
+                              "set changes.mcp.command, or pass --snapshot ID", EXIT_USAGE)
+        self.ensure_excluded()
+        with self.client() as client:
+            client.start()
+            try:
+                return {"kind": "worktree", "id": self.worktree_fingerprint(client)}
+            except McpError as exc:
+                if exc.mcp_code != -32601 or worktree:
+                    raise
+            snap = client.call_tool("snapshot.create", {"repo_root": self.root})
         if not isinstance(snap, dict) or not snap.get("snapshot_id"):
             raise BridgeError("snapshot.create returned no snapshot_id", EXIT_FAILED)
         return {"kind": "snapshot", "id": str(snap["snapshot_id"])}
@@ -12766,7 +12776,7 @@ def changeset_new(sets, subject, plan_path, arch_path=None, snapshot=None, workt
         + path_problems
     if problems:  # before starting any server
         refuse(problems)
-    base = changeset_resolve_base(sets, snapshot, worktree)
+    base = sets.base_state(snapshot, worktree)
     problems = changeset_plan_problems(plan, base["kind"])
     if problems:
         refuse(problems)
@@ -12830,17 +12840,6 @@ def changeset_new(sets, subject, plan_path, arch_path=None, snapshot=None, workt
     sets.record(cs_id, "created", subject=identity["subject"], base_state=base,
                 plan_sha256=meta["plan_sha256"], supersedes=supersedes)
     return cs_id
-
-
-def changeset_resolve_base(sets, snapshot=None, worktree=False):
-    if snapshot:
-        return {"kind": "snapshot", "id": str(snapshot)}
-    if not sets.mcp_configured():
-        raise BridgeError("a worktree base state comes from the MCP server's snapshot.info: set "
-                          "changes.mcp.command, or pass --snapshot ID", EXIT_USAGE)
-    sets.ensure_excluded()
-    with sets.client() as client:
-        return sets.base_state(client.start(), worktree)
 
 
 def approver_name(root):
@@ -13843,7 +13842,7 @@ def cmd_changes_id(args):
     check_text(args.subject, "--subject")
     check_text(args.snapshot, "--snapshot")
     sets = _changes_open(args)
-    base = changeset_resolve_base(sets, args.snapshot, args.worktree)
+    base = sets.base_state(args.snapshot, args.worktree)
     identity = changeset_identity(args.subject, changeset_repo_key(sets.root), base)
     print(changeset_id(identity))
     return EXIT_OK
