@@ -2980,6 +2980,29 @@ class Git:
             raise exc if isinstance(exc, BridgeError) else BridgeError(
                 "cannot make the worktree %s: %s" % (exc.filename or path, exc.strerror))
 
+    def drop_unmade_worktree(self, path):
+        """Remove what add_worktree left at `path` when cut short (the watcher killed between
+        its steps; `git worktree add` runs on, a process of its own): a folder holding at most
+        the .git file (or the temporary file it is written through), and a worktrees/ID
+        directory naming that folder or nothing yet, unlocked and without an index (the
+        checkout writes it last). Nothing ran there, so nothing is lost; a WIP commit of it
+        would delete every file the checkout never wrote. True when it was such a folder."""
+        import shutil
+        admin = os.path.join(common_git_dir(self.git_dir()), "worktrees", os.path.basename(path))
+        try:
+            names = None if os.path.islink(path) else os.listdir(path)
+        except OSError:
+            return False
+        if names is None or os.path.islink(admin) or any(
+                name != ".git" and not (name.startswith("..git.") and name.endswith(".tmp"))
+                for name in names) or any(os.path.lexists(os.path.join(admin, name))
+                                          for name in ("index", "locked")) or _read_small(
+                    os.path.join(admin, "gitdir")) not in (None, os.path.realpath(path) + "/.git"):
+            return False
+        shutil.rmtree(admin, ignore_errors=True)
+        shutil.rmtree(path)
+        return True
+
     def remove_worktree(self, git, checked=False):
         """`git worktree remove` of the worktree `git` (from worktree()) works in. git checks
         first that it holds no changes and no submodule with a `git status` there, which
@@ -4559,6 +4582,9 @@ class Watcher:
                 json_compact(path), json_compact(result["git"]["branch"]))
         if not os.path.lexists(path):
             return "; its worktree %s was not there (never made, or already removed)" % path
+        with self.git_lock:
+            if self.repo_git.drop_unmade_worktree(path):
+                return "; its worktree %s was made only in part: removed" % path
         try:
             self.use_worktree(path)
         except Stop as exc:

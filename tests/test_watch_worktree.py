@@ -369,6 +369,13 @@ WORKTREE_STEPS = {
     "branch made": ("branch feat/ai/k", 2),
     "worktree made": ("read-tree -u --reset", 2),
     "worktree made by git": ("worktree add -q", 2),
+    # inside bridge.py's own making of it (each audit event fires before its step)
+    "worktree folder made": ({"event": "open", "args": {"0": "bridge-worktrees/k/..git."}}, 2),
+    "worktree link half written": ({"event": "os.rename", "args": {"1": "bridge-worktrees/k/.git"}},
+                                   2),
+    "worktree link written": ({"event": "os.mkdir", "args": {"0": ".git/worktrees/k"}}, 2),
+    "worktree git dir half written": ({"event": "os.rename", "args": {"1": "worktrees/k/HEAD"}}, 2),
+    "worktree not checked out": ({"event": "subprocess.Popen", "args": {"1": "read-tree"}}, 2),
     "commit": ("commit -q --no-verify", 2),
     "result write": ({"event": "os.rename", "args": {"0": ".tmp", "1": "/results/k.json"}}, 2),
     "worktree remove": ("worktree remove", 1),
@@ -377,9 +384,10 @@ WORKTREE_STEPS = {
 
 @pytest.mark.parametrize("step", list(WORKTREE_STEPS))
 def test_sigkill_at_each_worktree_step_then_restart(git_repo, tmp_path, step):
-    """The watcher dies right after making the worktree, committing in it, before writing
-    the result, or after removing the worktree: the next start ends the task with one
-    result, leaves no worktree behind and never touches your checkout."""
+    """The watcher dies while or right after making the worktree, after committing in it,
+    before writing the result, or after removing the worktree: the next start ends the task
+    with one result holding only the task's change, leaves no worktree behind and never
+    touches your checkout."""
     how, final_attempt = WORKTREE_STEPS[step]
     queue = worktree_queue(git_repo, tmp_path)
     if step.endswith("by git"):
@@ -394,7 +402,8 @@ def test_sigkill_at_each_worktree_step_then_restart(git_repo, tmp_path, step):
     assert queue.names("running") == [] and queue.names("tasks") == []
     assert queue.names("locks") == ["__worker__.lock"]
     assert worktrees(queue) == []
-    assert git(queue.repo, "show", "feat/ai/k:k.txt") == "k\n"
+    # the task's one change, nothing a half-made worktree's WIP commit would add
+    assert git(queue.repo, "diff", "--name-status", queue.user_head, "feat/ai/k") == "A\tk.txt\n"
     assert_user_checkout_untouched(queue)
 
 
