@@ -2949,7 +2949,8 @@ class Git:
         when a new worktree would get more than that (refs kept in a reftable; sparse-checkout
         patterns or per-worktree config to copy) or when a worktree of that name is registered
         already (git then picks another name). A BridgeError, what was made removed again (as
-        git does), when it cannot."""
+        git does), when it cannot; what a crash between its steps leaves, the recovery removes
+        (drop_unmade_worktree)."""
         mine = self.git_dir()
         common = common_git_dir(mine)
         admin = os.path.join(common, "worktrees", os.path.basename(path))
@@ -2993,15 +2994,16 @@ class Git:
             names = None if os.path.islink(path) else os.listdir(path)
         except OSError:
             return False
-        if names is None or os.path.islink(admin) or any(
-                name != ".git" and not (name.startswith("..git.") and name.endswith(".tmp"))
-                for name in names) or any(os.path.lexists(os.path.join(admin, name))
-                                          for name in ("index", "locked")) or _read_small(
+        other = [name for name in names or () if name != ".git" and not (  # or its temporary
+            name.startswith("..git.") and name.endswith(".tmp"))]
+        if names is None or other or os.path.islink(admin) \
+                or os.path.lexists(os.path.join(admin, "index")) \
+                or os.path.lexists(os.path.join(admin, "locked")) or _read_small(
                     os.path.join(admin, "gitdir")) not in (None, os.path.realpath(path) + "/.git"):
             return False
         shutil.rmtree(admin, ignore_errors=True)
-        shutil.rmtree(path)
-        return True
+        shutil.rmtree(path, ignore_errors=True)
+        return not os.path.lexists(path)
 
     def remove_worktree(self, git, checked=False):
         """`git worktree remove` of the worktree `git` (from worktree()) works in. git checks

@@ -407,6 +407,22 @@ def test_sigkill_at_each_worktree_step_then_restart(git_repo, tmp_path, step):
     assert_user_checkout_untouched(queue)
 
 
+def test_a_folder_holding_more_than_a_half_made_worktree_is_never_removed(git_repo, tmp_path):
+    """The watcher died having made the task's worktree folder, and a file was put there
+    before the next start: that is no longer only what the watcher made, so the recovery
+    leaves it (and the task is blocked saying why), the file untouched."""
+    queue = worktree_queue(git_repo, tmp_path)
+    queue.put(queue.task("k", retry_policy={"max_attempts": 2}))
+    crash_watch(queue, tmp_path, WORKTREE_STEPS["worktree folder made"][0])
+    path = queue.repo / ".git" / "bridge-worktrees" / "k"
+    (path / "yours.txt").write_text("yours\n")
+    out = queue.watch()
+    r = queue.result("k")
+    assert (r["status"], r["reason"]) == ("blocked", "branch_checkout_failed"), out.stderr
+    assert (path / "yours.txt").read_text() == "yours\n"
+    assert_user_checkout_untouched(queue)
+
+
 def test_unlock_worktrees_leaves_a_worktree_whose_git_link_points_at_your_repository(git_repo, tmp_path):
     """A kept worktree whose .git file was rewritten later (by an agent running in another
     worktree, or a process it left) to name your own git directory: git there works on your
