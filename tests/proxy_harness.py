@@ -16,7 +16,9 @@ import threading
 import time
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-spec = importlib.util.spec_from_file_location("bridge", os.path.join(HERE, "..", "bridge.py"))
+# TEST_BRIDGE_PY: another copy, as for every test (tests/conftest.py)
+spec = importlib.util.spec_from_file_location(
+    "bridge", os.environ.get("TEST_BRIDGE_PY") or os.path.join(HERE, "..", "bridge.py"))
 bridge = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(bridge)
 

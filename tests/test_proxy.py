@@ -106,6 +106,14 @@ class Session:
         self.request("ping", mid=mid)
         assert self.recv() == {"jsonrpc": "2.0", "id": mid, "result": {}}
 
+    def past(self, seconds):
+        """Wait until bridge.py's loop has gone on `seconds` from now: a bridge:stats event it
+        published that late (harness=True, a short proxy.stats_interval_sec). What the loop was
+        to do by then (a health check, a reload due) goes before a request sent after this."""
+        moment = (time.time() + seconds) * 1000
+        assert wait_for(lambda: [e for e in self.event_list("bridge:stats") if e["ts"] >= moment],
+                        seconds + 10), self.event_list("bridge:stats")[-3:]
+
     def initialize(self):
         mid = self.request("initialize", INIT)
         reply = self.recv()
@@ -743,12 +751,16 @@ def test_no_ping_where_the_protocol_has_none(session):
     tests/test_proxy_modern.py); a server never seen answering a check while busy is not killed
     for its silence."""
     s = session(harness=True, config=HEALTH)
-    mid = s.request("initialize", dict(INIT, protocolVersion="2026-07-28"))
+    s.request("initialize", dict(INIT, protocolVersion="2026-07-28"))
     assert s.reply()["result"]["protocolVersion"] == "2026-07-28"        # the fixture agrees to it
-    s.call("hang")
-    time.sleep(2)                                                        # 2.5 times check + timeout
-    assert not any('"ping"' in line for line in s.received()) and not s.event_list("doctor:hung")
-    assert len(s.pids()) == 1 and process_running(s.pids()[0]) and mid
+    stop = s.call("stop")                                                # wedged and silent
+    # the health check went unanswered for health_timeout_sec
+    assert wait_for(lambda: "so it is not treated as hung" in s.err(), 10), s.err()
+    os.kill(s.pids()[0], signal.SIGCONT)
+    assert s.reply()["id"] == stop                         # then it reads what it was sent meanwhile
+    s.settled()
+    checks = [json.loads(line)["method"] for line in s.received() if '"id":"bridge.py-' in line]
+    assert checks == ["server/discover"] and not s.event_list("doctor:hung") and len(s.pids()) == 1
     s.close()
 
 

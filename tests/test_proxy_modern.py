@@ -179,15 +179,18 @@ def test_a_hung_server_is_found_without_ping_in_2026(session, era):  # noqa: F81
     client's _meta) for a 2026-07-28 server, which knows no ping; an open subscriptions/listen
     is not an answer owed (no health check for it alone) and is re-established after the kill."""
     modern = era == "2026-07-28"
-    s = session(["--modern"] if modern else [], harness=True, config=HEALTH)
+    s = session(["--modern"] if modern else [], harness=True,
+                config={"proxy": dict(HEALTH["proxy"], stats_interval_sec=0.2)})
     if modern:
+        mid = ask(s, "server/discover")                                  # answered: ready, checked
+        assert s.reply()["result"]["supportedVersions"] == ["2026-07-28"] and mid
         s.send({"jsonrpc": "2.0", "id": 7, "method": "subscriptions/listen",
                 "params": {"_meta": META, "notifications": {"toolsListChanged": True}}})
         assert s.recv()["method"] == "notifications/subscriptions/acknowledged"
-        time.sleep(1.0)                                                  # twice health check + timeout
-        assert len(s.received()) == 1                                    # only the listen: never probed
+        s.past(1.0)                                                      # twice health check + timeout
         mid = ask(s, "server/discover")
-        assert s.reply()["result"]["supportedVersions"] == ["2026-07-28"] and mid
+        assert s.reply()["id"] == mid
+        assert not [line for line in s.received() if '"id":"bridge.py-' in line]   # never probed
     else:
         s.initialize()
     mid = call(s, "slow", sec=1.0)                  # a health check answered while busy: concurrent
