@@ -8823,10 +8823,11 @@ def relay_up(root, config, captain_id, session, cmd_id, status, summary, force=F
 # writes itself (error replies, the replayed handshake) cannot interleave with relayed ones.
 # Lines are forwarded as the bytes received; a parsed copy only feeds the bookkeeping.
 
-PROXY_RESTART_TOOL = {"name": "bridge_restart_server", "inputSchema": {"type": "object", "properties": {}},
-                      "description": "Restart this MCP server (bridge.py proxy) to load its changed code; "
-                                     "answers once the new server is ready, with the tools added, "
-                                     "removed and changed."}
+PROXY_RESTART_TOOL = {"name": "bridge_restart_server",
+                      "inputSchema": {"type": "object", "properties": {}},
+                      "description": "Restart this MCP server (bridge.py proxy) to load its "
+                                     "changed code; answers once the new server is ready, with "
+                                     "the tools added, removed and changed."}
 PROXY_ERROR_CODE = -32000             # the MCP SDKs' "connection closed": clients already know it
 PROXY_HIGH_WATER = 4 << 20            # stop reading a source while its destination holds this much
 PROXY_RATE_WINDOW = 5.0               # seconds the message rates in bridge:stats are taken over
@@ -8873,7 +8874,7 @@ def proxy_float(text):
     return number if abs(number) != float("inf") else ProxyDigits(text)
 
 
-PROXY_IDS = (int, str, ProxyFloat, ProxyDigits)  # JSON-RPC ids we track (others are relayed untracked)
+PROXY_IDS = (int, str, ProxyFloat, ProxyDigits)  # the JSON-RPC ids tracked (others: relayed as is)
 
 
 def proxy_id_json(mid):
@@ -8896,12 +8897,13 @@ PROXY_STATEFUL = ("initialize", "logging/setLevel", "resources/subscribe", "reso
 # MCP 2026-07-28 has no handshake: every request names its protocol version and client in _meta,
 # under these keys (with the defaults bridge.py's own requests use before the client sent any)
 PROXY_META = (("io.modelcontextprotocol/protocolVersion", "2026-07-28"),
-              ("io.modelcontextprotocol/clientInfo", {"name": "bridge.py proxy", "version": __version__}),
+              ("io.modelcontextprotocol/clientInfo",
+               {"name": "bridge.py proxy", "version": __version__}),
               ("io.modelcontextprotocol/clientCapabilities", {}))
-PROXY_SUB_ID = "io.modelcontextprotocol/subscriptionId"   # tags what a subscriptions/listen stream carries
-PROXY_LISTEN_NOTES = ("notifications/cancelled", "notifications/subscriptions/acknowledged")
-PROXY_FINAL = (None, "kill", "shutdown")  # a Doctor's stop reasons no next generation follows (None: not stopped)
-PROXY_ACTIONS = ("doctor:restart", "doctor:kill", "bridge:pause", "bridge:resume", "bridge:shutdown", "bridge:stats")
+PROXY_SUB_ID = "io.modelcontextprotocol/subscriptionId"   # tags what a listen stream carries
+PROXY_FINAL = (None, "kill", "shutdown")  # stop reasons no generation follows (None: not stopped)
+PROXY_ACTIONS = ("doctor:restart", "doctor:kill", "bridge:pause", "bridge:resume",
+                 "bridge:shutdown", "bridge:stats")
 PROXY_REASONS = {
     "crashed": "MCP server exited before answering; the request was not retried",
     "hung": "MCP server stopped answering (health check unanswered) and was killed; the request "
@@ -8912,17 +8914,17 @@ PROXY_REASONS = {
     "graceful": "MCP server restarted on its own request before answering",
     "kill": "MCP server stopped by doctor:kill; send doctor:restart to start it",
     "shutdown": "bridge.py proxy is shutting down",
-    "start_timeout": "restarted MCP server did not answer within proxy.start_timeout_sec and was killed; "
-                     "the request was not retried",
+    "start_timeout": "restarted MCP server did not answer within proxy.start_timeout_sec and was "
+                     "killed; the request was not retried",
     "held_too_long": "request held longer than proxy.pause_timeout_sec (paused or restarting)",
     "paused_buffer_full": "bridge is paused and its buffer (proxy.pause_buffer_messages or "
                           "proxy.pause_buffer_bytes) is full",
     "too_large": "request longer than proxy.max_line_bytes; it was not relayed",
     "answer_too_large": "answer longer than proxy.max_line_bytes; it was dropped",
-    "stdout_closed": "MCP server closed its stdout, so it can answer nothing more, and was stopped; the "
-                     "request was not retried",
-    "stdin_closed": "MCP server closed its stdin, so it can take no request, and was stopped; the request "
-                    "was not retried",
+    "stdout_closed": "MCP server closed its stdout, so it can answer nothing more, and was "
+                     "stopped; the request was not retried",
+    "stdin_closed": "MCP server closed its stdin, so it can take no request, and was stopped; the "
+                    "request was not retried",
 }
 
 
@@ -8956,8 +8958,8 @@ def proxy_decoder():
             # valid JSON: keep such numbers (only those) as text instead of calling it malformed.
             if "integer string conversion" not in str(exc):
                 raise
-            return loads(line.decode("utf-8"), parse_float=proxy_float,
-                         parse_int=lambda digits: int(digits) if len(digits) <= 4000 else ProxyDigits(digits))
+            return loads(line.decode("utf-8"), parse_float=proxy_float, parse_int=lambda digits:
+                         int(digits) if len(digits) <= 4000 else ProxyDigits(digits))
     return parse
 
 
@@ -8994,7 +8996,8 @@ class ProxyLines:
         nl = find(b"\n", start)
         while nl >= 0:
             if nl - start > cap:
-                self.dropped.append((data[start:min(nl, start + 256)], data[max(start, nl - 256):nl]))
+                self.dropped.append((data[start:min(nl, start + 256)],
+                                     data[max(start, nl - 256):nl]))
             else:
                 lines.append(data[start:nl + 1])
             start = nl + 1
@@ -9007,7 +9010,8 @@ class ProxyLines:
         return lines
 
     def skip(self, part):
-        self.skipping, self.head, self.tail, self.partial = True, bytes(part[:256]), bytes(part[-256:]), bytearray()
+        self.skipping, self.partial = True, bytearray()
+        self.head, self.tail = bytes(part[:256]), bytes(part[-256:])
 
     def finish(self):
         """The final line at EOF without a newline, newline-terminated so the peer sees it whole."""
@@ -9037,7 +9041,8 @@ def proxy_dropped_id(head, tail):
             break
         key, value = found.group(1), found.group(2)
         if value in (b"{", b"["):
-            kind = "request" if key == b"params" else "answer" if key in (b"result", b"error") else kind
+            kind = "request" if key == b"params" else \
+                "answer" if key in (b"result", b"error") else kind
             break
         if key == b"method":
             kind = "request"
@@ -9063,7 +9068,8 @@ def proxy_adopt_orphans():
         return False
     try:
         import ctypes
-        return ctypes.CDLL(None, use_errno=True).prctl(36, 1, 0, 0, 0) == 0   # PR_SET_CHILD_SUBREAPER
+        PR_SET_CHILD_SUBREAPER = 36
+        return ctypes.CDLL(None, use_errno=True).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
     except (OSError, AttributeError):
         return False
 
@@ -9109,7 +9115,8 @@ def proxy_leftovers(pgid):
 
 def proxy_signal(pgid, pids, sig):
     """Signal the Doctor's process group (unless None) and each of `pids`."""
-    for target, kill in ([(pgid, os.killpg)] if pgid is not None else []) + [(pid, os.kill) for pid in pids]:
+    targets = [(pgid, os.killpg)] if pgid is not None else []
+    for target, kill in targets + [(pid, os.kill) for pid in pids]:
         try:
             kill(target, sig)
         except OSError:
@@ -9131,15 +9138,15 @@ class ProxyChild:
         os.set_blocking(self.fin, False)
         self.lines, self.errbuf = ProxyLines(cap), bytearray()
         self.ready = False
-        self.replay_id = None           # id of the replayed initialize (or probe) until it is answered
+        self.replay_id = None           # id of the replayed initialize (or probe) until answered
         self.probes = ()                # ids of the sign-of-life requests in flight (Proxy.probe)
-        self.owned = {}                 # id -> method of bridge.py's own requests awaiting an answer
+        self.owned = {}                 # id -> method of bridge.py's own requests not yet answered
         self.heard = self.started       # when stdout last gave anything (health check)
-        self.eof_at = None              # when stdout or stdin closed (its exit should follow at once)
-        self.ping_at = None             # when the health check in flight (ping, or server/discover) was sent
-        self.concurrent = False         # it has answered a health check while busy: its silence means stuck
-        self.witness = None             # requests in progress when a ping was answered (see answered)
-        self.doubted = False            # a ping went unanswered by a server not known to be concurrent
+        self.eof_at = None              # when stdout or stdin closed (its exit should follow)
+        self.ping_at = None             # when the health check in flight (probe()) was sent
+        self.concurrent = False         # it answered a health check while busy: silence is stuck
+        self.witness = None             # requests in progress when a ping was answered (answered())
+        self.doubted = False            # a health check unanswered, not known to be concurrent
         self.stop_reason = self.term_at = self.kill_at = None
         self.exit = None                # {"code": n} or {"signal": "SIGKILL"} once reaped
 
@@ -9199,7 +9206,8 @@ class Outbox(bytearray):
             raise
 
 
-INOTIFY_EVENTS = 0x2 | 0x4 | 0x8 | 0x40 | 0x80 | 0x100 | 0x200 | 0x400 | 0x800  # writes, moves, creates, deletes
+# writes, moves, creates, deletes
+INOTIFY_EVENTS = 0x2 | 0x4 | 0x8 | 0x40 | 0x80 | 0x100 | 0x200 | 0x400 | 0x800
 
 
 class ProxyWatch:
@@ -9213,9 +9221,12 @@ class ProxyWatch:
     future, not older than the scan before), so a slow scan does not add its delay to it."""
 
     def __init__(self, paths, exclude, debounce, notify, interval=0.25, log=None):
+        import fnmatch
         self.paths = [os.path.abspath(p) for p in paths]
-        self.exclude, self.debounce, self.notify, self.interval = tuple(exclude), debounce, notify, interval
-        self.exclude_re = None                     # the globs as one regex (excluded())
+        self.exclude, self.debounce, self.notify = tuple(exclude), debounce, notify
+        self.interval = interval
+        # the globs as one regex (excluded())
+        self.exclude_re = re.compile("|".join(map(fnmatch.translate, self.exclude)) or "(?!)")
         self.log = log or (lambda text: None)
         self.stopping = None                       # a threading.Event once started
         self.watching = None                       # one set once changes are seen (start())
@@ -9224,9 +9235,6 @@ class ProxyWatch:
     def excluded(self, name):
         """True for a name one of the exclude globs matches (one regex: the scan calls this for
         every entry of a 10,000-file tree, on a thread that shares the GIL with the relay)."""
-        if self.exclude_re is None:
-            import fnmatch
-            self.exclude_re = re.compile("|".join(map(fnmatch.translate, self.exclude)) or "(?!)")
         return self.exclude_re.match(name) is not None
 
     def snapshot(self):
@@ -9289,7 +9297,8 @@ class ProxyWatch:
                 self.watch_tree(path)
         except OSError as exc:
             os.close(fd)
-            self.log("watch: polling (%s; see /proc/sys/fs/inotify/max_user_watches)" % exc.strerror)
+            self.log("watch: polling (%s; see /proc/sys/fs/inotify/max_user_watches)" % (
+                exc.strerror))
             return None, None
         return fd, wds
 
@@ -9298,7 +9307,8 @@ class ProxyWatch:
         if not os.path.isdir(path) or os.path.islink(path):
             return self.add_watch(path)
         for top, dirs, _files in os.walk(path):
-            dirs[:] = [d for d in dirs if not self.excluded(d) and not os.path.islink(os.path.join(top, d))]
+            dirs[:] = [d for d in dirs
+                       if not self.excluded(d) and not os.path.islink(os.path.join(top, d))]
             self.add_watch(top)
 
     def run(self):
@@ -9329,11 +9339,11 @@ class ProxyWatch:
                         elif wd in wds and not self.excluded(os.fsdecode(name)):
                             path = os.path.join(wds[wd], os.fsdecode(name)) if name else wds[wd]
                             if mask & 0x8000:      # the watch is gone: its folder deleted, or
-                                del wds[wd]        # its file replaced by a rename (an editor's save)
+                                del wds[wd]        # its file replaced by a rename (a save)
                                 if path not in self.paths:
                                     continue
-                                if not os.path.exists(path):   # a watched path removed (rm -rf dist):
-                                    gone = path    # nothing is left to watch for its return: polling
+                                if not os.path.exists(path):   # a watched path removed (rm -rf):
+                                    gone = path    # no watch is left for its return: polling
                                     changed.add(path)
                                     break
                             if mask & 0x8000 or mask & 0x40000000 and mask & (0x100 | 0x80):
@@ -9361,7 +9371,8 @@ class ProxyWatch:
         self.watching.set()
         self.log("watch: polling %d files" % len(before))
         wait = self.interval
-        while not self.stopping.wait(wait if fire_at is None else max(0.0, min(wait, fire_at - time.time()))):
+        while not self.stopping.wait(
+                wait if fire_at is None else max(0.0, min(wait, fire_at - time.time()))):
             start, cpu = time.time(), time.thread_time()
             now = self.snapshot()
             if now != before:
@@ -9437,27 +9448,27 @@ class Proxy:
         self.crashes = collections.deque()              # when recent crashes were (within window)
         self.tail = collections.deque(maxlen=20)        # its last stderr lines, for doctor:crashed
         self.own_n = 0                                  # numbers bridge.py's own request ids
-        self.own_tag = random_hex(8)                    # in them: a client cannot reuse one by chance
+        self.own_tag = random_hex(8)                    # in them: no client reuses one by chance
         self.stopped = False                            # doctor:kill: down until doctor:restart
-        self.reload = None                              # the reload in flight: {files, gen, until, ...}
-        self.reload_next = None                         # files changed while it was: the next reload
-        self.reload_last = ([], 0.0, 0)                 # the last reload's files, when it ended, and how
-        self.reload_later = None                        # often in a row; (files, when): a paced reload
+        self.reload = None                              # the reload in flight: {files, gen, ...}
+        self.reload_next = None                         # files changed during it: the next reload
+        self.reload_last = ([], 0.0, 0)                 # files, when it ended, times in a row
+        self.reload_later = None                        # (files, when): a paced reload
         self.tools = None                               # {name: input-schema hash}, last seen
-        self.remember = PROXY_STATEFUL                  # client requests whose answers tried() reads
+        self.remember = PROXY_STATEFUL                  # requests whose answers tried() reads
         self.restart_tool = cfg["doctor"]["restart_tool"]   # offer and serve bridge_restart_server
         # -- the client's session, replayed to a restarted Doctor --
         self.init_params = None                         # the client's initialize params
-        self.meta = None                                # without one: the _meta of its last request naming a version
+        self.meta = None                                # else: its last versioned request's _meta
         self.init_caps = None                           # the capabilities the Doctor answered
         self.proto = None                               # the protocol version the Doctor chose
         self.level = None                               # the last logging/setLevel params
         self.subs = {}                                  # uri -> resources/subscribe params
-        self.listens = {}                               # open subscriptions/listen: id -> [line, ack, generation]
-        self.tries = {}                                 # id -> (method, params) of stateful requests
+        self.listens = {}                               # id -> [line, ack, generation] per listen
+        self.tries = {}                                 # id -> (method, params), stateful requests
         # -- requests in flight --
         self.pending = {}                               # id -> (method, sent at): the Doctor owes
-        self.srv_pending = set()                        # ids of the Doctor's requests the client owes
+        self.srv_pending = set()                        # ids of the Doctor's requests: client owes
         self.dead_srv = collections.deque(maxlen=1000)  # the same for Doctors that have died
         # -- the flow of bytes --
         self.parse = proxy_decoder()                    # one line -> JSON
@@ -9479,17 +9490,19 @@ class Proxy:
         self.exit_code = 0                              # what run() returns
         # -- observability --
         self.obs = None                                 # the ObservabilityServer, once started
-        self.token_file = None                          # where the drawn dashboard token was written
+        self.token_file = None                          # where the drawn dashboard token went
         self.events_left = 0                            # mcp:* events still allowed this second
         self.events_reset = 0.0                         # when that allowance starts again
         self.started = time.monotonic()                      # for uptime
-        self.samples = collections.deque([(self.started, 0, 0)])  # (when, messagesIn, messagesOut) each second
+        # (when, messagesIn, messagesOut) each second
+        self.samples = collections.deque([(self.started, 0, 0)])
         self.st = dict(messagesIn=0, messagesOut=0, bytesIn=0, bytesOut=0, doctorRestarts=0,
                        dropped=0, eventsSkipped=0)      # counters published in bridge:stats
         doc = cfg["doctor"]
         if doc["watch"]:
-            self.watch = ProxyWatch(doc["watch"], doc["watch_exclude"], doc["watch_debounce_ms"] / 1000.0,
-                                    self.changed, log=lambda text: self.log("info", text))
+            self.watch = ProxyWatch(doc["watch"], doc["watch_exclude"],
+                                    doc["watch_debounce_ms"] / 1000.0, self.changed,
+                                    log=lambda text: self.log("info", text))
         if doc["watch"] or self.restart_tool:
             self.remember = PROXY_STATEFUL + ("tools/list",)   # the tool list before a reload
 
@@ -9505,8 +9518,8 @@ class Proxy:
         4000 bytes is cut on a character boundary and still ends with a newline."""
         import select
         if len(data) > 4000:
-            data = data[:4000].decode("utf-8", "ignore").encode("utf-8") + b"...[%d bytes cut]\n" % (
-                len(data) - 4000)
+            cut = b"...[%d bytes cut]\n" % (len(data) - 4000)
+            data = data[:4000].decode("utf-8", "ignore").encode("utf-8") + cut
         try:
             if select.select([], [2], [], 0)[1]:
                 os.write(2, data)          # <= PIPE_BUF after a writable poll: cannot block
@@ -9535,7 +9548,8 @@ class Proxy:
                     doctorUptime=round(now - child.started, 3) if alive else 0,
                     dashboardClients=self.obs.client_count if self.obs is not None else 0,
                     state=self.state(), paused=self.paused, pending=len(self.pending),
-                    held=len(self.held), subscriptions=len(self.listens), crashesInWindow=len(self.crashes))
+                    held=len(self.held), subscriptions=len(self.listens),
+                    crashesInWindow=len(self.crashes))
 
     def sample_counts(self, now):
         """Once a second: the counters now, keeping the newest sample at least PROXY_RATE_WINDOW
@@ -9659,7 +9673,8 @@ class Proxy:
             self.shutdown("bridge:shutdown")
             return {"ok": True, "result": {}}
         if action in ("bridge:pause", "bridge:resume"):
-            changed, self.paused = self.paused != (action == "bridge:pause"), action == "bridge:pause"
+            pause = action == "bridge:pause"
+            changed, self.paused = self.paused != pause, pause
             held = len(self.held)
             self.flush_held()
             return {"ok": True, "result": {"paused": self.paused, "changed": changed, "held": held}}
@@ -9674,7 +9689,7 @@ class Proxy:
         if child is not None and child.exit is None and not child.stop_reason:
             self.stop_child("restart", now=True)
             return {"ok": True, "result": {"restarting": gen, "generation": gen + 1}}
-        self.spawn_at = 0.0                        # killed, or waiting out a crash's cooldown: start now
+        self.spawn_at = 0.0                        # killed, or in a crash's cooldown: start now
         return {"ok": True, "result": {"starting": True, "generation": gen + 1}}
 
     # ---- the Doctor's life ----
@@ -9730,7 +9745,8 @@ class Proxy:
         msg = {"jsonrpc": "2.0", "id": mid, "method": method}
         if self.init_params is None:
             meta = self.meta or {}
-            params = dict(params or {}, _meta={key: meta.get(key, default) for key, default in PROXY_META})
+            params = dict(params or {},
+                          _meta={key: meta.get(key, default) for key, default in PROXY_META})
         if params is not None:
             msg["params"] = params
         self.send_child(proxy_wire(msg))
@@ -9758,16 +9774,17 @@ class Proxy:
                 self.hung("hung", now)
             else:
                 child.doubted = True
-                self.log("warn", "the Doctor (generation %d) has not answered a health check while busy for "
-                         "%.0f s; it may handle one request at a time, so it is not treated as hung" % (
-                             child.gen, now - child.ping_at))
+                self.log("warn", "the Doctor (generation %d) has not answered a health check while "
+                         "busy for %.0f s; it may handle one request at a time, so it is not "
+                         "treated as hung" % (child.gen, now - child.ping_at))
 
     def hung(self, reason, now):
         """Stuck (check_health): KILL the Doctor's group; its exit takes the crash path."""
         import signal
         child = self.child
         self.emit("doctor:hung", {"generation": child.gen, "pid": child.pid, "reason": reason,
-                                  "pending": len(self.pending), "silentMs": round((now - child.heard) * 1000)})
+                                  "pending": len(self.pending),
+                                  "silentMs": round((now - child.heard) * 1000)})
         self.stop_child(reason, now=True)
         signal_group(child.pid, signal.SIGKILL)
 
@@ -9775,8 +9792,9 @@ class Proxy:
         child = self.child
         if not child.ready:
             child.ready = True
+            start_ms = round((time.monotonic() - child.started) * 1000, 1)
             self.emit("doctor:ready", {"generation": child.gen, "pid": child.pid, "signal": how,
-                                       "startMs": round((time.monotonic() - child.started) * 1000, 1)})
+                                       "startMs": start_ms})
             self.publish_stats()                   # dashboards show the new state at once
             if self.reload is not None and child.gen > self.reload["gen"]:
                 self.reload["tools"] = {}
@@ -9813,7 +9831,7 @@ class Proxy:
             self.end_listens(reason, child.exit)
         if self.shutting:
             return
-        pgid = None if self.adopting else child.pid  # adopted, every leftover is ours: no group id needed
+        pgid = None if self.adopting else child.pid  # adopted, every leftover is ours: no group id
         proxy_signal(pgid, proxy_leftovers(pgid), signal.SIGKILL)   # the old generation's leftovers
         self.reap_adopted()
         if reason == "kill":
@@ -9821,7 +9839,8 @@ class Proxy:
         elif reason in ("restart", "reload", "graceful"):
             # not a crash, but a server asking again and again must not respawn in a tight loop
             self.spawn_at = time.monotonic() + self.cooldown if reason == "graceful" else 0.0
-            self.emit("doctor:restarting", {"generation": child.gen, "reason": reason, "exit": child.exit})
+            self.emit("doctor:restarting", {"generation": child.gen, "reason": reason,
+                                            "exit": child.exit})
         else:
             self.crashed(child.exit, child.gen, reason)
 
@@ -9839,16 +9858,19 @@ class Proxy:
             self.crashes.popleft()
         if len(self.crashes) > self.max_restarts:
             self.emit("doctor:fatal", {"generation": gen, "crashesInWindow": len(self.crashes),
-                                       "restartWindow": self.window, "maxRestarts": self.max_restarts,
+                                       "restartWindow": self.window,
+                                       "maxRestarts": self.max_restarts,
                                        "waitingForChange": self.watch is not None})
-            if self.watch is not None:             # a server being written: its fix is one save away
+            if self.watch is not None:             # a server being written: its fix is a save away
                 self.spawn_at = float("inf")
-                return self.log("warn", "not restarted until a watched file changes (or doctor:restart)")
+                return self.log("warn", "not restarted until a watched file changes "
+                                "(or doctor:restart)")
             self.exit_code = EXIT_FAILED
             return self.shutdown("doctor:fatal")
         self.spawn_at = now + self.cooldown
-        self.emit("doctor:restarting", {"generation": gen, "reason": reason, "crashesInWindow":
-                                        len(self.crashes), "cooldownMs": round(self.cooldown * 1000)})
+        self.emit("doctor:restarting", {"generation": gen, "reason": reason,
+                                        "crashesInWindow": len(self.crashes),
+                                        "cooldownMs": round(self.cooldown * 1000)})
 
     def shutdown(self, reason):
         if not self.shutting:
@@ -9875,11 +9897,12 @@ class Proxy:
                 files[0], "shutting down" if self.shutting else "stopped by doctor:kill"))
         down = child is None or child.exit is not None
         if down:
-            self.spawn_at = min(self.spawn_at, self.crashes[-1] + self.cooldown if self.crashes else 0.0)
+            cooled = self.crashes[-1] + self.cooldown if self.crashes else 0.0
+            self.spawn_at = min(self.spawn_at, cooled)
         if self.reload is not None:
             if self.draining() or down:
                 self.reload["files"] = sorted(set(self.reload["files"]) | set(files))
-            elif self.listing():                   # a server that never answers must not stall reloads
+            elif self.listing():                   # a server that never answers stalls no reload
                 self.reloaded({"error": "no answer to tools/list before the next change"})
                 self.start_reload(files)
             else:
@@ -9891,8 +9914,9 @@ class Proxy:
             files, self.reload_later = sorted(set(files) | set(self.reload_later[0])), None
         self.reload = {"files": files, "gen": self.gen, "at": now, "until": now + self.close_grace,
                        "before": self.tools, "tools": {}}
-        self.emit("doctor:reloading", {"generation": self.gen, "file": files[0], "files": files[:20],
-                                       "pending": len(self.pending), "graceSec": self.close_grace})
+        self.emit("doctor:reloading", {"generation": self.gen, "file": files[0],
+                                       "files": files[:20], "pending": len(self.pending),
+                                       "graceSec": self.close_grace})
 
     def paced(self, files, now):
         """True when this reload waits (run() starts it): the same files changed right after each
@@ -9907,11 +9931,11 @@ class Proxy:
         self.reload_last = (files, ended, repeats)
         if repeats < 2:
             return False
-        self.reload_later = (sorted(set(files) | set(self.reload_later[0] if self.reload_later else ())),
-                             ended + PROXY_RELOAD_PACE)
-        self.log("warn", "watch: %s changed right after each of the last restarts (does the server write it? "
-                 "then add it to doctor.watch_exclude): this reload waits until %d s after the last" % (
-                     ", ".join(files[:5]), PROXY_RELOAD_PACE))
+        waiting = self.reload_later[0] if self.reload_later else ()
+        self.reload_later = (sorted(set(files) | set(waiting)), ended + PROXY_RELOAD_PACE)
+        self.log("warn", "watch: %s changed right after each of the last restarts (does the server "
+                 "write it? then add it to doctor.watch_exclude): this reload waits until %d s "
+                 "after the last" % (", ".join(files[:5]), PROXY_RELOAD_PACE))
         return True
 
     def restart_call(self, mid):
@@ -9936,8 +9960,8 @@ class Proxy:
     def listing(self):
         """A reload waits only for the new Doctor's tools/list answer (listed())."""
         reload, child = self.reload, self.child
-        return reload is not None and child is not None and child.gen > reload["gen"] and child.ready and \
-            child.exit is None
+        return reload is not None and child is not None and child.gen > reload["gen"] and \
+            child.ready and child.exit is None
 
     def draining(self):
         """A reload waits for the old Doctor to finish its requests (start_reload)."""
@@ -9958,8 +9982,10 @@ class Proxy:
         if cursor.__class__ is not str or not cursor:
             self.reloaded({})
         elif cursor == reload.get("cursor") or pages >= 1000 or len(reload["tools"]) >= 100000:
-            self.reloaded({"error": "tools/list pages without end (%d pages, %d tools, nextCursor %s)" % (
-                pages, len(reload["tools"]), json_compact(proxy_short(cursor, 40)))})   # a pagination bug
+            # a pagination bug
+            self.reloaded({"error": "tools/list pages without end (%d pages, %d tools, "
+                           "nextCursor %s)" % (pages, len(reload["tools"]),
+                                               json_compact(proxy_short(cursor, 40)))})
         else:
             reload.update(cursor=cursor, pages=pages)
             self.own("tools/list", {"cursor": cursor})
@@ -9975,13 +10001,18 @@ class Proxy:
             self.tools = after
             data["tools"] = len(after)
             if before is not None:                 # else nothing to compare with: no diff
-                data.update(added=sorted(set(after) - set(before)), removed=sorted(set(before) - set(after)),
-                            changed=sorted(n for n in after if n in before and after[n] != before[n]))
+                data.update(added=sorted(set(after) - set(before)),
+                            removed=sorted(set(before) - set(after)),
+                            changed=sorted(n for n in after
+                                           if n in before and after[n] != before[n]))
         self.emit("doctor:reloaded", data)
         for mid in reload.get("callers", ()):
-            text = "restarted: generation %d in %d ms; %s" % (self.gen, data["reloadMs"], "tools/list failed: %s" % (
-                json_compact(data["error"]),) if "error" in data else "tools added: %s; removed: %s; changed: %s" % tuple(
-                    ", ".join(data.get(key) or ["none"]) for key in ("added", "removed", "changed")))
+            if "error" in data:
+                what = "tools/list failed: %s" % json_compact(data["error"])
+            else:
+                what = "tools added: %s; removed: %s; changed: %s" % tuple(
+                    ", ".join(data.get(key) or ["none"]) for key in ("added", "removed", "changed"))
+            text = "restarted: generation %d in %d ms; %s" % (self.gen, data["reloadMs"], what)
             self.send_client(proxy_wire({"jsonrpc": "2.0", "id": mid, "result": {
                 "content": [{"type": "text", "text": text}], "isError": "error" in data}}))
         if self.reload_next:
@@ -10202,8 +10233,9 @@ class Proxy:
                 elif method is not None:
                     if mid is not None:
                         self.srv_pending.add(mid)
-                    elif self.listens and method in PROXY_LISTEN_NOTES:
-                        line = self.listen_note(method, msg.get("params"), line)
+                    elif self.listens and method in ("notifications/cancelled",
+                                                     "notifications/subscriptions/acknowledged"):
+                        line = self.listen_note(method, msg.get("params"), line)   # a listen's own
                     if watch and self.sample():
                         obs.publish("mcp:request", {"from": "doctor", "method": proxy_short(method),
                                                     "id": proxy_short(mid),
