@@ -10035,7 +10035,7 @@ class Proxy:
         self.tries.pop(mid, None)
         self.listens.pop(mid, None)
         self.send_client(line)
-        if self.obs is not None:                   # never sampled: these are the events worth keeping
+        if self.obs is not None:                   # never sampled: the events most worth keeping
             self.obs.publish("mcp:response", {"id": proxy_short(mid), "method": proxy_short(method),
                                               "size": len(line), "error": True,
                                               "from": "bridge", "reason": reason})
@@ -10061,8 +10061,8 @@ class Proxy:
             self.reply_error(rid, reason, rmethod)
         if not reqs:
             self.st["dropped"] += 1
-            self.emit("bridge:dropped", {"from": "client", "method": proxy_short(method), "size": len(line),
-                                         "reason": PROXY_REASONS[reason]})
+            self.emit("bridge:dropped", {"from": "client", "method": proxy_short(method),
+                                         "size": len(line), "reason": PROXY_REASONS[reason]})
 
     def fail_held(self, reason, older_than=None):
         """Refuse held messages: all, or the requests held longer than `older_than` s (answers and
@@ -10096,8 +10096,9 @@ class Proxy:
         """Client -> Doctor: parse a copy for ids and methods; forward, hold or answer."""
         loads, pending, out, obs, child = self.parse, self.pending, [], self.obs, self.child
         watch = obs is not None and obs.client_count > 0
-        gate = self.paused or self.stopped or self.shutting or child is None or child.exit is not None \
-            or child.stop_reason or child.replay_id is not None or self.reload is not None and self.draining()
+        gate = self.paused or self.stopped or self.shutting or child is None \
+            or child.exit is not None or child.stop_reason or child.replay_id is not None \
+            or self.reload is not None and self.draining()
         remember = self.remember
         now, st = time.monotonic(), self.st
         st["messagesIn"] += len(lines)
@@ -10108,7 +10109,7 @@ class Proxy:
             except (ValueError, RecursionError) as exc:    # RecursionError: absurdly deep nesting
                 self.malformed("client", line, exc)
                 continue
-            reqs, method, answer = (), None, False     # reqs: (id, method) of each request: owed an answer
+            reqs, method, answer = (), None, False     # reqs: (id, method) of each request owed
             if msg.__class__ is dict:
                 method, mid = msg.get("method"), msg.get("id")
                 if mid.__class__ not in PROXY_IDS:
@@ -10118,17 +10119,19 @@ class Proxy:
                         self.srv_pending.discard(mid)
                         answer = True
                     elif mid is not None and mid in self.dead_srv:
-                        self.log("info", "dropped the answer to request %r of a dead Doctor" % (mid,))
+                        self.log("info", "dropped the answer to request %r of a dead Doctor" % (
+                            mid,))
                         continue
                 elif mid is not None:
-                    if self.restart_tool and method == "tools/call" and msg.get("params").__class__ is dict \
+                    if self.restart_tool and method == "tools/call" \
+                            and msg.get("params").__class__ is dict \
                             and msg["params"].get("name") == PROXY_RESTART_TOOL["name"]:
                         self.restart_call(mid)     # bridge.py's own tool: never relayed
                         continue
                     reqs = ((mid, method),)
                     if method in remember:
                         self.tries[mid] = (method, msg.get("params"))
-                    if self.init_params is None:   # no handshake: requests name their version (own())
+                    if self.init_params is None:   # no handshake: requests name their version
                         params = msg.get("params")
                         meta = params.get("_meta") if params.__class__ is dict else None
                         if meta.__class__ is dict and PROXY_META[0][0] in meta:
@@ -10142,14 +10145,16 @@ class Proxy:
                         pending.pop(params["requestId"], None)
                         self.listens.pop(params["requestId"], None)
                 if watch and self.sample():
-                    obs.publish("mcp:request", {"from": "client", "method": proxy_short(method), "id": proxy_short(mid),
-                                                "size": len(line), "params": self.preview(msg)})
-            elif msg.__class__ is list:            # a 2025-03-26 batch: the requests inside are owed
+                    obs.publish("mcp:request", {"from": "client", "method": proxy_short(method),
+                                                "id": proxy_short(mid), "size": len(line),
+                                                "params": self.preview(msg)})
+            elif msg.__class__ is list:            # a 2025-03-26 batch: its requests are owed
                 reqs = tuple((m["id"], m["method"]) for m in msg if m.__class__ is dict and
-                             m.get("method").__class__ is str and m.get("id").__class__ in PROXY_IDS)
-            if gate and (self.paused or not answer):   # an answer is for the Doctor that asked, not
-                self.hold(line, reqs, method)          # the next one: a request of its in progress (a
-                continue                               # reload's grace) may wait on it
+                             m.get("method").__class__ is str and
+                             m.get("id").__class__ in PROXY_IDS)
+            if gate and (self.paused or not answer):   # an answer is for the Doctor that asked,
+                self.hold(line, reqs, method)          # not the next one: a request of its in
+                continue                               # progress (a reload's grace) may wait on it
             if reqs:
                 if method.__class__ is str and method != "subscriptions/listen":
                     pending[mid] = (method, now)   # one request (owe(), its common case, inline)
@@ -10160,10 +10165,11 @@ class Proxy:
             self.send_child(b"".join(out))
 
     def owe(self, reqs, line, now):
-        """Requests sent to the Doctor: each is owed an answer (pending), but a subscriptions/listen,
-        which stays open until the Doctor ends it or the client cancels it (MCP 2026-07-28): kept
-        with its line, to be re-established on a restarted Doctor (flush_held). Not one inside a
-        batch: re-sending its line would re-send the batch's other requests."""
+        """Requests sent to the Doctor: each is owed an answer (pending), but a
+        subscriptions/listen, which stays open until the Doctor ends it or the client cancels it
+        (MCP 2026-07-28): kept with its line, to be re-established on a restarted Doctor
+        (flush_held). Not one inside a batch: re-sending its line would re-send the batch's other
+        requests."""
         for rid, rmethod in reqs:
             if rmethod == "subscriptions/listen" and line.lstrip()[:1] != b"[":
                 self.listens[rid] = [line, None, self.gen]
@@ -10193,7 +10199,8 @@ class Proxy:
     def child_lines(self, lines):
         """Doctor -> client: swallow its special lines (special()) and answers to bridge.py's
         requests."""
-        loads, pending, out, child, obs, tries = self.parse, self.pending, [], self.child, self.obs, self.tries
+        loads, pending, out, child = self.parse, self.pending, [], self.child
+        obs, tries = self.obs, self.tries
         watch = obs is not None and obs.client_count > 0
         for line in lines:
             try:
@@ -10203,7 +10210,8 @@ class Proxy:
                 continue
             if msg.__class__ is dict:
                 mid, method = msg.get("id"), msg.get("method")
-                if "jsonrpc" not in msg and ("ready" in msg or "health" in msg or "shutdown" in msg):
+                if "jsonrpc" not in msg and \
+                        ("ready" in msg or "health" in msg or "shutdown" in msg):
                     self.special(msg)
                     continue
                 if mid.__class__ not in PROXY_IDS:
@@ -10213,9 +10221,9 @@ class Proxy:
                         self.answered(child.owned.pop(mid), msg)
                         continue
                     sent = pending.pop(mid, None)
-                    if sent is None and mid in self.listens:   # the Doctor ended a subscriptions/listen
+                    if sent is None and mid in self.listens:   # the Doctor ended a listen
                         if child.stop_reason not in PROXY_FINAL:
-                            continue               # as bridge.py restarts it: re-established on the next
+                            continue               # bridge.py restarts it: made again on the next
                         del self.listens[mid]
                     if child.witness and mid in child.witness:
                         child.concurrent, child.witness = True, None
@@ -10227,9 +10235,10 @@ class Proxy:
                         self.mark_ready("first answer")
                     if watch and self.sample():
                         obs.publish("mcp:response", {
-                            "id": proxy_short(mid), "method": sent and proxy_short(sent[0]), "size": len(line),
-                            "error": "error" in msg,
-                            "latencyMs": round((time.monotonic() - sent[1]) * 1000, 3) if sent else None})
+                            "id": proxy_short(mid), "method": sent and proxy_short(sent[0]),
+                            "size": len(line), "error": "error" in msg,
+                            "latencyMs": round((time.monotonic() - sent[1]) * 1000, 3) if sent
+                            else None})
                 elif method is not None:
                     if mid is not None:
                         self.srv_pending.add(mid)
@@ -10251,12 +10260,12 @@ class Proxy:
     def listen_note(self, method, params, line):
         """A Doctor notification while subscriptions/listen requests are open: what to relay
         in its place. The Doctor ends one with notifications/cancelled (swallowed, as its
-        completion result, while bridge.py restarts it: the subscription goes on). It acknowledges each
-        with the filter it honours (notifications/subscriptions/acknowledged, the subscription's
-        id in _meta): the first time, relayed; when re-established on a restarted Doctor,
-        swallowed if the filter is the one the client was told (relayed if not), and followed
-        by the list-changed notifications the filter asks for, as a 2025 client gets after a
-        restart (replayed()): the new server's lists may differ."""
+        completion result, while bridge.py restarts it: the subscription goes on). It
+        acknowledges each with the filter it honours (notifications/subscriptions/acknowledged,
+        the subscription's id in _meta): the first time, relayed; when re-established on a
+        restarted Doctor, swallowed if the filter is the one the client was told (relayed if
+        not), and followed by the list-changed notifications the filter asks for, as a 2025
+        client gets after a restart (replayed()): the new server's lists may differ."""
         meta = params.get("_meta") if params.__class__ is dict else None
         sid = params.get("requestId") if method == "notifications/cancelled" else \
             meta.get(PROXY_SUB_ID) if meta.__class__ is dict else None
@@ -10264,7 +10273,7 @@ class Proxy:
             return line
         if method == "notifications/cancelled":
             if self.child.stop_reason not in PROXY_FINAL:
-                return b""                         # as bridge.py restarts it: re-established on the next
+                return b""                         # bridge.py restarts it: made again on the next
             del self.listens[sid]
             return line
         listen = self.listens[sid]
@@ -10272,16 +10281,18 @@ class Proxy:
         if told is None:
             return line
         honoured = listen[1] if listen[1].__class__ is dict else {}
-        return (b"" if told == listen[1] else line) + self.list_notes(
-            [kind for kind in ("tools", "prompts", "resources") if honoured.get(kind + "ListChanged") is True], sid)
+        kinds = [kind for kind in ("tools", "prompts", "resources")
+                 if honoured.get(kind + "ListChanged") is True]
+        return (b"" if told == listen[1] else line) + self.list_notes(kinds, sid)
 
     def list_notes(self, kinds, sub=None):
         """The notifications that tell the client these lists (tools, prompts, resources) may
         have changed: on the stream of subscriptions/listen request `sub` (MCP 2026-07-28), else
         as 2025 clients get them, with no subscription."""
-        tag = "" if sub is None else ',"params":{"_meta":{"%s":%s}}' % (PROXY_SUB_ID, proxy_id_json(sub))
-        return "".join('{"jsonrpc":"2.0","method":"notifications/%s/list_changed"%s}\n' % (kind, tag)
-                       for kind in kinds).encode("utf-8")
+        tag = "" if sub is None else \
+            ',"params":{"_meta":{"%s":%s}}' % (PROXY_SUB_ID, proxy_id_json(sub))
+        note = '{"jsonrpc":"2.0","method":"notifications/%s/list_changed"%s}\n'
+        return "".join(note % (kind, tag) for kind in kinds).encode("utf-8")
 
     def special(self, msg):
         """The Doctor's non-JSON-RPC lines ({"ready": true}, {"health": ...}, {"shutdown":
@@ -10306,9 +10317,9 @@ class Proxy:
             self.proto = result.get("protocolVersion")
         elif method == "logging/setLevel":
             self.level = params
-        elif method == "tools/list":               # a whole list (not one page): the reload's "before"
-            if not (params.__class__ is dict and params.get("cursor")) and not result.get("nextCursor") \
-                    and result.get("tools").__class__ is list:
+        elif method == "tools/list":               # a whole list (not a page): a reload's "before"
+            if not (params.__class__ is dict and params.get("cursor")) \
+                    and not result.get("nextCursor") and result.get("tools").__class__ is list:
                 self.tools = proxy_tool_hashes(result["tools"])
         elif params.__class__ is dict and params.get("uri").__class__ is str:
             if method == "resources/subscribe":
@@ -10351,7 +10362,8 @@ class Proxy:
             got = self.proto = result.get("protocolVersion") if result.__class__ is dict else None
             want = self.init_params.get("protocolVersion")
             if got != want:
-                self.log("warn", "restarted server chose protocol %s, the client asked for %s" % (got, want))
+                self.log("warn", "restarted server chose protocol %s, the client asked for %s" % (
+                    got, want))
         self.send_child(b'{"jsonrpc":"2.0","method":"notifications/initialized"}\n')
         if self.level is not None:
             self.own("logging/setLevel", self.level)
@@ -10367,10 +10379,10 @@ class Proxy:
     def malformed(self, side, line, exc):
         if line.strip():                           # blank lines are skipped silently
             self.st["dropped"] += 1
-            self.emit("bridge:dropped", {"from": side, "reason": "malformed JSON: %s" % exc, "size": len(line),
-                                         # redact before cutting: a cut token is no longer recognisable
-                                         "sample": self.redactor.redact(
-                                             line[:4096].decode("utf-8", "replace"))[:120]})
+            # redacted before it is cut: a cut token is no longer recognisable
+            sample = self.redactor.redact(line[:4096].decode("utf-8", "replace"))[:120]
+            self.emit("bridge:dropped", {"from": side, "reason": "malformed JSON: %s" % exc,
+                                         "size": len(line), "sample": sample})
 
     def dropped(self, splitter, side):
         """Lines over max_line_bytes were dropped: published, and when their ends show what they
@@ -10389,8 +10401,8 @@ class Proxy:
                 self.reply_error(mid, "answer_too_large", None, to_doctor=True)
                 answered = mid
             self.st["dropped"] += 1
-            self.emit("bridge:dropped", {"from": side, "id": mid, "answered": answered,
-                                         "reason": "line longer than proxy.max_line_bytes (%d)" % self.cap})
+            self.emit("bridge:dropped", {"from": side, "id": mid, "answered": answered, "reason":
+                                         "line longer than proxy.max_line_bytes (%d)" % self.cap})
         del splitter.dropped[:]
 
     # ---- I/O ----
@@ -10481,7 +10493,8 @@ class Proxy:
         import signal
         self.wake_r, self.wake_w = os.pipe()
         os.set_blocking(self.wake_w, False)
-        old = {s: signal.signal(s, self.on_signal) for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
+        old = {s: signal.signal(s, self.on_signal)
+               for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)}
         old[signal.SIGCHLD] = signal.signal(signal.SIGCHLD, self.on_child)
         self.adopting = proxy_adopt_orphans() and hasattr(os, "waitid")
         blocking = os.get_blocking(1)
@@ -10502,12 +10515,15 @@ class Proxy:
                     if child.exited():
                         self.child_exited()
                     elif (child.fout is None or child.fin is None) and not child.stop_reason:
-                        # Alive with its stdout (stdin) closed, it can answer (take) nothing: its end.
+                        # Alive with its stdout (stdin) closed, it can answer (take) nothing: its
+                        # end.
                         if now - child.eof_at >= self.close_grace:
-                            self.stop_child("stdout_closed" if child.fout is None else "stdin_closed", now=True)
+                            self.stop_child("stdout_closed" if child.fout is None else
+                                            "stdin_closed", now=True)
                     elif not child.stop_reason and (self.pending or child.replay_id is not None):
                         self.check_health(now)
-                if self.reload is not None and self.draining() and (not self.pending or now >= self.reload["until"]):
+                if self.reload is not None and self.draining() and \
+                        (not self.pending or now >= self.reload["until"]):
                     self.stop_child("reload", now=True)    # past the grace: the rest get an error
                 if self.reload_later is not None and now >= self.reload_later[1]:
                     files, self.reload_later = self.reload_later[0], None
@@ -10515,7 +10531,8 @@ class Proxy:
                 if self.shutting and (self.child is None or self.child.exit is not None):
                     break
                 child = self.child
-                if (child is None or child.exit is not None) and not self.stopped and now >= self.spawn_at:
+                if (child is None or child.exit is not None) and not self.stopped and \
+                        now >= self.spawn_at:
                     self.spawn()
                     continue
                 want = {self.wake_r: IN}
@@ -10588,7 +10605,8 @@ class Proxy:
                     signal_group(child.pid, signal.SIGKILL)
                 due.append(now + 0.01)
             elif child.fout is None:               # stdout closed: the exit is imminent, or overdue
-                due.append(now + 0.002 if now - child.eof_at < 0.1 else child.eof_at + self.close_grace)
+                due.append(now + 0.002 if now - child.eof_at < 0.1 else
+                           child.eof_at + self.close_grace)
             else:
                 due.append(self.reload["until"] if self.draining() else self.next_check)
         elif not self.stopped and not self.shutting:
@@ -10654,8 +10672,8 @@ class Proxy:
             # The group id is used only while it is surely the Doctor's: its leader alive until
             # now. A Doctor reaped earlier (a doctor:kill hours ago) had its leftovers killed then,
             # and its pid may belong to another process by now. Adopted orphans are found as ours.
-            pgid = child.pid if not self.adopting and (child.exit is None or child.stop_reason == "shutdown") \
-                else None
+            pgid = child.pid if not self.adopting and \
+                (child.exit is None or child.stop_reason == "shutdown") else None
             if child.exit is None:
                 signal_group(child.pid, signal.SIGKILL)
                 child.proc.wait()
@@ -10676,7 +10694,8 @@ class Proxy:
     def start_observability(self):
         cfg = self.cfg["observability"]
         if not cfg["enabled"]:
-            return self.log("info", "observability: disabled (observability.enabled, BRIDGE_OBS_ENABLED)")
+            return self.log("info", "observability: disabled (observability.enabled, "
+                            "BRIDGE_OBS_ENABLED)")
         # Safe by default (as Jupyter): with no token configured, one is drawn for this run, so
         # another user of the machine cannot drive /control. An empty token turns that off.
         token = cfg["token"]
@@ -10684,8 +10703,8 @@ class Proxy:
             import secrets
             token = secrets.token_urlsafe(24)
         obs = ObservabilityServer(cfg["host"], cfg["port"], token=token or None,
-                                  allowed_origins=tuple(cfg["allowed_origins"]), control=self.control,
-                                  log=lambda text: self.log("info", text))
+                                  allowed_origins=tuple(cfg["allowed_origins"]),
+                                  control=self.control, log=lambda text: self.log("info", text))
         if obs.start():
             self.obs = obs
             if cfg["token"] is None:
@@ -10710,13 +10729,15 @@ class Proxy:
 def proxy_tool_hashes(tools):
     """{name: hash of its inputSchema} for a tools/list answer's tools: what a reload compares."""
     import hashlib
-    return {tool["name"]: hashlib.sha256(json.dumps(tool.get("inputSchema"), sort_keys=True).encode(
-        "utf-8")).hexdigest()[:16] for tool in tools if tool.__class__ is dict and tool.get("name").__class__ is str}
+    return {tool["name"]: hashlib.sha256(json.dumps(tool.get("inputSchema"), sort_keys=True)
+                                         .encode("utf-8")).hexdigest()[:16]
+            for tool in tools if tool.__class__ is dict and tool.get("name").__class__ is str}
 
 
 def proxy_command(cfg, argv=None):
     """The Doctor's argv, cwd and environment: the command after `--`, else doctor.commandLine
-    (BRIDGE_DOCTOR_CMD, split like a shell would but run without one), else doctor.command + args."""
+    (BRIDGE_DOCTOR_CMD, split like a shell would but run without one), else doctor.command and
+    doctor.args."""
     doc = cfg["doctor"]
     if not argv:
         argv = split_command(doc["commandLine"], "doctor.commandLine (BRIDGE_DOCTOR_CMD)")
@@ -10724,8 +10745,8 @@ def proxy_command(cfg, argv=None):
         if not argv and command:
             argv = command + (split_command(doc["args"], "doctor.args") or [])
     if not argv:
-        raise BridgeError("proxy: no server command: give it after `--`, or set doctor.command in the "
-                          "config or BRIDGE_DOCTOR_CMD")
+        raise BridgeError("proxy: no server command: give it after `--`, or set doctor.command in "
+                          "the config or BRIDGE_DOCTOR_CMD")
     cwd = doc["cwd"] or None
     if cwd and not os.path.isdir(cwd):
         raise BridgeError("proxy: doctor.cwd %s is not a directory" % cwd)
@@ -10748,8 +10769,8 @@ OBS_HISTORY = 200  # recent events replayed to each new /events client
 OBS_HEAD_TIMEOUT = 10.0  # seconds for a whole request head: a client dribbling bytes is dropped
 OBS_MAX_HEAD = 16384     # bytes of a request head, its final blank line not counted
 # headers whose second copy would be a guess at which one counts: a request repeating one is refused
-OBS_SINGLE_HEADERS = ("host", "origin", "authorization", "upgrade", "connection", "sec-websocket-key",
-                      "sec-websocket-version")
+OBS_SINGLE_HEADERS = ("host", "origin", "authorization", "upgrade", "connection",
+                      "sec-websocket-key", "sec-websocket-version")
 # What one client may send a second before its reader thread sleeps out the second: reading,
 # unmasking and decoding frames is CPU work that would otherwise take the relay thread's turn.
 OBS_FRAMES_PER_SEC, OBS_BYTES_PER_SEC = 1000, 2 << 20
@@ -10881,7 +10902,8 @@ class ObsConnection:
         except (OSError, EOFError):
             pass
         except Exception as e:  # a bug here must end this client only, never the proxy, and say so
-            self.server.log("observability: internal error on %s %s: %r" % (self.addr, self.path, e))
+            self.server.log("observability: internal error on %s %s: %r" % (
+                self.addr, self.path, e))
             if self.path is not None:
                 self.push(ws_close_frame(1011, "internal error"), close=True)
         finally:
@@ -10928,7 +10950,8 @@ class ObsConnection:
             left = deadline - time.monotonic()    # one deadline for the whole head, not per recv
             if left <= 0:
                 self.sock.settimeout(5)
-                return self.http(408, "request head not complete within %g s" % self.server.head_timeout)
+                return self.http(408, "request head not complete within %g s" % (
+                    self.server.head_timeout))
             self.sock.settimeout(left)
             try:
                 chunk = self.sock.recv(4096)
@@ -10997,7 +11020,7 @@ class ObsConnection:
         window, frames_in, bytes_in = time.monotonic() + 1.0, 0, 0
         while not self.closing:
             if frames_in >= OBS_FRAMES_PER_SEC or bytes_in >= OBS_BYTES_PER_SEC:
-                time.sleep(max(0.0, window - time.monotonic()))   # over budget: TCP slows the sender
+                time.sleep(max(0.0, window - time.monotonic()))   # over budget: TCP slows it
             now = time.monotonic()
             if now >= window:
                 window, frames_in, bytes_in = now + 1.0, 0, 0
@@ -11039,7 +11062,8 @@ class ObsConnection:
                     decoder.decode(data, final=bool(fin))
                     pending = decoder.getstate()[0]
                     if pending[:1] == b"\xed" and pending[1:2] >= b"\xa0":
-                        raise UnicodeDecodeError("utf-8", pending, 0, 2, "a surrogate")  # Python waits
+                        # a surrogate begins: Python's decoder would wait for more bytes
+                        raise UnicodeDecodeError("utf-8", pending, 0, 2, "a surrogate")
             except UnicodeDecodeError:
                 raise WsFail(1007, "invalid UTF-8 in a text message")
             if fin:
@@ -11148,8 +11172,8 @@ class ObservabilityServer:
                     self.conns.discard(oldest)      # its slot is free now, not when its thread ends
                     self.events.discard(oldest)
                     if not heads:
-                        self.log("observability: dropping %s %s, quiet the longest, to make room" % (
-                            oldest.addr, oldest.path))
+                        self.log("observability: dropping %s %s, quiet the longest, to make "
+                                 "room" % (oldest.addr, oldest.path))
                     oldest.shutdown(socket.SHUT_RDWR)
                 self.conns.add(conn)
             threading.Thread(target=conn.run, daemon=True).start()
@@ -11199,8 +11223,9 @@ class ObservabilityServer:
         """Fan an event out to /events clients; never blocks; drops clients that fall behind."""
         event = {"ts": int(time.time() * 1000), "type": event_type, "data": data}
         ours = data.__class__ is dict and data.get("from") == "bridge"
-        kind = "stats" if event_type == "bridge:stats" else "lifecycle" if event_type[:4] != "mcp:" and \
-            event_type != "bridge:dropped" else "replies" if ours else "traffic"
+        kind = "stats" if event_type == "bridge:stats" else \
+            "lifecycle" if event_type[:4] != "mcp:" and event_type != "bridge:dropped" else \
+            "replies" if ours else "traffic"
         with self.lock:
             self.published += 1
             self.history[kind].append((self.published, event))
@@ -11266,7 +11291,8 @@ DASHBOARD_HTML = r"""<!doctype html>
 <html><head><meta charset="utf-8"><title>bridge.py proxy</title>
 <meta name="viewport" content="width=device-width,initial-scale=1">
 <style>
-body{font:14px system-ui,sans-serif;margin:1em 2em;color:#222;background:#f6f6f6;overflow-wrap:anywhere}
+body{font:14px system-ui,sans-serif;margin:1em 2em;color:#222;background:#f6f6f6;
+     overflow-wrap:anywhere}
 h1{font-size:1.3em}#conn{font-size:.7em;color:#777}
 .cards{display:flex;flex-wrap:wrap;gap:.6em}
 .card{background:#fff;border:1px solid #ddd;border-radius:6px;padding:.5em .9em;min-width:7em}
@@ -11275,7 +11301,8 @@ h1{font-size:1.3em}#conn{font-size:.7em;color:#777}
 .paused,.restarting,.starting,.stopping,.waiting{color:#a60}
 #ack{white-space:pre-wrap}
 #crash{background:#fdecea;border:1px solid #d99;border-radius:6px;padding:.5em .9em;margin:.6em 0}
-#crash pre{font:12px ui-monospace,monospace;margin:.4em 0 0;white-space:pre-wrap;max-height:14em;overflow:auto}
+#crash pre{font:12px ui-monospace,monospace;margin:.4em 0 0;white-space:pre-wrap;max-height:14em;
+           overflow:auto}
 #kinds label{margin-right:1em}
 #log{font:12px ui-monospace,monospace;background:#fff;border:1px solid #ddd;height:26em;
 overflow:auto;padding:.4em;white-space:pre-wrap}
@@ -11339,12 +11366,15 @@ const SAY = {
                          ", stderr: " + d.stderrTail[d.stderrTail.length - 1] : ""),
   "doctor:stopped": d => "generation " + d.generation + " stopped: " + exited(d.exit),
   "doctor:reloading": d => "reloading generation " + d.generation + ": " + d.file + " changed" +
-                           (d.pending ? ", " + d.pending + " requests get " + d.graceSec + " s" : ""),
-  "doctor:reloaded": d => "reloaded as generation " + d.generation + " (" + d.file + ", " + d.reloadMs +
-                          " ms): " + (d.error ? "tools/list failed: " + show(d.error) : !d.added ?
-                          d.tools + " tools, no earlier list to compare" : ["added", "removed", "changed"]
+                           (d.pending ? ", " + d.pending + " requests get " + d.graceSec + " s" :
+                            ""),
+  "doctor:reloaded": d => "reloaded as generation " + d.generation + " (" + d.file + ", " +
+                          d.reloadMs + " ms): " + (d.error ? "tools/list failed: " + show(d.error) :
+                          !d.added ? d.tools + " tools, no earlier list to compare" :
+                          ["added", "removed", "changed"]
                           .map(k => "tools " + k + " " + (d[k].join(" ") || "none")).join(", ")),
-  "bridge:stats": d => "generation " + d.generation + " " + d.state + (d.paused ? " (paused)" : "") +
+  "bridge:stats": d => "generation " + d.generation + " " + d.state +
+                       (d.paused ? " (paused)" : "") +
                        ", messages from / to client " + d.messagesIn + " / " + d.messagesOut +
                        ", pending " + d.pending + ", held " + d.held + ", restarts " +
                        d.doctorRestarts + ", events skipped " + d.eventsSkipped,
