@@ -13100,17 +13100,19 @@ def cmd_status(args):
     if args.json:  # ASCII only: an agent-written name or reason cannot drive the terminal
         print(json.dumps(report, indent=2))
         return EXIT_OK
-    print("queued %(queued)d  running %(running)d  pending %(pending)d  failed/ %(failed)d" % report)
-    print(printable("results: " + (", ".join("%s %d" % item for item in sorted(report["results"].items()))
-                                   or "none")))
+    print("queued %(queued)d  running %(running)d  pending %(pending)d  failed/ %(failed)d"
+          % report)
+    print(printable("results: " + (", ".join(
+        "%s %d" % item for item in sorted(report["results"].items())) or "none")))
     worker = report["worker"]
     print("watcher: " + ("running, %s" % describe_holder(worker) if worker else "not running"))
     # results and task names are agent-writable: control characters spelled out (printable)
     if report["recent_failures"]:
         print("recent failures:")
         for item in report["recent_failures"]:
-            print(printable("  %s  %s/%s  %s" % (item.get("id"), item.get("exit_path"),
-                                                 item.get("reason"), str(item.get("detail") or "")[:160])))
+            print(printable("  %s  %s/%s  %s" % (
+                item.get("id"), item.get("exit_path"), item.get("reason"),
+                str(item.get("detail") or "")[:160])))
     if report["waiting"]:
         print("held back by their dependencies:")
     for item in report["waiting"]:
@@ -13126,7 +13128,8 @@ def cmd_status(args):
 def cmd_approve(args):
     root, _config = load_args_config(args)
     task = approve_task(root, args.id)
-    print("approved %s at %s; the next `bridge.py watch` runs it" % (task["id"], task["approved_at"]))
+    print("approved %s at %s; the next `bridge.py watch` runs it" % (
+        task["id"], task["approved_at"]))
     return EXIT_OK
 
 
@@ -13146,7 +13149,8 @@ def cmd_unlock(args):
 
 def _seam_drain(root, opts):
     host = opts.get("host", "").strip().lower()
-    out = inbox_drain(root, opts.get("slug", ""), host, opts.get("session-id"), _csv(opts.get("members")))
+    out = inbox_drain(root, opts.get("slug", ""), host, opts.get("session-id"),
+                      _csv(opts.get("members")))
     # a heartbeat or acting acks not written: the records still go out, but the
     # exit says something is wrong with _bridge/ (out["error"] names the file)
     return out, EXIT_FAILED if out["status"] == "failed" or out.get("error") else EXIT_OK
@@ -13177,7 +13181,8 @@ SEAM_COMMANDS = {
         flags=("host",)),
     "inbox drain": dict(
         help="drain|ack|commit|check captain intent from _bridge/inbox.jsonl",
-        usage="inbox drain --slug SLUG [--host H] [--session-id ID] [--members a,b] [--repo-root DIR]",
+        usage="inbox drain --slug SLUG [--host H] [--session-id ID] [--members a,b] "
+              "[--repo-root DIR]",
         example="python3 scripts/bridge.py inbox drain --slug fo-main",
         flags=("host", "slug", "session-id", "members"),
         failed={"status": "failed", "slug": "", "cursor": 0, "high_water": 0, "count": 0,
@@ -13202,8 +13207,10 @@ SEAM_COMMANDS = {
         run=lambda root, opts: (inbox_commit(root, opts.get("slug", ""), opts.get("cursor", "")),
                                 EXIT_OK)),
     "inbox check": dict(
-        usage="inbox check [--host claude] [--slug SLUG] [--session-id ID] [--repo-root DIR]  < Stop payload",
-        example="echo '{\"stop_hook_active\":false}' | python3 scripts/bridge.py inbox check --slug fo-main",
+        usage="inbox check [--host claude] [--slug SLUG] [--session-id ID] [--repo-root DIR]  "
+              "< Stop payload",
+        example="echo '{\"stop_hook_active\":false}' | python3 scripts/bridge.py inbox check "
+                "--slug fo-main",
         flags=("host", "slug", "session-id")),
     "initiate": dict(
         help="push a status / reco / gate-review card to _bridge/fo-initiate.jsonl",
@@ -13221,7 +13228,8 @@ SEAM_COMMANDS = {
         usage="alert permission --reason TEXT [--id ID] [--command CMD] [--prefix-rule a,b] "
               "[--workflow W] [--entity E] [--host H] [--session-id ID] [--repo-root DIR]",
         example="python3 scripts/bridge.py alert permission --reason 'wants to run rm -rf build/'",
-        flags=("id", "workflow", "entity", "host", "session-id", "reason", "command", "prefix-rule"),
+        flags=("id", "workflow", "entity", "host", "session-id", "reason", "command",
+               "prefix-rule"),
         strict=True, never_block=True,
         failed={"queued": False},
         run=lambda root, opts: (alert_permission(root, opts), EXIT_OK)),
@@ -13317,7 +13325,8 @@ def seam_main(argv=None):
         return _cmd_inbox_check(rest)
     try:
         key = {"alert permission": "alert"}.get(verb, verb)
-        if "-h" in rest or "--help" in rest or key not in SEAM_COMMANDS or verb in ("inbox", "egress", "alert"):
+        if "-h" in rest or "--help" in rest or key not in SEAM_COMMANDS or verb in (
+                "inbox", "egress", "alert"):
             rows = [SEAM_COMMANDS[key]] if key in SEAM_COMMANDS else [
                 row for name, row in SEAM_COMMANDS.items() if name.startswith(verb or " ")]
             usage = "\n  ".join(row["usage"] for row in rows)
@@ -13433,12 +13442,14 @@ def _cmd_inbox_check(rest):
 # that folder and imports bridge; Codex has no such variable, and user-wide settings also
 # run in projects without bridge.py, so every other form looks for scripts/bridge.py from
 # the working directory up to the first folder holding .git and does nothing without one.
-HOOK_IMPORT = 'import gc,sys;gc.disable();sys.path[:0]=["scripts"];import bridge;sys.exit(bridge.seam_main())'
+HOOK_IMPORT = ('import gc,sys;gc.disable();sys.path[:0]=["scripts"];import bridge;'
+               'sys.exit(bridge.seam_main())')
 HOOK_WALK = (
     'import gc,os,sys;gc.disable();p=os.getcwd().split("/");a=["/".join(p[:i]) or "/" for i in '
     'range(len(p),0,-1)];g=[d for d in a if os.path.exists(d+"/.git")][:1];a=a[:a.index(g[0])+1] '
-    'if g else a[:1];f=[d+"/scripts/bridge.py" for d in a if os.path.isfile(d+"/scripts/bridge.py")]'
-    '[:1];f or sys.exit(0);from importlib.machinery import SourceFileLoader as L;m=type(sys)("bridge")'
+    'if g else a[:1];f=[d+"/scripts/bridge.py" for d in a if '
+    'os.path.isfile(d+"/scripts/bridge.py")][:1];f or sys.exit(0);'
+    'from importlib.machinery import SourceFileLoader as L;m=type(sys)("bridge")'
     ';m.__file__=f[0];L("bridge",f[0]).exec_module(m);sys.exit(m.seam_main())')
 # host -> (event, verb) in the order they are written: Claude's are asynchronous but for the
 # Stop check, whose answer Claude waits for; Codex's are the reference's codex-hooks.json.
@@ -13541,7 +13552,8 @@ def hook_command(host, verb, walk):
     """The command line of one bridge.py hook, as the README shows it."""
     if walk:
         return "python3 -I -S -c '%s' %s --host %s" % (HOOK_WALK, verb, host)
-    return "cd \"$CLAUDE_PROJECT_DIR\" && python3 -I -S -c '%s' %s --host %s" % (HOOK_IMPORT, verb, host)
+    return "cd \"$CLAUDE_PROJECT_DIR\" && python3 -I -S -c '%s' %s --host %s" % (
+        HOOK_IMPORT, verb, host)
 
 
 def hook_plan(host, scope):
@@ -13555,7 +13567,8 @@ def hook_plan(host, scope):
         elif verb == "egress emit":
             hook["async"] = True  # the agent never waits for its activity report
         hook["command"] = hook_command(host, verb, walk)
-        group = plan.setdefault(event, {"matcher": "*"} if event == "PostToolUse" and host == "claude" else {})
+        group = plan.setdefault(event, {"matcher": "*"} if event == "PostToolUse"
+                                and host == "claude" else {})
         group.setdefault("hooks", []).append(hook)
     return plan
 
@@ -13701,7 +13714,8 @@ def hooks_merged(path, host, plan, real=None):
         config = read_settings(real or path)
         return (config,) + merge_hooks(config, plan, install_commands(host))
     except BridgeError as exc:
-        raise exc if path in exc.message else BridgeError("settings file %s: %s" % (path, exc.message))
+        raise exc if path in exc.message else BridgeError("settings file %s: %s" % (
+            path, exc.message))
 
 
 def hooks_install(host, scope, root, remove=False):
@@ -13711,7 +13725,8 @@ def hooks_install(host, scope, root, remove=False):
     if host == "pi":
         return pi_extension_install(path, base, remove)
     try:
-        _old, config, changes, notes = hooks_merged(path, host, {} if remove else hook_plan(host, scope))
+        _old, config, changes, notes = hooks_merged(
+            path, host, {} if remove else hook_plan(host, scope))
     except BridgeError as exc:
         raise BridgeError(exc.message + "; not changed")
     notes = ["%s %s" % (path, note) for note in notes]
@@ -13837,13 +13852,15 @@ def hooks_doctor(root, hosts, scope=None, runs=5):
                         elif command in ours or looks_like_bridge(command):
                             found += 1
                             broken.append("%s %s (not run)" % (path, event))
-                            print(printable("not run %s %s: %s: check it is yours (an old bridge.py hook: "
-                                            "remove it, then run `bridge.py hooks install --host %s`)"
-                                            % (path, event, not_ours(command), host)))
+                            print(printable(
+                                "not run %s %s: %s: check it is yours (an old bridge.py hook: "
+                                "remove it, then run `bridge.py hooks install --host %s`)"
+                                % (path, event, not_ours(command), host)))
             if differs and (commands or found > mark):  # ours there, but not all or not as written
                 broken.append(path)
-                print(printable("broken  %s: not as hooks install writes them (`bridge.py hooks install "
-                                "--host %s` would change: %s)" % (path, host, "; ".join(differs))))
+                print(printable("broken  %s: not as hooks install writes them (`bridge.py hooks "
+                                "install --host %s` would change: %s)"
+                                % (path, host, "; ".join(differs))))
             if commands:
                 installed.setdefault(host, []).append(path)
             for command, on in commands.items():
@@ -13863,7 +13880,8 @@ def hooks_doctor(root, hosts, scope=None, runs=5):
                         if not isinstance(parse_json(first.stdout), dict):
                             raise ValueError("not an object")
                     except ValueError:
-                        problem = "answered %s, not a JSON object" % printable(repr(first.stdout[:200]))
+                        problem = "answered %s, not a JSON object" % printable(
+                            repr(first.stdout[:200]))
                 if problem:
                     problem += "; " + missing if missing else ""  # what to do about it
                     broken.append(name)
@@ -13881,7 +13899,8 @@ def hooks_doctor(root, hosts, scope=None, runs=5):
                   "(`bridge.py hooks uninstall --host %s --scope user` removes one)"
                   % (host, " and ".join(paths), host, host))
     if not found:
-        print("no bridge.py hooks found for %s: run `bridge.py hooks install --host HOST`" % ", ".join(hosts))
+        print("no bridge.py hooks found for %s: run `bridge.py hooks install --host HOST`"
+              % ", ".join(hosts))
         return EXIT_FAILED
     if broken:
         print(printable("%d broken: %s" % (len(broken), "; ".join(broken))))
@@ -13929,7 +13948,8 @@ def cmd_proxy(args):
     cfg["doctor"]["watch"] = list(cfg["doctor"]["watch"]) + args.watch
     for path in cfg["doctor"]["watch"]:
         if not os.path.exists(path):
-            raise BridgeError("proxy: watched path %r (--watch, doctor.watch) does not exist" % (path,))
+            raise BridgeError("proxy: watched path %r (--watch, doctor.watch) does not exist"
+                              % (path,))
     return Proxy(argv, cfg, cwd, env).run()
 
 
@@ -14128,13 +14148,15 @@ def build_parser():
                         "needs a person (blocked,\nrefused, failed, waiting for approval or its "
                         "dependencies), 128+N "
                         "signal N interrupted a task (re-queued)"),
-        spec("status", cmd_status, "counts per state, recent failures, tasks held back or skipped, task worktrees",
+        spec("status", cmd_status,
+            "counts per state, recent failures, tasks held back or skipped, task worktrees",
             "python3 scripts/bridge.py status --json", as_json),
         spec("approve", cmd_approve,
             "release a task waiting in pending/ so the next watcher run executes it",
             "python3 scripts/bridge.py approve 2026-11-22_01_add-greeting",
             spec("id", help="the task id")),
-        spec("unlock", cmd_unlock, "clear a provably stale worker lock (or --force), or kept task worktrees",
+        spec("unlock", cmd_unlock,
+            "clear a provably stale worker lock (or --force), or kept task worktrees",
             "python3 scripts/bridge.py unlock\npython3 scripts/bridge.py unlock --worktrees",
             spec("--force", action="store_true",
                 help="clear it even when its holder may still run (dangerous; with "
@@ -14179,7 +14201,8 @@ def build_parser():
                 "    \"self-watch 機能実装完了。\"",
                 *ids, spec("cmd_id"), spec("status", help="one of " + ", ".join(RELAY_STATUSES)),
                 spec("summary"),
-                spec("--force", action="store_true", help="relay even when a no-relay condition holds"))]),
+                spec("--force", action="store_true",
+                     help="relay even when a no-relay condition holds"))]),
         spec("proxy", cmd_proxy,
             "run an MCP stdio server under supervision: relay, restart on crash, observe",
             "python3 bridge.py proxy -- npx -y @modelcontextprotocol/server-filesystem .\n"
@@ -14201,25 +14224,31 @@ def build_parser():
                 "python3 bridge.py changes new --subject 'Fix typo' --plan plan.json "
                 "--architecture notes.md", subject,
                 spec("--plan", required=True, metavar="PLAN.json", help="a plan_v1 document"),
-                spec("--architecture", metavar="FILE.md", help="copied to 01-architecture.md"), anchor),
+                spec("--architecture", metavar="FILE.md", help="copied to 01-architecture.md"),
+                anchor),
             spec("validate", cmd_changes_validate,
                 "check a change set (offline, then through the MCP server if configured)",
-                "python3 bridge.py changes validate fix-typo--0123456789ab", spec("id", metavar="ID")),
+                "python3 bridge.py changes validate fix-typo--0123456789ab",
+                spec("id", metavar="ID")),
             spec("run", cmd_changes_run, "the executor: validate, gate and apply",
                 "python3 bridge.py changes run --once",
                 spec("--once", action="store_true", help="one pass over changes/, then exit"),
                 spec("--poll", type=poll_seconds, metavar="SECONDS",
                     help="seconds between passes (default changes.poll_sec)")),
             spec("status", cmd_changes_status, "states and decisions of change sets",
-                "python3 bridge.py changes status --json", spec("id", nargs="?", metavar="ID"), as_json),
-            spec("approve", cmd_changes_approve, "Tier-2 human approval of a change set waiting for review",
-                "python3 bridge.py changes approve fix-login--0123456789ab", spec("id", metavar="ID"))]),
+                "python3 bridge.py changes status --json", spec("id", nargs="?", metavar="ID"),
+                as_json),
+            spec("approve", cmd_changes_approve,
+                "Tier-2 human approval of a change set waiting for review",
+                "python3 bridge.py changes approve fix-login--0123456789ab",
+                spec("id", metavar="ID"))]),
     ]
     for entry in commands:
         if entry is None:  # listed only: main() hands a seam verb to seam_main before argparse
             for verb in SEAM_VERBS:
-                subparsers.add_parser(verb, help=next(
-                    seam["help"] for name, seam in SEAM_COMMANDS.items() if name.split()[0] == verb))
+                subparsers.add_parser(verb, help=next(seam["help"] for name, seam in
+                                                      SEAM_COMMANDS.items()
+                                                      if name.split()[0] == verb))
         else:
             values, options = entry
             (add_group if "verbs" in options else add_command)(subparsers, *values, **options)
