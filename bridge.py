@@ -2882,30 +2882,19 @@ class Git:
         which reads that repository's config: its filter drivers are not among those run()
         pins off. So those entries leave the index first, and the add records them again as
         it records a new nested repository: its HEAD commit, read without running anything.
-        Should the add fail (it then writes no index), they go back as they were. Your index
-        (env None: the work tree's own) is never left without them, not even by a watcher
-        killed between those two git calls: they work on a copy, which then replaces it."""
+        Should the add fail (it then writes no index), they go back as they were."""
         nested = [entry + "\0" for entry in self.run("ls-files", "-s", "-z", env=env).stdout.split(
             "\0") if entry.startswith("160000 ") and os.path.lexists(os.path.join(
                 self.root, entry.split("\t", 1)[1], ".git"))] if may_hold_gitlinks(index) else []
-        # (one that cannot be copied, not a regular file, git is left to take as it is)
-        copy, copied = self.index_copy() if nested and env is None else (None, False)
-        if copied:
-            env = {"GIT_INDEX_FILE": copy}
+        if nested:
+            self.run("update-index", "--force-remove", "-z", "--stdin", env=env,
+                     stdin_data="".join(entry.split("\t", 1)[1] for entry in nested))
         try:
-            if nested:
-                self.run("update-index", "--force-remove", "-z", "--stdin", env=env,
-                         stdin_data="".join(entry.split("\t", 1)[1] for entry in nested))
             self.run("add", "-A", *pathspec, env=env)
-            if copied:
-                os.replace(copy, index)
         except BridgeError:
-            if nested and not copied:  # ls-files -s writes what --index-info reads
+            if nested:  # ls-files -s writes what --index-info reads
                 self.run("update-index", "-z", "--index-info", env=env, stdin_data="".join(nested))
             raise
-        finally:
-            if copied:
-                unlink_quietly(copy)
 
     def worktree(self, path, fresh=False):
         """(Git, git directory) for the linked worktree at `path`, once git confirms it is the
@@ -3034,10 +3023,22 @@ class Git:
         commits made since BASE, and leaves the user's real index untouched.
         BASE None means the empty tree (an unborn branch).
         """
-        # A copy of the index keeps git's stat cache (a fast add -A). It is only a cache:
-        # one that cannot be copied and add -A starts empty.
-        temp_index = self.index_copy()[0]
+        import shutil
+        git_dir = self.git_dir()
+        temp_index = os.path.join(git_dir, "bridge-index.%d.%s" % (os.getpid(), random_hex()))
+        real_index = os.path.join(git_dir, "index")
         try:
+            # A copy of the index keeps git's stat cache (a fast add -A). It is only a cache:
+            # anything but a regular file there (a link to /dev/zero an agent planted would
+            # be copied until the disk is full), or one mostly holes, is not copied, and
+            # add -A starts empty.
+            try:
+                with open_input(real_index) as source:
+                    if not mostly_holes(source):
+                        with os.fdopen(create_once(temp_index), "wb") as copy:
+                            shutil.copyfileobj(source, copy)
+            except OSError:
+                unlink_quietly(temp_index)
             env = {"GIT_INDEX_FILE": temp_index}
             # Exclusions go on the diff only: an exclude pathspec naming an ignored
             # path (e.g. .ai-handoff/ in info/exclude) makes `git add` exit 1.
@@ -3050,24 +3051,6 @@ class Git:
                             base or EMPTY_TREE, *pathspec, env=env).stdout
         finally:
             unlink_quietly(temp_index)
-
-    def index_copy(self):
-        """(path, copied): a copy of the work tree's index beside it, bridge-index.PID.HEX (a
-        crashed watcher's are swept at start), and whether it holds one. Anything but a regular
-        file there (a link to /dev/zero an agent planted would be copied until the disk is
-        full), one mostly holes, or none, is not copied: no file is at that path then."""
-        import shutil
-        git_dir = self.git_dir()
-        temp = os.path.join(git_dir, "bridge-index.%d.%s" % (os.getpid(), random_hex()))
-        try:
-            with open_input(os.path.join(git_dir, "index")) as source:
-                if not mostly_holes(source):
-                    with os.fdopen(create_once(temp), "wb") as copy:
-                        shutil.copyfileobj(source, copy)
-                    return temp, True
-        except OSError:
-            unlink_quietly(temp)
-        return temp, False
 
 
 def mostly_holes(handle):

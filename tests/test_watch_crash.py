@@ -17,7 +17,6 @@ import pytest
 
 from conftest import BRIDGE, PYTHON, REPO, git, process_running
 from test_watch import Queue, branch, wait_for
-from test_watch_guard import add_submodule_of_two_commits
 
 TASK = "k"
 # step -> (how the watcher dies, the attempt that finally succeeds)
@@ -159,31 +158,3 @@ def test_a_stop_on_your_own_dirty_branch_commits_nothing_of_yours(git_repo, tmp_
     assert "?? mine.txt" in git(queue.repo, "status", "--porcelain")
     assert [h["reason"] for h in queue.history(TASK)] == ["interrupted"]
     assert queue.names("tasks") == ["k.json"] and queue.names("running") == []
-
-
-def test_sigkill_inside_the_commits_add_leaves_your_submodule_in_your_index(git_repo, tmp_path):
-    """The commit's `add -A` drops your checked-out submodule from the index and records it
-    again (see Git.add_all): a watcher killed in between, on your own dirty branch (whose
-    changes the recovery leaves as they are), leaves your index holding the submodule as it
-    was, not staged as deleted (a `git commit` of yours would then remove it)."""
-    add_submodule_of_two_commits(git_repo, tmp_path)
-    git(git_repo, "commit", "-q", "-m", "a submodule")
-    git(git_repo, "checkout", "-q", "-b", "work")
-    (git_repo / "mine.txt").write_text("my own change\n")
-    before = git(git_repo, "ls-files", "-s", "lib")
-    queue = Queue(git_repo, tmp_path)
-    verified = tmp_path / "verified"
-    queue.put(queue.task(TASK, allow_dirty=True, commands_to_run=["touch %s" % verified]))
-    wrapper = tmp_path / "bin" / "git"  # after verification: the audit's drop, then the commit's
-    wrapper.parent.mkdir()
-    wrapper.write_text('#!/bin/sh\n"%s" "$@"\nrc=$?\ncase " $* " in\n  *" update-index --force-'
-                       'remove "*) [ -e %s ] && ! mkdir %s 2>/dev/null && kill -9 $PPID ;;\nesac\n'
-                       'exit $rc\n' % (shutil.which("git"), verified, tmp_path / "audited"))
-    wrapper.chmod(0o755)
-    env = dict(queue.env, PATH=str(wrapper.parent) + os.pathsep + queue.env["PATH"])
-    assert queue.watch(env=env).returncode == -signal.SIGKILL
-    out = queue.watch()
-    assert queue.result(TASK)["reason"] == "stale_lock_recovered", (out.stderr, queue.result(TASK))
-    assert before.startswith("160000 ") and git(queue.repo, "ls-files", "-s", "lib") == before
-    assert git(queue.repo, "status", "--porcelain", "--ignore-submodules=dirty") == "?? k.txt\n?? mine.txt\n"
-    assert not list((queue.repo / ".git").glob("bridge-index.*"))  # the copy it worked on
