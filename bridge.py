@@ -2961,12 +2961,15 @@ class Git:
             return
         made = []
         try:
-            os.makedirs(path)
-            made.append(path)
+            os.makedirs(os.path.dirname(path), exist_ok=True)
             os.makedirs(os.path.dirname(admin), exist_ok=True)
-            path, admin = os.path.realpath(path), os.path.join(os.path.realpath(
-                os.path.dirname(admin)), os.path.basename(admin))
+            path, admin = (os.path.join(os.path.realpath(os.path.dirname(name)),
+                                        os.path.basename(name)) for name in (path, admin))
+            os.mkdir(path)
+            made.append(path)
             atomic_write(os.path.join(path, ".git"), ("gitdir: %s\n" % admin).encode(), durable=False)
+            if os.path.islink(path):  # swapped for a symlink meanwhile: never checked out there
+                raise BridgeError("%s was replaced by a symlink while it was made" % path)
             os.mkdir(admin)
             made.append(admin)
             for name, text in (("gitdir", path + "/.git"), ("commondir", "../.."),
@@ -2989,9 +2992,11 @@ class Git:
         checkout writes it last). Nothing ran there, so nothing is lost; a WIP commit of it
         would delete every file the checkout never wrote. True when it was such a folder."""
         import shutil
-        admin = os.path.join(common_git_dir(self.git_dir()), "worktrees", os.path.basename(path))
-        try:
-            names = None if os.path.islink(path) else os.listdir(path)
+        worktrees = os.path.join(os.path.realpath(common_git_dir(self.git_dir())), "worktrees")
+        admin = os.path.join(worktrees, os.path.basename(path))
+        try:  # a symlinked worktrees/ (git's own add refuses one) would lead anywhere
+            names = None if os.path.islink(path) or os.path.realpath(
+                os.path.dirname(admin)) != worktrees else os.listdir(path)
         except OSError:
             return False
         other = [name for name in names or () if name != ".git" and not (  # or its temporary
@@ -5770,8 +5775,12 @@ def clear_worktrees(handoff, repo, worktrees, say, lock, wip=False):
     `worktrees` [(task id, path)] nothing needs (worktree_state) or, with `wip`, each whose
     task is not queued or running, after committing what it holds to its branch as WIP.
     `say` is told what was removed, and why each kept one stays."""
-    with lock:
-        repo.run("worktree", "prune", check=False)
+    shared = os.path.join(common_git_dir(repo.git_dir()), "worktrees")
+    if os.path.islink(shared):  # git's own add refuses one; its prune deletes where it leads
+        say("not pruning worktrees: %s is a symlink, not git's; replace it with a folder" % shared)
+    else:
+        with lock:
+            repo.run("worktree", "prune", check=False)
     for task_id, path in worktrees:
         branch, held = "feat/ai/" + task_id, ""
         try:

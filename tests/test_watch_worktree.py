@@ -423,6 +423,24 @@ def test_a_folder_holding_more_than_a_half_made_worktree_is_never_removed(git_re
     assert_user_checkout_untouched(queue)
 
 
+def test_a_half_made_worktree_whose_git_directory_leads_elsewhere_removes_nothing_there(
+        git_repo, tmp_path):
+    """The watcher died having made the task's worktree folder and its .git file; before the
+    next start .git/worktrees is pointed (a symlink) at a folder of yours holding one named
+    like the task: the recovery removes nothing there (git's own add refuses such a link)."""
+    queue = worktree_queue(git_repo, tmp_path)
+    queue.put(queue.task("k", retry_policy={"max_attempts": 2}))
+    crash_watch(queue, tmp_path, WORKTREE_STEPS["worktree link written"][0])
+    yours = tmp_path / "yours"
+    (yours / "k").mkdir(parents=True)
+    (yours / "k" / "precious.txt").write_text("mine\n")
+    shutil.rmtree(queue.repo / ".git" / "worktrees")
+    (queue.repo / ".git" / "worktrees").symlink_to(yours)
+    out = queue.watch()
+    assert queue.names("results") == ["k.json"], out.stderr
+    assert (yours / "k" / "precious.txt").read_text() == "mine\n"
+
+
 def test_unlock_worktrees_leaves_a_worktree_whose_git_link_points_at_your_repository(git_repo, tmp_path):
     """A kept worktree whose .git file was rewritten later (by an agent running in another
     worktree, or a process it left) to name your own git directory: git there works on your
