@@ -10215,7 +10215,7 @@ class Proxy:
                     sent = pending.pop(mid, None)
                     if sent is None and mid in self.listens:   # the Doctor ended a listen
                         if child.stop_reason not in PROXY_FINAL:
-                            continue               # bridge.py restarts it: made again on the next
+                            continue               # restarted: the listen is re-sent
                         del self.listens[mid]
                     if child.witness and mid in child.witness:
                         child.concurrent, child.witness = True, None
@@ -10265,7 +10265,7 @@ class Proxy:
             return line
         if method == "notifications/cancelled":
             if self.child.stop_reason not in PROXY_FINAL:
-                return b""                         # bridge.py restarts it: made again on the next
+                return b""                         # restarted: the listen is re-sent
             del self.listens[sid]
             return line
         listen = self.listens[sid]
