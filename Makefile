@@ -18,7 +18,7 @@ test:
 	@py=$$(PYTHON=$(PYTHON) sh tests/tools.sh) || exit 2; \
 	rm -f .coverage .coverage.*; \
 	COVERAGE_RCFILE=tests/coverage.ini BRIDGE_PYTHON=$$py \
-	  $$py -m coverage run -m pytest -p no:cacheprovider --timeout=300 -q tests; status=$$?; \
+	  $$py -m coverage run -m pytest -p no:cacheprovider --timeout=300 -q -rs tests; status=$$?; \
 	COVERAGE_RCFILE=tests/coverage.ini $$py -m coverage combine -q >/dev/null 2>&1; \
 	rm -f .coverage.*; \
 	COVERAGE_RCFILE=tests/coverage.ini $$py -m coverage report || true; \
