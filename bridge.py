@@ -6213,11 +6213,6 @@ def seam_trim(path, max_lines, keep_lines, protect=None, seen=None):
         handle.close()
 
 
-def write_state(path, obj):
-    """Replace a small state file (heartbeat, cursor) atomically with a Go-encoded line."""
-    atomic_write(path, go_line(obj), mode=0o644)
-
-
 def go_count(text):
     """`text` read as Go's strconv.Atoi reads a count, or None: ASCII digits only, at most
     2^63-1. (Python's int() also takes other scripts' digits and "_", and refuses to convert
@@ -6293,9 +6288,7 @@ def one_line_summary(text, limit):
             break
         out.append(ch)
         size += len(ch.encode("utf-8", "replace"))
-        if size >= limit:
-            break
-    return "".join(out).strip()
+    return "".join(out).strip()  # a space added past the limit goes here
 
 
 def _session_from_env(host):
@@ -6311,11 +6304,6 @@ def seam_config(root):
         return load_config(root)
     except BridgeError as exc:
         raise SeamUsage(exc.message)
-
-
-def _seam_redactor(root):
-    """The kernel redactor with this root's redaction_patterns."""
-    return get_redactor(seam_config(root))
 
 
 # ---- egress: events.jsonl and session markers --------------------------------------
@@ -6386,7 +6374,7 @@ def egress_emit(data, host_flag="", repo_root=None):
               "tool": _payload_str(detail, "tool") or _payload_str(payload, "tool_name"),
               "source": _payload_str(detail, "source") or _payload_str(payload, "source"),
               "ts": ts if ts and parse_rfc3339(ts) is None else "", "host": host}
-    redactor = _seam_redactor(root)
+    redactor = get_redactor(seam_config(root))
     clean = redact_fields(redactor, fields)
     for key in ("session_id", "agent_id", "actor_id", "host"):
         if clean[key] != fields[key]:
@@ -6565,13 +6553,9 @@ def parse_intent(obj):
             return None
         rec[key] = value or ""
     raw_ts = obj.get("ts")
-    if raw_ts is None:
-        rec["ts"], rec["_ts"] = "", None
-    else:
-        parsed = parse_rfc3339(raw_ts)
-        if parsed is None:
-            return None
-        rec["ts"], rec["_ts"] = raw_ts, parsed
+    rec["ts"], rec["_ts"] = raw_ts or "", parse_rfc3339(raw_ts)
+    if raw_ts is not None and rec["_ts"] is None:
+        return None
     granted = obj.get("granted")
     if granted is not None and not isinstance(granted, bool):
         return None
@@ -6798,11 +6782,9 @@ def _reply_entry(reply):
         return None
     if (rid is not None and not isinstance(rid, str)) or (status is not None and not isinstance(status, str)):
         return None
-    parsed = None
-    if rts is not None:
-        parsed = parse_rfc3339(rts)
-        if parsed is None:
-            return None
+    parsed = parse_rfc3339(rts)
+    if rts is not None and parsed is None:
+        return None
     return [line, reply_key(line, rid or render_rfc3339_nano(parsed), kind, target), status != "acting"]
 
 
@@ -6996,7 +6978,7 @@ def inbox_drain(root, slug, host="", session_id=None, members=None):
     errors = []  # write failures: reported, and exit 1, but the records still go out
     path = os.path.join(bdir, "fo.%s.json" % slug)
     try:
-        write_state(path, beat)
+        atomic_write(path, go_line(beat), mode=0o644)
         out["heartbeat"] = True
     except OSError as exc:
         errors.append(write_failure("heartbeat not written:", path, exc))
@@ -7106,7 +7088,7 @@ def inbox_ack(root, opts):
     # (checked above) are kept byte-identical.
     free = {name: opts.get(name, "") for name in ("text", "entity", "field", "value", "verdict")}
     if any(free.values()):
-        free = redact_fields(_seam_redactor(root), free)
+        free = redact_fields(get_redactor(seam_config(root)), free)
     if free["text"]:
         free["text"] = free["text"].replace("\r", " ").replace("\n", " ").strip()
     granted = opts.get("granted")
@@ -7276,7 +7258,7 @@ def append_record(root, name, rec, prefix, answer=None):
 def initiate(root, opts):
     """Append a status / reco / gate-review card to fo-initiate.jsonl (folded by id)."""
     rid, kind = opts.get("id", "").strip(), opts.get("kind", "").strip()
-    redactor = _seam_redactor(root)
+    redactor = get_redactor(seam_config(root))
     headline = one_line_summary(redactor.redact(opts.get("headline", "")), 240)
     body = one_line_summary(redactor.redact(opts.get("body", "")), 2000)
     request_id = opts.get("request-id", "").strip()
@@ -7364,7 +7346,7 @@ def alert_permission(root, opts):
             ids[key] = id_flag(opts, key.replace("_", "-"), argv=key == "session_id")
     except SeamFailure as exc:
         raise SeamFailure("permission alert: " + exc.message, out)
-    redactor = _seam_redactor(root)
+    redactor = get_redactor(seam_config(root))
     reason = one_line_summary(redactor.redact(opts.get("reason", "")), 240)
     if not reason:
         raise SeamFailure("permission alert: reason is required", out)
@@ -7393,7 +7375,7 @@ def feed(root, opts):
     verb = opts.get("verb", "").strip()
     if verb not in FEED_VERBS:
         raise SeamFailure("feed: --verb must be one of dispatch|advance|complete")
-    text = one_line_summary(_seam_redactor(root).redact(opts.get("text", "")), 120)
+    text = one_line_summary(get_redactor(seam_config(root)).redact(opts.get("text", "")), 120)
     if not text:
         raise SeamFailure("feed: --text is required")
     rec = {"ts": utc_iso(), "verb": verb}
@@ -7530,7 +7512,7 @@ def _wake_pass(root, bdir, config, members, codex_bin):
             pid = _start_resume(argv, root, prompt)
         except OSError as exc:
             where = exc.filename if exc.filename and exc.filename != argv[0] else None
-            error = _seam_redactor(root).redact("cannot start %s: %s%s" % (
+            error = get_redactor(config).redact("cannot start %s: %s%s" % (
                 argv[0], "%s: " % where if where else "", exc.strerror or exc))
             failures.append(error)
             _wake_event(bdir, "failed", lines, slugs, session, error=error)
@@ -7594,7 +7576,7 @@ def _save_wake_resumes(bdir, resumes):
     path = os.path.join(bdir, WAKE_RESUMES)
     try:
         if resumes or os.path.lexists(path):
-            write_state(path, resumes)
+            atomic_write(path, go_line(resumes), mode=0o644)
     except OSError as exc:  # the resumes are started: losing the record only loses the guard
         warn(write_failure("wake: cannot record the resumes started in", path, exc))
 
@@ -7604,14 +7586,11 @@ def _resumable_session(bdir, slug):
     session = _heartbeat_session(bdir, slug)
     if is_safe_session_id(session):
         return session
-    best = None
-    for mtime, path, marker in _markers(bdir):
-        sid = marker.get("session_id")
-        if marker.get("workflow") == slug and is_safe_session_id(sid):
-            if best is None or (mtime, path) > best[:2]:
-                best = (mtime, path, sid)
-    if best:
-        return best[2]
+    markers = [(mtime, path, marker["session_id"]) for mtime, path, marker in _markers(bdir)
+               if marker.get("workflow") == slug
+               and is_safe_session_id(marker.get("session_id"))]
+    if markers:
+        return max(markers)[2]  # the newest (no two markers share a path)
     latest = None
     for _, record, _ in scan_jsonl(os.path.join(bdir, "events.jsonl")):
         rec = go_fields(record, EVENT_FIELDS)
@@ -8364,10 +8343,9 @@ def _relay_insert_point(layout):
     while pos > start:
         prev = max(text.rfind("\n", start, pos - 1) + 1, start)
         line = text[prev:pos].rstrip("\n")
-        if line.strip(" ") == "" or line.startswith("#"):
-            pos = prev
-            continue
-        break
+        if line.strip(" ") and not line.startswith("#"):
+            break
+        pos = prev
     # keep blank lines that directly follow the content
     while pos < end:
         nl = text.find("\n", pos, end)
@@ -8393,12 +8371,9 @@ def relay_max_id(layout):
                    r" {%d}id:[ \t]*(['\"]?)cmd_(\d+)\3%s)" % (d, k, tail))
     else:
         pattern = r"\n(?: {%d}-[ ]+| {%d,%d})" % (d, d + 1, k) + value
-    best = 0
     start, end = layout.region
-    for m in re.compile(pattern).finditer(layout.scan, start, end):
-        digits = m.group(2) if layout.kind != "map" else (m.group(2) or m.group(4))
-        best = max(best, int(digits))
-    return best
+    return max((int(m.group(2) if layout.kind != "map" else m.group(2) or m.group(4))
+                for m in re.compile(pattern).finditer(layout.scan, start, end)), default=0)
 
 
 def relay_splice(layout, raw, bom, entry_lines):
