@@ -356,12 +356,8 @@ def create_once(path, mode=0o644):
 def write_once(path, data, mode=0o644):
     """Create `path` holding `data`, whole (its data fsynced), or FileExistsError when anything
     is there: a second process, or a reader, never sees it empty or half written (link_once)."""
-    folder = os.open(os.path.dirname(path) or ".", os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        if not link_once(folder, os.path.basename(path), data, mode):
-            raise FileExistsError(17, "File exists", path)
-    finally:
-        os.close(folder)
+    if not create_once_within(os.path.dirname(path) or ".", os.path.basename(path), data, mode):
+        raise FileExistsError(17, "File exists", path)
 
 
 def link_once(folder_fd, name, data, mode=0o644):
@@ -384,7 +380,7 @@ def link_once(folder_fd, name, data, mode=0o644):
         unlink_quietly(tmp, dir_fd=folder_fd)
 
 
-def create_once_within(base, rel, data):
+def create_once_within(base, rel, data, mode=0o644):
     """Create the file BASE/REL holding `data` unless anything is there (False then: the first
     write wins), in a tree agents can write to. Each folder below `base` is opened with
     O_NOFOLLOW (made when missing) and the file is written to a temporary name and hard-linked
@@ -410,7 +406,7 @@ def create_once_within(base, rel, data):
                 raise
             os.close(fd)
             fd = sub
-        return link_once(fd, name, data)
+        return link_once(fd, name, data, mode)
     finally:
         os.close(fd)
 
@@ -643,19 +639,14 @@ def _skip_lines(handle, count):
         if not block:
             break
         found = block.count(b"\n")
-        if skipped + found < count:
-            skipped += found
-            offset += len(block)
-            continue
-        position = -1
-        for _ in range(count - skipped):
-            position = block.index(b"\n", position + 1)
-        skipped = count
-        offset += position + 1
-        break
-    else:
-        return skipped
-    handle.seek(offset)
+        if skipped + found >= count:
+            position = -1
+            for _ in range(count - skipped):
+                position = block.index(b"\n", position + 1)
+            handle.seek(offset + position + 1)
+            return count
+        skipped += found
+        offset += len(block)
     return skipped
 
 
@@ -852,12 +843,11 @@ class FileLock:
                 raise BridgeError("cannot lock %s: %s" % (self.path, exc.strerror or exc))
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                os.close(fd)
-                self.holder = self.read(self.path)
-                return False
             except OSError as exc:
                 os.close(fd)
+                if isinstance(exc, BlockingIOError):
+                    self.holder = self.read(self.path)
+                    return False
                 raise BridgeError("cannot lock %s: %s" % (self.path, exc.strerror or exc))
             try:
                 same_file = os.fstat(fd).st_ino == os.stat(self.path).st_ino
@@ -2583,9 +2573,9 @@ def run_command(cmd, cwd=None, env=None, timeout=None, shell=False, stdin_data=N
             stdin=subprocess.PIPE if stdin_data is not None else subprocess.DEVNULL,
             stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True)
     except OSError as exc:
-        name = cmd if isinstance(cmd, str) else (cmd[0] if cmd else "")
-        return CommandResult(cmd, exit_code=127, stderr="cannot start %s: %s" % (
-            name, exc.strerror or exc), error="cannot start %s: %s" % (name, exc.strerror or exc))
+        error = "cannot start %s: %s" % (cmd if isinstance(cmd, str) else (cmd[0] if cmd else ""),
+                                          exc.strerror or exc)
+        return CommandResult(cmd, exit_code=127, stderr=error, error=error)
 
     # One loop reads both pipes and waits for the child's exit without reaping it (until it
     # is reaped, its pid, and so its group id, cannot be reused): on Linux a pidfd turns
@@ -2851,13 +2841,11 @@ class Git:
 
     def head(self):
         """The commit HEAD points at, or None on an unborn branch."""
-        result = self.run("rev-parse", "--verify", "-q", "HEAD", check=False)
-        return result.stdout.strip() or None
+        return self.run("rev-parse", "--verify", "-q", "HEAD", check=False).stdout.strip() or None
 
     def current_branch(self):
         """The checked-out branch name, or None when HEAD is detached."""
-        result = self.run("symbolic-ref", "-q", "--short", "HEAD", check=False)
-        return result.stdout.strip() or None
+        return self.run("symbolic-ref", "-q", "--short", "HEAD", check=False).stdout.strip() or None
 
     def commit_all(self, message):
         """Commit everything in the work tree (`add -A`: what info/exclude and .gitignore
