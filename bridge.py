@@ -101,7 +101,7 @@ class Stop(Exception):
 
 def os_error_message(exc):
     """`cannot write PATH: why` for an OSError that names a path (what is left unhandled is
-    a write: reads go through read_input), else its plain text. For the CLI's last line."""
+    a write: reads go through read_input), else None. For the CLI's last line."""
     if not getattr(exc, "filename", None):
         return None
     if getattr(exc, "filename2", None):  # a rename: the target's folder refused it
@@ -290,32 +290,27 @@ def read_json_file(path, what="file", missing=_Missing):
         raise BridgeError("%s %s: %s" % (what, path, exc))
 
 
-def check_json_depth(data):
-    """ValueError when the JSON text `data` (str or bytes) nests deeper than JSON_MAX_DEPTH.
-
-    Counted without recursion, in one pass: strings and everything but brackets are
-    dropped, and the depth after each bracket is the running sum of +1 for an opening one
-    and -1 for a closing one (so brackets never closed count too: the decoder descends
-    into each before it finds the text unterminated). Text with fewer opening brackets
-    than the limit (every ordinary record) is not scanned at all."""
-    b = isinstance(data, bytes)
-    if data.count(b"[" if b else "[") + data.count(b"{" if b else "{") <= JSON_MAX_DEPTH:
-        return
-    from itertools import accumulate, count
-    from operator import sub
-    string, other = (rb'"[^"\\]*(?:\\.[^"\\]*)*"?', rb"[^][{}]+") if b else \
-        (r'"[^"\\]*(?:\\.[^"\\]*)*"?', r"[^][{}]+")
-    rest = re.sub(other, data[:0], re.sub(string, data[:0], data, flags=re.S))
-    steps = (rest if b else rest.encode("ascii")).translate(bytes.maketrans(b"[{]}", b"\2\2\0\0"))
-    if max(map(sub, accumulate(steps), count(1)), default=0) > JSON_MAX_DEPTH:  # sum(step - 1)
-        raise ValueError("JSON nested deeper than %d levels" % JSON_MAX_DEPTH)
-
-
 def parse_json(data, **hooks):
-    """json.loads for input bridge.py did not write: every failure is a ValueError, and a
-    document nested deeper than JSON_MAX_DEPTH is one (it would exhaust the recursion
-    limit inside the decoder). `hooks` go to json.loads."""
-    check_json_depth(data)
+    """json.loads for input bridge.py did not write (str or bytes): every failure is a
+    ValueError, and a document nested deeper than JSON_MAX_DEPTH is one (it would exhaust
+    the recursion limit inside the decoder). `hooks` go to json.loads.
+
+    The depth is counted without recursion, in one pass: strings and everything but brackets
+    are dropped, and the depth after each bracket is the running sum of +1 for an opening one
+    and -1 for a closing one (so brackets never closed count too: the decoder descends into
+    each before it finds the text unterminated). Text with fewer opening brackets than the
+    limit (every ordinary record) is not scanned at all."""
+    b = isinstance(data, bytes)
+    if data.count(b"[" if b else "[") + data.count(b"{" if b else "{") > JSON_MAX_DEPTH:
+        from itertools import accumulate, count
+        from operator import sub
+        string, other = (rb'"[^"\\]*(?:\\.[^"\\]*)*"?', rb"[^][{}]+") if b else \
+            (r'"[^"\\]*(?:\\.[^"\\]*)*"?', r"[^][{}]+")
+        rest = re.sub(other, data[:0], re.sub(string, data[:0], data, flags=re.S))
+        steps = (rest if b else rest.encode("ascii")).translate(
+            bytes.maketrans(b"[{]}", b"\2\2\0\0"))
+        if max(map(sub, accumulate(steps), count(1)), default=0) > JSON_MAX_DEPTH:  # sum(step - 1)
+            raise ValueError("JSON nested deeper than %d levels" % JSON_MAX_DEPTH)
     return json.loads(data, **hooks)
 
 
@@ -571,29 +566,24 @@ def _append_whole(fd, data, path):
         raise OSError(exc.errno, exc.strerror, path) from None
     if written == len(data):
         return
-    _end_fragment(fd, path, before, written)
-    import errno
-    raise OSError(errno.EIO, "short write, %d of %d bytes (is the disk full?); the part written "
-                  "was removed" % (written, len(data)), path)
-
-
-def _end_fragment(fd, path, before, written):
-    """Undo a short append of `written` bytes to `fd` (see _append_whole); best effort."""
-    try:
+    try:  # undo the fragment, as well as can be: the OSError below reports the failed write
         size = os.fstat(fd).st_size
         if size == before + written:
             os.ftruncate(fd, before)
-            return
-        # Someone appended too. Our fragment is the last line only if the file does not
-        # end with a newline (every other writer appends whole lines); fd is write-only.
-        last = b""
-        with open_input(path) as check:
-            if os.fstat(check.fileno()).st_ino == os.fstat(fd).st_ino:
-                last = os.pread(check.fileno(), 1, size - 1)
-        if last != b"\n":
-            os.write(fd, b"\n")
+        else:
+            # Someone appended too. Our fragment is the last line only if the file does not
+            # end with a newline (every other writer appends whole lines); fd is write-only.
+            last = b""
+            with open_input(path) as check:
+                if os.fstat(check.fileno()).st_ino == os.fstat(fd).st_ino:
+                    last = os.pread(check.fileno(), 1, size - 1)
+            if last != b"\n":
+                os.write(fd, b"\n")
     except OSError:
-        pass  # nothing more can be done here; the caller reports the failed write
+        pass
+    import errno
+    raise OSError(errno.EIO, "short write, %d of %d bytes (is the disk full?); the part written "
+                  "was removed" % (written, len(data)), path)
 
 
 def append_jsonl(path, record):
@@ -770,12 +760,13 @@ def kill_recorded_groups(meta):
 
 
 def _parse_lock_meta(text):
+    """The metadata in a lock file's text, or None when there is none."""
     if not text:
         return None
     try:
         meta = parse_json(text)
     except ValueError:
-        return {"unreadable": text[:200]}
+        meta = None
     return meta if isinstance(meta, dict) else {"unreadable": text[:200]}
 
 
@@ -805,15 +796,10 @@ class FileLock:
     # -- reading a lock from outside --
 
     @staticmethod
-    def read(path):
-        """The metadata in a lock file, or None when there is none."""
-        return _parse_lock_meta(_read_small(path))
-
-    @staticmethod
     def probe(path):
         """('free'|'held'|'unknown', metadata) for a lock file, without taking it."""
         import fcntl
-        meta = FileLock.read(path)
+        meta = _parse_lock_meta(_read_small(path))
         try:
             fd = open_lock(path, create=False)
         except FileNotFoundError:
@@ -846,7 +832,7 @@ class FileLock:
             except OSError as exc:
                 os.close(fd)
                 if isinstance(exc, BlockingIOError):
-                    self.holder = self.read(self.path)
+                    self.holder = _parse_lock_meta(_read_small(self.path))
                     return False
                 raise BridgeError("cannot lock %s: %s" % (self.path, exc.strerror or exc))
             try:
@@ -2035,8 +2021,7 @@ class Redactor:
                 start = mask.rfind(b" ", max(0, at - 64), at) + 1 or max(0, at - 64)
                 name = low[start:at].decode("ascii").rstrip(".-_")
                 weak = False
-                if not rx["secret_name"].search(name, max(0, len(name) - 24)) \
-                        or rx["not_secret_name"].search(name):
+                if not self._secret_key(name):
                     # UPPER_CASE_KEY=<random> (env-style names) counts too
                     if not (name.endswith("_key") and text[start:at].isupper()):
                         continue
@@ -2741,10 +2726,7 @@ class Git:
         self.stop = None  # run_command's stop(): the watcher's "killed if still running"
 
     def _base(self):
-        cmd = ["git", "--no-pager"]
-        for pair in self.SAFE_CONFIG:
-            cmd += ["-c", pair]
-        return cmd
+        return ["git", "--no-pager"] + [word for pair in self.SAFE_CONFIG for word in ("-c", pair)]
 
     def run(self, *args, check=True, env=None, stdin_data=None):
         cmd = self._base() + self.filter_config() + list(args)

@@ -123,14 +123,14 @@ def test_filelock_excludes_other_process_and_recovers_after_kill(tmp_path):
     assert bridge.holder_is_dead(lock.holder) is False
     holder.kill()
     holder.wait()
-    assert bridge.holder_is_dead(bridge.FileLock.read(path)) is True
+    assert bridge.holder_is_dead(bridge.FileLock.probe(path)[1]) is True
     assert bridge.FileLock.probe(path)[0] == "free"
     assert lock.acquire() is True
     assert lock.recovered["pid"] == holder.pid  # the crashed holder is reported
     lock.heartbeat()
     lock.release()
     assert path.exists()  # never deleted: deleting an flock'd file breaks exclusion
-    assert bridge.FileLock.read(path)["released_at"]
+    assert bridge.FileLock.probe(path)[1]["released_at"]
     again = bridge.FileLock(path)
     assert again.acquire() and again.recovered is None
     again.release()
