@@ -53,10 +53,11 @@ Table of contents
 
 # Only cheap modules are imported at the top: hooks start bridge.py on every tool
 # call, so subprocess, socket, threading, hashlib and friends are imported inside
-# the functions that need them. (json imports re, so re costs nothing extra.)
+# the functions that need them. (json imports re and os imports stat: both are free.)
 import json
 import os
 import re
+import stat
 import sys
 import time
 
@@ -227,7 +228,6 @@ def _open_regular(path, flags):
     """os.open(path) that never follows a symlink at `path` and never blocks, and an OSError
     naming `path` unless what it opened is a regular file (one it creates is mode 0644)."""
     import errno
-    import stat
     try:
         fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK, 0o644)
     except OSError as exc:
@@ -462,7 +462,6 @@ def make_dirs(path, root, create=True):
     symlink below `root`: a symlink or a file where a folder should be is a BridgeError
     naming it, so nothing is ever written through it to a place outside. Returns `path`.
     create=False only checks the folders that exist."""
-    import stat
     root, path = os.path.abspath(os.fspath(root)), os.path.abspath(os.fspath(path))
     if create and not os.path.isdir(root):
         os.makedirs(root, exist_ok=True)  # `root` itself is trusted
@@ -682,8 +681,8 @@ def open_lock(path, create=True):
 def _proc_stat(pid):
     """The fields of /proc/PID/stat after the command name ([] when unreadable): [0] the
     state (Z: exited, not reaped yet), [19] when it started, in clock ticks since boot."""
-    stat = _read_small("/proc/%d/stat" % pid)
-    return stat.rsplit(")", 1)[1].split() if stat and ")" in stat else []
+    line = _read_small("/proc/%d/stat" % pid)
+    return line.rsplit(")", 1)[1].split() if line and ")" in line else []
 
 
 def _start_ticks(pid, fields=None):
@@ -1955,10 +1954,7 @@ class Redactor:
             if "@" not in region and "hook" not in region and "discord" not in region:
                 continue                               # neither userinfo nor a webhook path
             # the region may hold several URLs (`a=https://u:p@h,b=https://...`): one per "://"
-            firsts, at = [0], region.find("://")
-            while at >= 0:
-                firsts.append(at + 3)
-                at = region.find("://", at + 3)
+            firsts = [0] + [at + 3 for at in _positions(region, "://")]
             for index, first in enumerate(firsts):
                 stop = firsts[index + 1] - 3 if index + 1 < len(firsts) else len(region)
                 h = hook.match(text, base + first, base + stop)
@@ -2251,12 +2247,13 @@ def _placeholder_body(body):
     return len(body) >= 8 and max(body.count(c) for c in "xX*•") >= 0.8 * len(body)
 
 
-def _positions(text, char):
-    """The positions of `char` in `text` (a short one), in order."""
-    at = text.find(char)
+def _positions(text, sub):
+    """The positions of `sub` (a character, or "://": never overlapping itself) in `text`
+    (a short one), in order."""
+    at = text.find(sub)
     while at >= 0:
         yield at
-        at = text.find(char, at + 1)
+        at = text.find(sub, at + 1)
 
 
 def _group_by(items, key):
@@ -2756,7 +2753,6 @@ class Git:
     def _contents(files):
         """What tells a change of these files: stat's size, times and inode (a write always
         moves ctime), or the errno of a missing one. One stat each: run() asks every call."""
-        import stat
         signature = []
         for path in files:
             try:
