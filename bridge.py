@@ -6361,9 +6361,9 @@ def egress_emit(data, host_flag="", repo_root=None):
         size = os.lstat(events).st_size
     except OSError:
         size = 0
-    if size > EVENTS_MAX_LINES:  # fewer bytes than lines is impossible: skip the count
-        if count_complete_lines(events) > EVENTS_MAX_LINES:
-            seam_trim(events, EVENTS_MAX_LINES, EVENTS_KEEP_LINES)
+    # fewer bytes than lines is impossible: a small file is not even counted
+    if size > EVENTS_MAX_LINES and count_complete_lines(events) > EVENTS_MAX_LINES:
+        seam_trim(events, EVENTS_MAX_LINES, EVENTS_KEEP_LINES)
     done = "event appended"
     marker = _marker_for(host, hook_event, payload, detail, actor, cwd)
     if marker:
@@ -6676,9 +6676,6 @@ def read_inbox(bdir, start, index):
     return out, number
 
 
-_REPLY_LINE = None
-
-
 def load_reply_keys(bdir, lines, floor, index):
     """(terminal, acting): replyKey sets of the acks in fo-replies.jsonl for inbox `lines`.
 
@@ -6688,7 +6685,6 @@ def load_reply_keys(bdir, lines, floor, index):
     cursor asked about) can never matter again, so the index keeps only the
     rest and later calls read just the bytes appended since.
     """
-    global _REPLY_LINE
     terminal, acting = set(), set()
     try:
         handle = open_input(os.path.join(bdir, "fo-replies.jsonl"))
@@ -6706,13 +6702,12 @@ def load_reply_keys(bdir, lines, floor, index):
         begin = handle.tell()
         data = handle.read()
         end = data.rfind(b"\n") + 1  # a torn last line is not there yet
-        if _REPLY_LINE is None:
-            # Any case: Go reads "IN_REPLY_TO_LINE" as in_reply_to_line (go_fields). A line
-            # with several spellings is parsed if any of them is past the floor. A key
-            # spelled with \u escapes is not found (no JSON encoder writes one).
-            _REPLY_LINE = re.compile(rb'(?i)"in_reply_to_line"[ \t\r\n]*:[ \t\r\n]*([0-9]+)(?![0-9.eE])')
+        # Any case: Go reads "IN_REPLY_TO_LINE" as in_reply_to_line (go_fields). A line with
+        # several spellings is parsed if any is past the floor. A key spelled with \u escapes
+        # is not found (no JSON encoder writes one). re caches the compiled pattern.
+        reply_line = re.compile(rb'(?i)"in_reply_to_line"[ \t\r\n]*:[ \t\r\n]*([0-9]+)(?![0-9.eE])')
         seen = -1
-        for match in _REPLY_LINE.finditer(data, 0, end):
+        for match in reply_line.finditer(data, 0, end):
             if int(match.group(1)) <= floor or match.start() < seen:
                 continue
             start = data.rfind(b"\n", 0, match.start()) + 1
@@ -6742,11 +6737,10 @@ def _reply_entry(reply):
         return None
     target, kind = reply.get("target"), reply.get("intent_kind")
     rid, rts, status = reply.get("in_reply_to_id"), reply.get("in_reply_to_ts"), reply.get("status")
-    if not isinstance(target, str) or not is_safe_name(target.strip()) or target.strip() != target:
+    # (a safe name has no space for Go's TrimSpace to take)
+    if not is_safe_name(target) or not (isinstance(kind, str) and kind):
         return None
-    if not isinstance(kind, str) or not kind:
-        return None
-    if (rid is not None and not isinstance(rid, str)) or (status is not None and not isinstance(status, str)):
+    if not all(value is None or isinstance(value, str) for value in (rid, status)):
         return None
     parsed = parse_rfc3339(rts)
     if rts is not None and parsed is None:
@@ -7122,9 +7116,7 @@ def inbox_check(data, host="", repo_root=None, slug=None, session_id=None):
     payload = go_fields(payload, STOP_FIELDS)
     active = payload.get("stop_hook_active")
     if any(payload.get(k) is not None and not isinstance(payload.get(k), str) for k in ("cwd", "session_id")) \
-            or (active is not None and not isinstance(active, bool)):
-        return {}
-    if active:
+            or (active is not None and not isinstance(active, bool)) or active:
         return {}
     host = (host or "claude").strip().lower()
     root = seam_root(repo_root, _payload_str(payload, "cwd") or None)
