@@ -7026,15 +7026,13 @@ def inbox_ack(root, opts):
     id_flag({"session-id": session_id}, "session-id", argv=True)
     request_id = id_flag(opts, "request-id")
     bdir = bridge_dir(root)
-    rec = None
-    for _, record, _ in scan_jsonl(os.path.join(bdir, "inbox.jsonl"), line - 1):
-        rec = parse_intent(record) if record is not None else False
-        break
-    if rec is None:
+    found = next(scan_jsonl(os.path.join(bdir, "inbox.jsonl"), line - 1), None)
+    if found is None:
         raise SeamFailure("inbox line %d does not exist (%s has %d complete lines)" % (
             line, os.path.join(SEAM_DIR, "inbox.jsonl"),
             count_complete_lines(os.path.join(bdir, "inbox.jsonl"))))
-    if rec is False:
+    rec = parse_intent(found[1])  # None for a line that is not JSON too
+    if rec is None:
         raise SeamFailure("inbox line %d is not a valid intent record" % line)
     if rid and rec["id"] != rid:
         raise SeamFailure("--id %r does not match inbox line %d (id %r)" % (rid, line, rec["id"]))

@@ -1639,6 +1639,15 @@ def test_deeply_nested_lines_are_skipped_like_malformed_ones(repo, tmp_path):
          cwd=repo)
 
 
+def test_ack_of_a_json_line_that_is_no_intent_says_it_is_invalid_not_missing(repo):
+    """A line that is JSON but that Go would not decode as an intent (here its id is a number)
+    exists: the ack names it invalid, not missing from an inbox that has it."""
+    write_inbox(repo, {"id": 5, "kind": "tell", "target": "alpha"}, INBOX3[1])
+    code, out, _ = seam("inbox", "ack", "--slug", "alpha", "--line", "1", "--id", "5", "--kind",
+                        "tell", "--status", "answered", cwd=repo)
+    assert code == 1 and out["error"] == "inbox line 1 is not a valid intent record", out
+
+
 def _set(path, value):
     """A mutation of a real index: set the entry at `path` (keys and list indexes) to `value`."""
     def mutate(index):
