@@ -6813,7 +6813,6 @@ def trim_replies(bdir):
     held down by a slow slug does not make every ack re-read a long history.
     Returns True when the file was rewritten.
     """
-    import stat
     path = os.path.join(bdir, "fo-replies.jsonl")
     try:
         st = os.lstat(path)
