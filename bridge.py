@@ -1906,7 +1906,6 @@ class Redactor:
             start = end + 1 - len(prefix)
             if start < 0 or not text.startswith(prefix, start):
                 continue
-            rule = _PREFIXED[prefix]
             m = rx["prefixed", prefix].match(text, end + 1)
             if not m:
                 continue
@@ -1916,7 +1915,7 @@ class Redactor:
                 if begin < 0 or not back.fullmatch(text, begin, start):
                     continue
                 start = begin
-            edge = rule[1]
+            edge = _PREFIXED[prefix][1]
             before = text[start - 1] if start else " "
             if prefix == "sk-" and "T3BlbkFJ" in m.group():
                 edge = ""                          # OpenAI's marker: a key wherever it is
@@ -2284,8 +2283,7 @@ def _replace_spans(text, spans):
             if not more or text.startswith("-----", end):      # a PEM block's END line
                 break
             end += more.end()
-        if start < last:
-            start = last
+        start = max(start, last)
         if start > last or not out:
             out.append(text[last:start])
             out.append(REDACTED)
@@ -2481,9 +2479,8 @@ def cut_middle(head, tail, cut):
     token is split, as a secret's prefix alone would escape redaction."""
     if cut <= 0:
         return head + tail, 0
-    token = rb"[A-Za-z0-9+/=_.~-]"
     window = head[-4096:]
-    end = re.search(rb"[^A-Za-z0-9+/=_.~-]%s*\Z" % token, window)
+    end = re.search(rb"[^A-Za-z0-9+/=_.~-][A-Za-z0-9+/=_.~-]*\Z", window)
     keep = len(head) - len(window) + (end.start() + 1 if end else 0)
     cut, head = cut + len(head) - keep, head[:keep]
     start = re.search(rb"[^A-Za-z0-9+/=_.~-]", tail[:4096])
@@ -3076,9 +3073,7 @@ def git_exclude(root, pattern, comment=None):
     res = Git(root).run("rev-parse", "--git-path", "info/exclude", check=False)
     if not res.ok or not res.stdout.strip():
         return None
-    path = res.stdout.strip()
-    if not os.path.isabs(path):
-        path = os.path.join(os.fspath(root), path)
+    path = os.path.join(os.fspath(root), res.stdout.strip())   # relative to root, or absolute
     bare = pattern.strip("/")
     variants = {v.encode("utf-8") for v in (bare, "/" + bare, bare + "/", "/" + bare + "/")}
     existing = read_input(path, "git exclude file", missing=b"")
