@@ -7205,6 +7205,20 @@ def append_record(root, name, rec, prefix, answer=None):
     return path
 
 
+def id_fields(opts, keys, prefix, answer=None):
+    """{key: its --flag's value, "" when absent} for the JSON `keys` (the flag spells _ as -),
+    checked by id_flag: a session id may reach an argv, a ship_id may be a workflow/entity
+    pair; a host is lower-cased. An error starts with the verb's `prefix`, carrying `answer`."""
+    try:
+        ids = {key: id_flag(opts, key.replace("_", "-"), argv=key == "session_id",
+                            pair=key == "ship_id") for key in keys}
+    except SeamFailure as exc:
+        raise SeamFailure(prefix + exc.message, answer)
+    if "host" in ids:
+        ids["host"] = ids["host"].lower()
+    return ids
+
+
 def initiate(root, opts):
     """Append a status / reco / gate-review card to fo-initiate.jsonl (folded by id)."""
     rid, kind = opts.get("id", "").strip(), opts.get("kind", "").strip()
@@ -7222,16 +7236,10 @@ def initiate(root, opts):
     if not headline:
         raise SeamFailure("initiation: headline is required", out)
     rec = {"schema": 1, "id": rid, "ts": utc_iso(), "kind": kind}
-    try:
-        id_flag(opts, "id")  # the fold key (and the default request_id)
-        id_flag(opts, "request-id")
-        for key, flag in (("workflow", "workflow"), ("entity", "entity"), ("ship_id", "ship-id"),
-                          ("host", "host"), ("session_id", "session-id")):
-            value = id_flag(opts, flag, argv=key == "session_id", pair=key == "ship_id")
-            if value:
-                rec[key] = value.lower() if key == "host" else value
-    except SeamFailure as exc:
-        raise SeamFailure("initiation: " + exc.message, out)
+    ids = id_fields(opts, ("id", "request_id", "workflow", "entity", "ship_id", "host",
+                           "session_id"), "initiation: ", out)  # id: the fold key
+    rec.update((key, value) for key, value in ids.items()
+               if value and key not in ("id", "request_id"))
     rec["headline"] = headline
     if body:
         rec["body"] = body
@@ -7289,22 +7297,15 @@ def alert_permission(root, opts):
     """Append a non-blocking permission interrupt to fo-alerts.jsonl."""
     rid = opts.get("id", "").strip() or "perm_" + random_hex(16)
     out = {"id": rid, "request_id": rid, "queued": False}
-    ids = {}
-    try:
-        id_flag(opts, "id")
-        for key in ("workflow", "entity", "host", "session_id"):
-            ids[key] = id_flag(opts, key.replace("_", "-"), argv=key == "session_id")
-    except SeamFailure as exc:
-        raise SeamFailure("permission alert: " + exc.message, out)
+    ids = id_fields(opts, ("id", "workflow", "entity", "host", "session_id"),
+                    "permission alert: ", out)
     redactor = get_redactor(seam_config(root))
     reason = one_line_summary(redactor.redact(opts.get("reason", "")), 240)
     if not reason:
         raise SeamFailure("permission alert: reason is required", out)
     rec = {"schema": 1, "id": rid, "ts": utc_iso(), "kind": "permission-request",
            "severity": "blocked"}
-    for key, value in ids.items():
-        if value:
-            rec[key] = value.lower() if key == "host" else value
+    rec.update((key, value) for key, value in ids.items() if value and key != "id")
     rec["reason"] = reason
     command = one_line_summary(redactor.redact(opts.get("command", "")), 500)
     if command:
@@ -7329,11 +7330,7 @@ def feed(root, opts):
     if not text:
         raise SeamFailure("feed: --text is required")
     rec = {"ts": utc_iso(), "verb": verb}
-    for key in ("entity", "workflow", "stage"):
-        try:
-            rec[key] = id_flag(opts, key)
-        except SeamFailure as exc:
-            raise SeamFailure("feed: " + exc.message)
+    rec.update(id_fields(opts, ("entity", "workflow", "stage"), "feed: "))
     rec["text"] = text
     append_record(root, "fo-feed.jsonl", rec, "feed: ")
     return {"appended": True, "verb": verb}
