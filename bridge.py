@@ -7663,9 +7663,7 @@ def yaml_scalar_lines(text, indent):
     # The indicator counts from the parent node's column, which is
     # indent - 2 for a key (or a dash) at indent - 2.
     indicator = "2" if first[:1] in (" ", "\t") else ""
-    pad = " " * indent
-    extra = [(pad + ln) if ln else "" for ln in body]
-    return "|" + indicator + chomp, extra
+    return "|" + indicator + chomp, [" " * indent + ln if ln else "" for ln in body]
 
 
 def yaml_entry_lines(fields, key_col, first_prefix, list_indent):
