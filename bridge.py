@@ -7273,12 +7273,10 @@ def _open_gates(bdir, head, tail):
         if rid and rid not in in_tail:
             latest[rid] = (index, rec)
     decided = _decided_requests(bdir)
-    keep = []
-    for rid, (index, rec) in latest.items():
-        if rec.get("kind") == "gate-review" and rec.get("status") == "open" and \
-                (rec.get("request_id") or rid) not in decided:
-            keep.append(index)
-    return [head[i] for i in sorted(keep)]
+    keep = sorted(index for rid, (index, rec) in latest.items()
+                  if rec.get("kind") == "gate-review" and rec.get("status") == "open"
+                  and (rec.get("request_id") or rid) not in decided)
+    return [head[i] for i in keep]
 
 
 def _decided_requests(bdir):
