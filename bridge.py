@@ -8440,12 +8440,9 @@ class RelayLog:
 
 
 def relay_lock(lock_path, config, log, what):
-    """flock on `lock_path` like `flock -w 5`: 3 attempts 1 s apart -> fd.
-
-    Logs the shell script's `Lock timeout (attempt N/3), retrying...` lines and, when
-    every attempt failed, `ERROR: Failed to acquire lock after 3 attempts`
-    and raises (exit 1, the script's code).
-    """
+    """flock on `lock_path` like the shell script's `flock -w 5`: 3 attempts 1 s apart -> fd.
+    Logs the script's lines for each timeout and, when every attempt failed, raises (exit 1,
+    the script's code)."""
     relay = config["relay"]
     timeout, attempts, pause = relay["lock_timeout_sec"], relay["lock_attempts"], relay["lock_retry_sleep_sec"]
     for attempt in range(1, attempts + 1):
@@ -8491,9 +8488,8 @@ def _relay_read(path):
         raise BridgeError("%s line %d: not valid UTF-8 (byte offset %d); the file was not "
                           "changed" % (path, raw.count(b"\n", 0, exc.start) + 1, exc.start),
                           EXIT_FAILED)
-    bom = ""
-    if text.startswith("\ufeff"):
-        bom, text = "\ufeff", text[1:]
+    bom = "\ufeff" if text.startswith("\ufeff") else ""
+    text = text[len(bom):]
     cr = text.find("\r")
     if cr >= 0:
         _refuse(path, text, cr, "carriage return (CRLF line endings are not supported; "
