@@ -6845,8 +6845,7 @@ def trim_replies(bdir):
     if trimmed:
         index.pop("replies", None)  # its mark names the old file; the next read rebuilds it
     elif "floor" in look:
-        index["replies_trim"] = {"mark": look["mark"], "lines": look["lines"],
-                                 "floor": look["floor"], "targets": look["targets"]}
+        index["replies_trim"] = look  # mark and lines (seam_trim), floor and targets
     _save_index(bdir, index)
     return trimmed
 
