@@ -851,12 +851,9 @@ class FileLock:
     def _write_meta(self, fresh=False):
         now = time.time()
         if fresh:
-            self.meta = dict(self.extra)
-            self.meta.update(process_identity())
-            self.meta.update({"created_at": now_iso(now), "created_ts": round(now, 3),
-                              "mode": "flock", "version": __version__})
-        self.meta["heartbeat_at"] = now_iso(now)
-        self.meta["heartbeat_ts"] = round(now, 3)
+            self.meta = dict(self.extra, **process_identity(), created_at=now_iso(now),
+                             created_ts=round(now, 3), mode="flock", version=__version__)
+        self.meta.update(heartbeat_at=now_iso(now), heartbeat_ts=round(now, 3))
         data = (json.dumps(self.meta, ensure_ascii=False) + "\n").encode("utf-8")
         # pwrite then truncate: a reader never sees an empty file mid-update.
         os.pwrite(self.fd, data, 0)
