@@ -1105,8 +1105,7 @@ def config_value(name, value, source):
         ok, what = isinstance(value, list) and value and all(isinstance(a, str) for a in value), \
             "a non-empty list of strings (an argv template)"
     elif kind is NAME:
-        ok, what = is_safe_name(value), \
-            "a file name ([A-Za-z0-9._-]+, not . or ..)"
+        ok, what = is_safe_name(value), "a file name ([A-Za-z0-9._-]+, not . or ..)"
     elif limits:  # one of the values in `limits` (a list: each of its items)
         choice = value.lower() if isinstance(value, str) else value
         ok = isinstance(value, kind) and all(v in limits for v in (choice if kind is list else [choice]))
