@@ -11698,12 +11698,10 @@ class McpClient:
             raise McpServerGone(self._gone_message("cannot write to server"), EXIT_FAILED)
 
     def _gone_message(self, what):
-        code = self.proc.poll() if self.proc else None
-        if code is None and self.proc is not None:
-            try:
-                code = self.proc.wait(timeout=1.0)
-            except Exception:
-                code = None
+        try:  # at once when it has exited; None when there is no process or it lives on
+            code = self.proc.wait(timeout=1.0)
+        except Exception:
+            code = None
         if code is not None:  # its last words are on their way: read them before quoting
             self._stderr_reader.join(timeout=2.0)
         msg = "MCP server %s%s" % (what, " (exit code %s)" % code if code is not None else "")
@@ -12271,7 +12269,6 @@ class ChangeSets:
         outside the repository, inside .git or changes/ (the executor's records and other
         change sets), or at or through a symlink in the repository. Names are compared as a
         case-insensitive file system (macOS) would resolve them (_fold_name)."""
-        import stat
         parts = path.split("/")
         if path.startswith("/") or any(p in ("", ".", "..") for p in parts):
             return "outside the repository"
@@ -12304,8 +12301,7 @@ class ChangeSets:
             return "unknown", None, str(exc)
         if status is not None:
             return status["state"], status.get("decision"), status.get("reason")
-        if os.path.exists(self.path(cs_id, CS_META)) and os.path.exists(
-                self.path(cs_id, CS_PLAN)):
+        if all(os.path.exists(self.path(cs_id, name)) for name in (CS_META, CS_PLAN)):
             return "ready", None, "waiting for the executor"
         return "draft", None, "00-meta.json or 02-implementation-plan.json missing"
 
@@ -12445,12 +12441,9 @@ class ChangeSets:
                 continue
             files = [feat.get("spec_path")] + list(feat.get("impl_files") or []) + \
                 list(feat.get("test_files") or [])
-            for f in files:
-                if not isinstance(f, str) or not f:
-                    continue
-                f = f.strip("/")
-                if any(p == f or p.startswith(f + "/") for p in paths):
-                    touched.add(str(feat.get("feature_id")))
+            files = [f.strip("/") for f in files if isinstance(f, str) and f]
+            if any(p == f or p.startswith(f + "/") for f in files for p in paths):
+                touched.add(str(feat.get("feature_id")))
         return sorted(touched), "features.overview"
 
 
@@ -12469,9 +12462,8 @@ def _canonical_safe(value):
         return [_canonical_safe(v) for v in value]
     if isinstance(value, str):
         return _canonical_safe_text(value)
-    if value is None or isinstance(value, bool):
-        return value
-    if isinstance(value, int) and -CS_MAX_SAFE_INT <= value <= CS_MAX_SAFE_INT:
+    if value is None or isinstance(value, bool) or (
+            isinstance(value, int) and -CS_MAX_SAFE_INT <= value <= CS_MAX_SAFE_INT):
         return value
     if isinstance(value, int) and value.bit_length() >= 256:
         return "<integer of %d bits>" % value.bit_length()
@@ -12532,17 +12524,14 @@ class ChangeExecutor:
             except (BridgeError, OSError):
                 raise  # configuration, lock or disk: stop before deciding anything
             except Exception as exc:  # one change set that trips a bug must not stop the rest
-                final = self.internal_error(cs_id, exc)
+                import traceback
+                reason = "internal_error: %s: %s" % (type(exc).__name__, exc)
+                sets.record(cs_id, "internal_error", reason=reason,
+                            traceback=traceback.format_exc()[-4000:])
+                final = self.fail(cs_id, "rejected", reason)
             if final:
                 done.append((cs_id, final))
         return done
-
-    def internal_error(self, cs_id, exc):
-        import traceback
-        reason = "internal_error: %s: %s" % (type(exc).__name__, exc)
-        self.sets.record(cs_id, "internal_error", reason=reason,
-                         traceback=traceback.format_exc()[-4000:])
-        return self.fail(cs_id, "rejected", reason)
 
     def fail(self, cs_id, decision, reason, **fields):
         """Record the change set as failed (05-status.json, the log, stderr); "failed"."""
@@ -12590,8 +12579,7 @@ class ChangeExecutor:
                 sets.say("%s: skipped: %s" % (cs_id, exc))
             return None
         if status is None:
-            if not (os.path.exists(sets.path(cs_id, CS_META))
-                    and os.path.exists(sets.path(cs_id, CS_PLAN))):
+            if not all(os.path.exists(sets.path(cs_id, name)) for name in (CS_META, CS_PLAN)):
                 return None  # draft: the agent is still writing it
             return self.validate_and_run(cs_id, None)
         state = status["state"]
@@ -12798,9 +12786,7 @@ def changeset_new(sets, subject, plan_path, arch_path=None, snapshot=None, workt
         if supersedes:
             meta["supersedes"] = supersedes
         meta_path = sets.path(cs_id, CS_META)
-        if not os.path.exists(meta_path):
-            break
-        if read_input(meta_path) == canonical_json(meta):
+        if not os.path.exists(meta_path) or read_input(meta_path) == canonical_json(meta):
             break
         if length == 16:
             raise BridgeError(
@@ -13950,8 +13936,7 @@ def cmd_changes_status(args):
         return {"change_set_id": cs_id, "state": state, "decision": decision, "reason": reason}
     if args.id:
         cs_id = sets.existing(args.id)
-        status = sets.read_status(cs_id)
-        status = summary(cs_id) if status is None else status
+        status = sets.read_status(cs_id) or summary(cs_id)
         if args.json:
             print(json.dumps(status, sort_keys=True, indent=2))  # ASCII: the agent's text inert
         else:  # the status file is the agent's to write too: its text is printed inert
