@@ -7129,9 +7129,8 @@ def inbox_check(data, host="", repo_root=None, slug=None, session_id=None):
     total = sum(n for _, n in counts)
     if not total:
         return {}
-    names = ", ".join(s for s, _ in counts)
     queued = "Bridge has %d queued captain-intent record%s in _bridge/inbox.jsonl for " \
-             "workflow(s): %s" % (total, "" if total == 1 else "s", names)
+             "workflow(s): %s" % (total, "" if total == 1 else "s", ", ".join(s for s, _ in counts))
     try:
         command = seam_config(root)["seam"]["command"]  # how the user runs bridge.py
     except SeamUsage as exc:  # never guessed: the default may not be how it runs here
@@ -7621,8 +7620,6 @@ def yaml_scalar_lines(text, indent):
     block `|` for multi-line text, single quotes when printable, else
     double quotes with escapes. PyYAML safe_load returns `text` exactly.
     """
-    if not isinstance(text, str):
-        raise TypeError("yaml_scalar_lines wants str")
     yaml = YamlSubset.compiled()
     # every character may appear raw in a PyYAML-read file (a tab too), and no line break but \n
     printable = yaml._PRINTABLE.search(text) is None
