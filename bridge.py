@@ -11628,8 +11628,7 @@ class McpClient:
         import queue
         import subprocess
         import threading
-        env = dict(os.environ)
-        env.update(self.env or {})
+        env = dict(os.environ, **(self.env or {}))
         try:
             self.proc = subprocess.Popen(
                 self.command, cwd=self.cwd, env=env, stdin=subprocess.PIPE,
@@ -12050,20 +12049,16 @@ class ChangeSets:
 
     # -- status --
     def status_lock(self):
-        """A short flock serialising status writes between the executor and `approve`."""
+        """A short flock serialising status writes between the executor and `approve`: taken
+        here, released when the `with` block this call heads ends."""
         import contextlib
-
-        @contextlib.contextmanager
-        def held():
-            path = self.own_file(os.path.join(self.dir, ".locks", "status.lock"))
-            fd = acquire_flock(path, timeout=10.0)
-            if fd is None:
-                raise BridgeError("%s stayed locked for 10 s" % path, EXIT_LOCKED)
-            try:
-                yield
-            finally:
-                release_flock(fd)
-        return held()
+        path = self.own_file(os.path.join(self.dir, ".locks", "status.lock"))
+        fd = acquire_flock(path, timeout=10.0)
+        if fd is None:
+            raise BridgeError("%s stayed locked for 10 s" % path, EXIT_LOCKED)
+        held = contextlib.ExitStack()
+        held.callback(release_flock, fd)
+        return held
 
     def read_status(self, cs_id):
         path = self.path(cs_id, CS_STATUS)
@@ -12557,8 +12552,7 @@ class ChangeExecutor:
                     status = sets.read_status(old)
                 except BridgeError:
                     continue
-                if status is not None and (status["state"] in CS_TERMINAL
-                                           or status["state"] == "executing"):
+                if status is not None and status["state"] in CS_TERMINAL + ("executing",):
                     continue
                 old_meta, _, _ = sets.load(old)
                 sets.write_status(old, "superseded", "rejected", "superseded by %s" % cs_id,
