@@ -8988,18 +8988,12 @@ def proxy_leftovers(pgid):
             pass
         return [pgid]
     me, parent, live = os.getpid(), {}, []
-    for name in os.listdir("/proc"):
-        if not name.isdigit():
+    for pid in [int(name) for name in os.listdir("/proc") if name.isdigit()]:
+        fields = _proc_stat(pid)                   # [] when it ended meanwhile
+        if not fields:
             continue
-        try:
-            with open("/proc/%s/stat" % name, "rb") as handle:
-                stat = handle.read()
-        except OSError:
-            continue
-        fields = stat[stat.rfind(b")") + 2:].split()
-        pid = int(name)
         parent[pid] = int(fields[1])
-        if fields[0] != b"Z" and pid != me:
+        if fields[0] != "Z" and pid != me:
             live.append((pid, int(fields[2])))
     found = []
     for pid, group in live:
@@ -9031,8 +9025,7 @@ class ProxyChild:
                                      start_new_session=True)
         self.gen, self.pid, self.started = gen, self.proc.pid, time.monotonic()
         self.files = {f.fileno(): f for f in (self.proc.stdin, self.proc.stdout, self.proc.stderr)}
-        self.fin, self.fout, self.ferr = (f.fileno() for f in (self.proc.stdin, self.proc.stdout,
-                                                                  self.proc.stderr))
+        self.fin, self.fout, self.ferr = self.files    # the dict keeps their order
         os.set_blocking(self.fin, False)
         self.lines, self.errbuf = ProxyLines(cap), bytearray()
         self.ready = False
@@ -9314,7 +9307,7 @@ class Proxy:
 
     def __init__(self, argv, cfg, cwd=None, env=None):
         import collections
-        lc, px = cfg["lifecycle"], cfg["proxy"]
+        lc, px, doc = cfg["lifecycle"], cfg["proxy"], cfg["doctor"]
         # -- configuration, read once --
         self.argv = argv                                # the Doctor's command line
         self.cfg = cfg                                  # the merged config (observability)
@@ -9335,7 +9328,9 @@ class Proxy:
         self.events_max = px["events_per_sec_max"]      # mcp:* events published a second at most
         self.health_sec = px["health_check_sec"]        # silence while owing answers before a ping
         self.health_timeout = px["health_timeout_sec"]  # an unanswered ping is a hang after this
-        self.watch = None                               # the ProxyWatch of `--watch`, if any
+        self.watch = ProxyWatch(doc["watch"], doc["watch_exclude"],     # `--watch`, if any
+                                doc["watch_debounce_ms"] / 1000.0, self.changed,
+                                log=lambda text: self.log("info", text)) if doc["watch"] else None
         self.verbosity = PROXY_LEVELS[px["log_level"]]  # least level logged
         self.redactor = get_redactor(cfg, env=env)      # the Doctor's doctor.env secrets too
         # -- the Doctor --
@@ -9353,8 +9348,10 @@ class Proxy:
         self.reload_last = ([], 0.0, 0)                 # files, when it ended, times in a row
         self.reload_later = None                        # (files, when): a paced reload
         self.tools = None                               # {name: input-schema hash}, last seen
+        self.restart_tool = doc["restart_tool"]         # offer and serve bridge_restart_server
         self.remember = PROXY_STATEFUL                  # requests whose answers tried() reads
-        self.restart_tool = cfg["doctor"]["restart_tool"]   # offer and serve bridge_restart_server
+        if doc["watch"] or self.restart_tool:
+            self.remember += ("tools/list",)            # the tool list before a reload
         # -- the client's session, replayed to a restarted Doctor --
         self.init_params = None                         # the client's initialize params
         self.meta = None                                # else: its last versioned request's _meta
@@ -9396,13 +9393,6 @@ class Proxy:
         self.samples = collections.deque([(self.started, 0, 0)])
         self.st = dict(messagesIn=0, messagesOut=0, bytesIn=0, bytesOut=0, doctorRestarts=0,
                        dropped=0, eventsSkipped=0)      # counters published in bridge:stats
-        doc = cfg["doctor"]
-        if doc["watch"]:
-            self.watch = ProxyWatch(doc["watch"], doc["watch_exclude"],
-                                    doc["watch_debounce_ms"] / 1000.0, self.changed,
-                                    log=lambda text: self.log("info", text))
-        if doc["watch"] or self.restart_tool:
-            self.remember = PROXY_STATEFUL + ("tools/list",)   # the tool list before a reload
 
     # ---- logging, events, stats ----
     def log(self, level, text):
@@ -9439,10 +9429,10 @@ class Proxy:
         # the same figure whenever stats are asked for (a control command, a new generation).
         t0, in0, out0 = self.samples[0]
         span = max(now - t0, 1e-3)
-        rates = dict(messagesInPerSec=round((self.st["messagesIn"] - in0) / span, 1),
-                     messagesOutPerSec=round((self.st["messagesOut"] - out0) / span, 1),
-                     rateWindowSec=round(span, 3))
-        return dict(self.st, uptime=round(now - self.started, 3), generation=self.gen, **rates,
+        return dict(self.st, uptime=round(now - self.started, 3), generation=self.gen,
+                    messagesInPerSec=round((self.st["messagesIn"] - in0) / span, 1),
+                    messagesOutPerSec=round((self.st["messagesOut"] - out0) / span, 1),
+                    rateWindowSec=round(span, 3),
                     doctorUptime=round(now - child.started, 3) if alive else 0,
                     dashboardClients=self.obs.client_count if self.obs is not None else 0,
                     state=self.state(), paused=self.paused, pending=len(self.pending),
@@ -9511,7 +9501,7 @@ class Proxy:
             return {"ok": False, "error": "the relay loop did not carry it out within 5 s"}
         return done.outcome
 
-    def wake(self, *_):
+    def wake(self):
         try:
             os.write(self.wake_w, b"x")
         except OSError:
@@ -9716,7 +9706,7 @@ class Proxy:
         give up."""
         import signal
         child = self.child
-        self.drain_child(final=True)
+        self.drain_child()
         self.to_child.clear()
         child.close("fin")
         reason = child.stop_reason or "crashed"
@@ -10335,14 +10325,10 @@ class Proxy:
                 self.client_gone = True
                 self.shutdown("the client's pipe closed")
 
-    def drain_child(self, final=False):
-        """Read what the Doctor wrote; final=True: everything already in the pipes."""
-        child = self.child
-        if not final:                              # the hot path: one read of stdout
-            if child.fout is not None:
-                self.read_child("fout")
-            return
+    def drain_child(self):
+        """Read everything the exited Doctor left in its pipes: its last words."""
         import select
+        child = self.child
         for name in ("fout", "ferr"):
             for _ in range(64):
                 fd = getattr(child, name)
@@ -10447,13 +10433,12 @@ class Proxy:
                     if child.fin is not None:      # with nothing to write, poll still says POLLERR
                         want[child.fin] = OUT if self.to_child else 0   # when its stdin is closed
                 if want != registered:
-                    for fd in [fd for fd in registered if want.get(fd) != registered[fd]]:
+                    for fd in registered.keys() - want.keys():
                         poller.unregister(fd)
-                        del registered[fd]
                     for fd, mask in want.items():
-                        if fd not in registered:
-                            poller.register(fd, mask)
-                            registered[fd] = mask
+                        if registered.get(fd) != mask:
+                            poller.register(fd, mask)   # of a registered fd: its new mask
+                    registered = want
                 for fd, ev in poller.poll(self.timers(now) * 1000):
                     self.on_ready(fd, ev)
                 now = time.monotonic()
@@ -10529,14 +10514,11 @@ class Proxy:
                 self.reap_adopted()
         elif fd == 0:
             data = os.read(0, 1 << 16)
-            if data:
-                self.client_lines(self.stdin_lines.feed(data))
-                if self.stdin_lines.dropped:
-                    self.dropped(self.stdin_lines, "client")
-            else:
-                self.stdin_eof = True
-                self.client_lines(self.stdin_lines.finish())
+            self.client_lines(self.stdin_lines.feed(data) if data else self.stdin_lines.finish())
+            if self.stdin_lines.dropped:
                 self.dropped(self.stdin_lines, "client")
+            if not data:
+                self.stdin_eof = True
                 self.shutdown("stdin EOF")
         elif fd == 1:
             self.send_client()
@@ -10547,13 +10529,7 @@ class Proxy:
             else:
                 self.send_child()
         elif child is not None and fd in (child.fout, child.ferr):
-            if fd == child.fout:
-                self.drain_child()
-            else:
-                data = os.read(fd, 1 << 16)
-                self.stderr_data(data)
-                if not data:
-                    child.close("ferr")
+            self.read_child("fout" if fd == child.fout else "ferr")
 
     def finish(self):
         """Write what the client is still owed (within 2 s), then make sure nothing the last

@@ -564,7 +564,6 @@ import ast  # noqa: E402
 # argument). Each is not a path in a repository.
 OPEN_ALLOWED = {
     ("stdout_gone", "os.devnull"),              # stdout redirected after its reader went away
-    ("proxy_leftovers", "'/proc/%s/stat' % name"),  # the process table, read by the proxy
 }
 # shutil's copies (and a move across filesystems) open both paths themselves and follow a
 # symlink (to /dev/zero, say); io.FileIO is open() without the buffer.
