@@ -8901,10 +8901,9 @@ class ProxyLines:
             start = nl + 1
             nl = find(b"\n", start)
         if start < len(data):
-            if len(data) - start > cap:
-                self.skip(data[start:])
-            else:
-                self.partial += data[start:]
+            self.partial += data[start:]
+            if len(self.partial) > cap:
+                self.skip(self.partial)
         return lines
 
     def skip(self, part):
