@@ -3206,11 +3206,8 @@ class Handoff:
         """A path relative to .ai-handoff/, as results name their artifacts."""
         return os.path.relpath(path, self.base)
 
-    def exists(self):
-        return os.path.isdir(os.path.join(self.base, "tasks"))
-
     def require(self):
-        if not self.exists():
+        if not os.path.isdir(os.path.join(self.base, "tasks")):
             raise BridgeError("%s has no %s/ (run `bridge.py init --root %s` first)" % (
                 self.root, HANDOFF_DIR, self.root))
         for name in HANDOFF_SUBDIRS:
@@ -3354,9 +3351,9 @@ def task_defaults(task):
     """The task with every optional field filled in (a copy)."""
     full = dict(task)
     for name, (_kind, _required, default) in TASK_FIELDS.items():
-        if name not in full or (full[name] is None and name == "retry_policy"):
-            full[name] = json.loads(json.dumps(default)) if default is not None else default
-    if not isinstance(full.get("retry_policy"), dict):
+        if name not in full:
+            full[name] = json.loads(json.dumps(default))  # a list of its own
+    if not isinstance(full["retry_policy"], dict):
         full["retry_policy"] = {"max_attempts": 1}
     full["retry_policy"].setdefault("max_attempts", 1)
     return full
@@ -3521,11 +3518,9 @@ def result_history(handoff, task_id):
 
 
 def archive_result(handoff, task_id, why):
-    """Move results/{id}.json into meta/{id}.results.jsonl. True when there was one.
-
-    The record is appended before the result is removed, so a crash in between
-    leaves a duplicate, never a loss.
-    """
+    """Move results/{id}.json into meta/{id}.results.jsonl. True when there was one. The
+    record is appended before the result is removed: a crash in between leaves a duplicate,
+    never a loss."""
     path = handoff.path("results", task_id + ".json")
     raw = read_input(path, "result", missing=None)
     if raw is None:
@@ -3734,8 +3729,7 @@ class Beads:
 
     bead.command null: use `bd` when it is on PATH and the repo has .beads/;
     otherwise every bead step is skipped (and the result says so). A configured
-    bead.command is mandatory: if it fails, the task fails (reason bead_failed).
-    """
+    bead.command is mandatory: if it fails, the task fails (reason bead_failed)."""
 
     def __init__(self, root, config):
         import shutil
@@ -3791,11 +3785,9 @@ def parse_bead_id(output):
         except (ValueError, AttributeError):
             return None
     match = re.search(r"Created issue:\s*(\S+)", text)
-    token = match.group(1) if match else text.split()[-1] if len(text.split()) == 1 else None
-    if token is None:
-        lines = [line.strip() for line in text.splitlines() if line.strip()]
-        token = lines[-1] if lines and " " not in lines[-1] else None
-    return token.rstrip(":,") if token and is_safe_name(token.rstrip(":,")) else None
+    last = [line.strip() for line in text.splitlines() if line.strip()][-1]  # text is not blank
+    token = (match.group(1) if match else last if " " not in last else "").rstrip(":,")
+    return token if is_safe_name(token) else None
 
 
 def bead_output(handoff, task_id):
@@ -3821,8 +3813,7 @@ class Fingerprint:
       lstat signature (type, mode, size, mtime, ctime, inode); a change is named, and
       what was added or changed is moved to meta/{id}.tampered/ (a forged result never
       stands; its original is lost, the agent wrote over it).
-    Cheap: no git call, one lstat per entry, small reads of .git files only.
-    """
+    Cheap: no git call, one lstat per entry, small reads of .git files only."""
 
     KEEP_MAX = 1 << 20  # .git files larger than this are compared, not restored
 
@@ -3917,9 +3908,6 @@ class Fingerprint:
             except OSError as exc:
                 found[path] = ("error", exc.errno)
         return found
-
-    def refs_may_have_moved(self):
-        return self.ref_signatures(self.ref_paths) != self.refs_before
 
     @staticmethod
     def _signature(st):
@@ -4105,8 +4093,6 @@ class Watcher:
         self.stop_on_failure = config["stop_on_failure"] and not self.continue_on_failure
         self.protected = list(config["protected_branches"])
         self.exclude = [HANDOFF_DIR]
-        self.progress_sec = config["progress_sec"]
-        self.executor = list(config["executor"]["command"])
         self.executors = executor_templates(config)
         self.worker = None
         self.stopping = None
@@ -4744,10 +4730,8 @@ class Watcher:
         return "skipped"
 
     def new_result(self, task, task_id=None):
-        """Every field of the result schema, so each exit path writes them all.
-
-        `task` may be a refused (partial) task or None.
-        """
+        """Every field of the result schema, so each exit path writes them all. `task` may be
+        a refused (partial) task or None."""
         task = task if isinstance(task, dict) else {}
         attempt = task.get("attempt", 1)
         policy = task.get("retry_policy") if isinstance(task.get("retry_policy"), dict) else {}
@@ -4842,11 +4826,9 @@ class Watcher:
                 task_id, problem))
 
     def git_snapshot(self):
-        """HEAD, branch and porcelain status (.ai-handoff/ excluded) in ONE git call.
-
-        `status --porcelain=v2 --branch` carries the HEAD commit and branch in its
-        header; entries are rendered back to the familiar v1 `XY path` lines.
-        """
+        """HEAD, branch and porcelain status (.ai-handoff/ excluded) in ONE git call:
+        `status --porcelain=v2 --branch` carries the HEAD commit and branch in its header;
+        entries are rendered back to the familiar v1 `XY path` lines."""
         # --ignore-submodules=dirty: git would run `git status` inside each nested repository
         # (see Git.add_all); a gitlink's own change still shows
         result = self.git.run("status", "--porcelain=v2", "-z", "--branch", "--untracked-files=all",
@@ -4916,11 +4898,6 @@ class Watcher:
         with self.git_lock:  # a ref update: one at a time across the task threads
             return self.git.commit_all(message)
 
-    def ran_on(self, task_id, branch):
-        """True when an earlier, archived run of this task used `branch` (it is ours)."""
-        return any(isinstance(r.get("git"), dict) and r["git"].get("branch") == branch
-                   for r in result_history(self.handoff, task_id))
-
     def note_in_task_lock(self, **fields):
         """Record fields in the held task lock's metadata (read by a later crash recovery)."""
         with self.beat_lock:
@@ -4928,11 +4905,6 @@ class Watcher:
             lock.extra.update(fields)
             lock.meta.update(fields)
             lock.heartbeat()
-
-    def progress(self, task_id, step):
-        def tick(elapsed):
-            self.say("%s: %s still running (%ds)" % (task_id, step, int(elapsed)))
-        return tick
 
     def run_child(self, cmd, task, step, shell=False, env=None, idle_timeout=None):
         """An agent or verify command with the task timeout, group kill and progress."""
@@ -4946,10 +4918,13 @@ class Watcher:
             # every group, so a crash recovery can end them all
             group = {"pid": proc.pid, "start_ticks": _start_ticks(proc.pid), "step": step}
             self.note_in_task_lock(groups=run.lock.meta.get("groups", []) + [group])
+
+        def tick(elapsed):
+            self.say("%s: %s still running (%ds)" % (task["id"], step, int(elapsed)))
         try:
             return run_command(cmd, cwd=run.work, env=env, timeout=task["timeout_sec"],
-                               shell=shell, on_tick=self.progress(task["id"], step),
-                               tick_sec=self.progress_sec, on_start=started, stop=self.overdue,
+                               shell=shell, on_tick=tick, tick_sec=self.config["progress_sec"],
+                               on_start=started, stop=self.overdue,
                                cap_bytes=max(self.cap * 64, 8 << 20), idle_timeout=idle_timeout)
         finally:
             run.child = None
@@ -5090,18 +5065,16 @@ class Watcher:
         result["retry_context"] = self.retry_context(task_id)
         prompt = build_prompt(task, result["retry_context"])
         prompt_path = self.handoff.path("meta", task_id + ".prompt.md")
-        log_path = self.handoff.path("logs", task_id + ".log")
-        result["artifacts"]["logs"] = self.handoff.rel(log_path)
+        result["artifacts"]["logs"] = self.handoff.rel(self.handoff.path("logs", task_id + ".log"))
         self.log(task_id, "=== %s attempt %d started %s on %s (base %s)%s\n" % (
             task_id, task["attempt"], now_iso(), git_state["branch"], git_state["base_commit"],
             " in the worktree %s" % self.work if git_state["worktree"] else ""))
         name = task.get("executor")
-        template = self.executors[name] if name else self.executor
+        template = self.executors[name] if name else self.config["executor"]["command"]
         argv = fill_template(template, {"prompt": prompt, "prompt_file": prompt_path,
                                         "task_file": running, "id": task_id, "root": self.work})
         env = dict(os.environ)
-        extra_env = self.config["executor"]["env"]
-        env.update({str(k): str(v) for k, v in extra_env.items()})
+        env.update({str(k): str(v) for k, v in self.config["executor"]["env"].items()})
         env.update(BRIDGE_TASK_ID=task_id, BRIDGE_TASK_FILE=running, BRIDGE_PROMPT_FILE=prompt_path,
                    BRIDGE_ROOT=self.work)
         self.say("%s: running the editing agent (%s)" % (task_id, name or template[0]))
@@ -5365,8 +5338,9 @@ class Watcher:
             if made.ok:
                 git_state["branch_created"] = True
                 return False
-            if "already exists" in made.stderr and (
-                    task["attempt"] > 1 or self.ran_on(task["id"], branch)):
+            if "already exists" in made.stderr and (task["attempt"] > 1 or any(
+                    isinstance(r.get("git"), dict) and r["git"].get("branch") == branch
+                    for r in result_history(self.handoff, task["id"]))):  # an earlier run's: ours
                 switched = self.git.run(*switch, check=False)
                 if switched.ok:
                     return True
@@ -5487,8 +5461,8 @@ class Watcher:
             self.tampered(result, guard.restore(changes), "%s changed %s" % (
                 who, ", ".join(guard.display(path) for path, _ in changes[:5])
                 + (" and %d more" % (len(changes) - 5) if len(changes) > 5 else "")))
-        if not guard.refs_may_have_moved():
-            return
+        if guard.ref_signatures(guard.ref_paths) == guard.refs_before:
+            return  # no branch moved: git need not be asked
         git_state = result["git"]
         branch, base = git_state["branch"], git_state["base_branch"]
         tips = {}
