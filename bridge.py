@@ -11571,7 +11571,6 @@ class McpClient:
         self._stderr_tail = []
         self._stalled = False
         self.server_info = None
-        self.tools = None
 
     def start(self):
         import queue
@@ -11811,9 +11810,8 @@ def changeset_plan_problems(plan, base_kind=None, folder=None):
         return [("invalid_plan", "the plan must be a JSON object")]
     allowed = ("version", "change_set_id", "generated_from_digest", "prerequisites", "tasks",
                "goal", "description")
-    for key in sorted(plan):
-        if key not in allowed:
-            bad("invalid_plan", "unknown plan field %r" % key)
+    for key in sorted(set(plan) - set(allowed)):
+        bad("invalid_plan", "unknown plan field %r" % key)
     if plan.get("version") != PLAN_VERSION:
         bad("invalid_plan", "version must be %r, not %r" % (PLAN_VERSION, plan.get("version")))
     if "change_set_id" in plan and folder is not None and plan["change_set_id"] != folder:
@@ -11899,9 +11897,8 @@ def changeset_meta_problems(meta):
 
     if not isinstance(meta, dict):
         return [("invalid_meta", "00-meta.json must be a JSON object")]
-    for key in sorted(meta):
-        if key not in CS_META_KEYS:
-            bad("unknown field %r" % key)
+    for key in sorted(set(meta) - set(CS_META_KEYS)):
+        bad("unknown field %r" % key)
     if meta.get("protocol") != CHANGESET_PROTOCOL:
         bad("protocol must be %r" % CHANGESET_PROTOCOL)
     subject = meta.get("subject")
@@ -11953,7 +11950,7 @@ class ChangeSets:
 
     def existing(self, cs_id):
         """`cs_id` when changes/<id>/ exists, else a BridgeError saying there is none."""
-        if not os.path.isdir(self.path(safe_name(cs_id, "change set id"))):
+        if not os.path.isdir(self.path(cs_id)):
             raise BridgeError("no change set %s in %s" % (cs_id, self.dir))
         return cs_id
 
