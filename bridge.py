@@ -12395,21 +12395,17 @@ def _fold_name(name):
 def _canonical_safe(value):
     """`value` with everything canonical JSON refuses turned into strings."""
     if isinstance(value, dict):
-        return {_canonical_safe_text(str(k)): _canonical_safe(v) for k, v in value.items()}
+        return {_canonical_safe(str(k)): _canonical_safe(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [_canonical_safe(v) for v in value]
     if isinstance(value, str):
-        return _canonical_safe_text(value)
+        return value.encode("utf-8", "replace").decode("utf-8")  # a lone surrogate: "?"
     if value is None or isinstance(value, bool) or (
             isinstance(value, int) and -CS_MAX_SAFE_INT <= value <= CS_MAX_SAFE_INT):
         return value
     if isinstance(value, int) and value.bit_length() >= 256:
         return "<integer of %d bits>" % value.bit_length()
     return str(value)
-
-
-def _canonical_safe_text(text):
-    return text.encode("utf-8", "replace").decode("utf-8")
 
 
 def _five_of(items, describe):
