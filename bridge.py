@@ -9677,9 +9677,15 @@ class Proxy:
     def child_exited(self):
         """The leader is reaped: relay its last words, answer what it owed, then restart, stop or
         give up."""
+        import select
         import signal
         child = self.child
-        self.drain_child()
+        for name in ("fout", "ferr"):              # its last words, already in the pipes
+            for _ in range(64):
+                fd = getattr(child, name)
+                if fd is None or not select.select([fd], [], [], 0)[0]:
+                    break
+                self.read_child(name)
         self.to_child.clear()
         child.close("fin")
         reason = child.stop_reason or "crashed"
@@ -10297,17 +10303,6 @@ class Proxy:
             except OSError:
                 self.client_gone = True
                 self.shutdown("the client's pipe closed")
-
-    def drain_child(self):
-        """Read everything the exited Doctor left in its pipes: its last words."""
-        import select
-        child = self.child
-        for name in ("fout", "ferr"):
-            for _ in range(64):
-                fd = getattr(child, name)
-                if fd is None or not select.select([fd], [], [], 0)[0]:
-                    break
-                self.read_child(name)
 
     def read_child(self, name):
         """One read of the Doctor's stdout ("fout") or stderr ("ferr"), closed at its end."""
