@@ -12690,20 +12690,17 @@ def changeset_new(sets, subject, plan_path, arch_path=None, snapshot=None, workt
             arch = read_input(arch_path, "architecture file").decode("utf-8")
         except UnicodeDecodeError as exc:
             raise BridgeError("cannot read %s: %s" % (arch_path, exc))
-    def refuse(problems):
-        raise BridgeError("%s is not a valid %s plan (%d problem(s)): %s" % (
-            plan_path, PLAN_VERSION, len(problems),
-            "; ".join("%s: %s" % p for p in problems)), EXIT_USAGE)
+    def check(problems):
+        if problems:
+            raise BridgeError("%s is not a valid %s plan (%d problem(s)): %s" % (
+                plan_path, PLAN_VERSION, len(problems),
+                "; ".join("%s: %s" % p for p in problems)), EXIT_USAGE)
 
     paths, path_problems = sets.patch_paths(plan)
-    problems = [("invalid_plan", p) for p in json_problems] + changeset_plan_problems(plan) \
-        + path_problems
-    if problems:  # before starting any server
-        refuse(problems)
+    check([("invalid_plan", p) for p in json_problems] + changeset_plan_problems(plan)
+          + path_problems)  # before starting any server
     base = sets.base_state(snapshot, worktree)
-    problems = changeset_plan_problems(plan, base["kind"])
-    if problems:
-        refuse(problems)
+    check(changeset_plan_problems(plan, base["kind"]))
     identity = changeset_identity(subject, changeset_repo_key(sets.root), base)
     title = " ".join(str(subject).split())  # for 03-task-list.md; not part of the meta
     supersedes = []
