@@ -3490,8 +3490,7 @@ def cap_text(text, cap_bytes, task_id):
     data = text.encode("utf-8")
     if len(data) <= cap_bytes:
         return text
-    tail = data[-cap_bytes:].decode("utf-8", "ignore")
-    return TRUNCATED_MARKER % task_id + "\n" + tail
+    return TRUNCATED_MARKER % task_id + "\n" + data[-cap_bytes:].decode("utf-8", "ignore")
 
 
 def dropped_note(result):
@@ -3758,9 +3757,7 @@ class Beads:
         if not result.ok:
             return None, raw, "bd create %s: %s" % (result.describe(), result.stderr.strip()[-300:])
         bead_id = parse_bead_id(result.stdout)
-        if not bead_id:
-            return None, raw, "bd create printed no issue id"
-        return bead_id, raw, None
+        return bead_id, raw, None if bead_id else "bd create printed no issue id"
 
     def block(self, bead_id, reason):
         result = self.call("update", bead_id, "--status", "blocked", "--append-notes", reason)
@@ -4448,8 +4445,7 @@ class Watcher:
             self.drop_lock_file(lock_path)
             return
         if meta and not meta.get("released_at") and not holder_is_dead(meta):
-            timeout = (task or {}).get("timeout_sec", 1800)
-            limit = max(timeout * 2, 7200)
+            limit = max((task or {}).get("timeout_sec", 1800) * 2, 7200)
             beat = meta.get("heartbeat_ts") or meta.get("created_ts") or 0
             if time.time() - beat <= limit:
                 self.say("%s is in running/; its lock (%s) is not provably stale yet "
@@ -4492,9 +4488,8 @@ class Watcher:
             result["lock"] = {"recovered_from": meta, "why": why, "groups_killed": killed}
             result["git"].update({key: meta.get(key) for key in (
                 "base_branch", "base_commit", "base_head", "branch", "dirty_before", "worktree")})
-            parking = self.reenter_worktree(result)
-            if not parking:
-                parking = self.park_interrupted(task_id, result, "stale_lock_recovered")
+            parking = self.reenter_worktree(result) or self.park_interrupted(
+                task_id, result, "stale_lock_recovered")
             retry = task["attempt"] < task["retry_policy"]["max_attempts"]
             detail = "task lock was stale (%s); %s" % (
                 why, "re-queued as attempt %d" % (task["attempt"] + 1) if retry
@@ -5047,9 +5042,8 @@ class Watcher:
         if task["requires_confirmation"] and not task.get("approved_at"):
             snap = self.git_snapshot()
             git_state.update(branch=snap["current_branch"], base_branch=snap["current_branch"],
-                             base_commit=snap["head"],
-                             dirty_before=snap["dirty"], status_before=snap["status"],
-                             status_porcelain=snap["status"])
+                             base_commit=snap["head"], dirty_before=snap["dirty"],
+                             status_before=snap["status"], status_porcelain=snap["status"])
             result["bead"]["skipped"] = "not created before approval"
             result.update(status="needs_confirmation", exit_path="needs_confirmation",
                           reason="requires_confirmation",
@@ -5059,7 +5053,6 @@ class Watcher:
             self.say("%s: needs confirmation (bridge.py approve %s)" % (task_id, task_id))
             return "pending"
         snap = (self.enter_worktree if self.isolated else self.enter_checkout)(task, result, start)
-        # bead
         self.bead_create(task, result)
         # the editing agent
         result["retry_context"] = self.retry_context(task_id)
@@ -5654,8 +5647,8 @@ def approve_task(root, task_id):
 
 def queue_status(root, config):
     handoff = Handoff(root).require()
-    counts = {state: len(list_task_files(handoff.dir(state)))
-              for state in ("tasks", "running", "pending", "failed")}
+    counts = {key: len(list_task_files(handoff.dir(state))) for key, state in (
+        ("queued", "tasks"), ("running", "running"), ("pending", "pending"), ("failed", "failed"))}
     by_status, failures = {}, []
     for name in list_task_files(handoff.dir("results")):
         path = handoff.path("results", name)
@@ -5680,10 +5673,8 @@ def queue_status(root, config):
     if state == "held" or (state == "unknown" and meta and not meta.get("released_at")):
         worker = {k: meta.get(k) for k in ("pid", "host", "created_at", "heartbeat_at")} if meta else {}
     worktrees = task_worktrees(worktree_root(root, config, Git(root)))
-    return {"queued": counts["tasks"], "running": counts["running"], "pending": counts["pending"],
-            "failed": counts["failed"], "results": by_status, "worker": worker,
-            "recent_failures": failures[:5], "waiting": waiting_tasks(handoff),
-            "skipped_in_tasks": skipped_task_files(handoff),
+    return {**counts, "results": by_status, "worker": worker, "recent_failures": failures[:5],
+            "waiting": waiting_tasks(handoff), "skipped_in_tasks": skipped_task_files(handoff),
             "worktrees": [{"id": task_id, "path": path, "why": worktree_state(handoff, task_id)
                            or "nothing needs it (removed by the next watcher start in worktree isolation, "
                            "or by `bridge.py unlock --worktrees`)"}
