@@ -12006,7 +12006,8 @@ class ChangeSets:
         return status
 
     def write_status(self, cs_id, state, decision, reason, meta=None, prev=None, **extra):
-        """Replace 05-status.json (canonical, atomic) and log the decision."""
+        """Replace 05-status.json (canonical, atomic) and log the decision. `meta` may be
+        whatever load() read: only a base_state object in it becomes validated_against."""
         status = dict(prev or {})
         status.update({
             "schema_version": CHANGESET_STATUS_SCHEMA, "change_set_id": cs_id,
@@ -12482,10 +12483,8 @@ class ChangeExecutor:
                     continue
                 if status is not None and status["state"] in CS_TERMINAL + ("executing",):
                     continue
-                old_meta, _, _ = sets.load(old)
                 sets.write_status(old, "superseded", "rejected", "superseded by %s" % cs_id,
-                                  meta=old_meta if isinstance(old_meta, dict) else None,
-                                  prev=status)
+                                  meta=sets.load(old)[0], prev=status)
 
     def process(self, cs_id):
         sets = self.sets
@@ -12522,9 +12521,8 @@ class ChangeExecutor:
             code, msg = problems[0]
             more = " (+%d more problem(s); see `changes validate %s`)" % (
                 len(problems) - 1, cs_id) if len(problems) > 1 else ""
-            return self.fail(cs_id, "rejected", "%s: %s%s" % (code, msg, more),
-                             meta=meta if isinstance(meta, dict) and "base_state" in meta
-                             else None, prev=status, problems=["%s: %s" % p for p in problems])
+            return self.fail(cs_id, "rejected", "%s: %s%s" % (code, msg, more), meta=meta,
+                             prev=status, problems=["%s: %s" % p for p in problems])
         if approved:
             approval = status.get("approval")
             code, why = "forged_approval", sets.approval_problem(cs_id, approval)
