@@ -4154,7 +4154,6 @@ class Watcher:
         self.handoff.require()
         if not self.git.run("rev-parse", "--is-inside-work-tree", check=False).ok:
             raise BridgeError("%s is not a git work tree; the watcher needs git" % self.root)
-        ttl = self.config["worker_lock_ttl_sec"]
         self.worker = FileLock(self.handoff.path("locks", WORKER_LOCK),
                                meta={"role": "worker", "root": self.root})
         if not self.worker.acquire():
@@ -4172,7 +4171,7 @@ class Watcher:
         self.beads = Beads(self.root, self.config)
         self.beads.stop = self.repo_git.stop = self.overdue
         previous = self.install_signals()
-        beat = self.start_heartbeat(ttl)
+        beat = self.start_heartbeat(self.config["worker_lock_ttl_sec"])
         try:
             self.preflight(probe=True)
             self.sweep()
@@ -4882,9 +4881,7 @@ class Watcher:
             if nested:
                 self.nested_repositories(nested)
             raise
-        if not out:
-            return "", "", ""
-        head, _, patch = out.partition("\n\n")
+        head, _, patch = out.partition("\n\n")  # no change: "", "", ""
         raw, _, stat = head.rpartition("\n")
         return patch, stat.strip(), raw
 
