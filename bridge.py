@@ -11072,12 +11072,12 @@ class ObservabilityServer:
         def not_json(name):                           # NaN and Infinity: Python's, not JSON's
             raise ValueError("%s is not JSON" % name)
         try:
-            msg = json.loads(text, parse_constant=not_json)
-        except (ValueError, RecursionError) as e:     # RecursionError: absurdly deep nesting
-            msg = "invalid JSON: %s" % e
-        if not isinstance(msg, dict):
-            return {"type": "ack", "id": None, "ok": False,
-                    "error": msg if isinstance(msg, str) else "command must be an object"}
+            msg = parse_json(text, parse_constant=not_json)
+            error = None if isinstance(msg, dict) else "command must be an object"
+        except ValueError as e:
+            error = "invalid JSON: %s" % e
+        if error:
+            return {"type": "ack", "id": None, "ok": False, "error": error}
         action, params = msg.get("action"), msg.get("params")
         ack = {"type": "ack", "id": msg.get("id"), "action": action, "ok": False}
         if msg.get("id") in (None, ""):

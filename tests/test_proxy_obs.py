@@ -284,6 +284,8 @@ def test_control_acks_name_the_id_and_the_outcome(harness):
     assert ack["id"] is None and not ack["ok"] and ack["error"].startswith("invalid JSON")
     ws.send_frame(1, "[1,2]")
     assert ws.recv_json()["error"] == "command must be an object"
+    ws.send_frame(1, '"abc"')              # a JSON string is no command either: never echoed back
+    assert ws.recv_json()["error"] == "command must be an object"
     assert [a for a, _ in harness.actions] == ["doctor:restart", "bridge:stats",
                                                "doctor:explode", "boom"]
     assert ws.command("bridge:resume", id="still-alive")["ok"]   # the connection survived all that
