@@ -851,8 +851,8 @@ class FileLock:
     def _write_meta(self, fresh=False):
         now = time.time()
         if fresh:
-            self.meta = dict(self.extra, **process_identity(), created_at=now_iso(now),
-                             created_ts=round(now, 3), mode="flock", version=__version__)
+            self.meta = {**self.extra, **process_identity(), "created_at": now_iso(now),
+                         "created_ts": round(now, 3), "mode": "flock", "version": __version__}
         self.meta.update(heartbeat_at=now_iso(now), heartbeat_ts=round(now, 3))
         data = (json.dumps(self.meta, ensure_ascii=False) + "\n").encode("utf-8")
         # pwrite then truncate: a reader never sees an empty file mid-update.
@@ -8258,14 +8258,15 @@ def relay_max_id(layout):
 
     Only ids at an entry's own key column count (a `cmd_999` inside a message's
     text block is indented further and is ignored); ids such as `cmd_T10_x`
-    are not numeric and are skipped, as the original script skips them.
+    are not numeric and are skipped, as the original script skips them; so are ids in
+    other than ASCII digits (its grep's [0-9]) or longer than any counter (19 digits up).
     """
     d, k = layout.dash_col, layout.key_col
     tail = r"[ \t]*(?:[ \t]#[^\n]*)?(?=\n|\Z)"
-    value = r"id:[ \t]*(['\"]?)cmd_(\d+)\1" + tail
+    value = r"id:[ \t]*(['\"]?)cmd_([0-9]{1,18})\1" + tail
     if layout.kind == "map":
-        pattern = (r"\n(?: {%d}(['\"]?)cmd_(\d+)\1[ \t]*:(?=[ \t\n]|\Z)|"
-                   r" {%d}id:[ \t]*(['\"]?)cmd_(\d+)\3%s)" % (d, k, tail))
+        pattern = (r"\n(?: {%d}(['\"]?)cmd_([0-9]{1,18})\1[ \t]*:(?=[ \t\n]|\Z)|"
+                   r" {%d}id:[ \t]*(['\"]?)cmd_([0-9]{1,18})\3%s)" % (d, k, tail))
     else:
         pattern = r"\n(?: {%d}-[ ]+| {%d,%d})" % (d, d + 1, k) + value
     start, end = layout.region

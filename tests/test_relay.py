@@ -326,6 +326,20 @@ def test_down_ids_grow_past_999_and_ignore_text_inside_blocks(tmp_path):
     assert result.stdout == "cmd_1000\n", result.stderr
 
 
+@pytest.mark.parametrize("text", [
+    "commands:\n- id: cmd_\u0663\u0664\n- id: cmd_%s\n- id: cmd_7\n" % ("9" * 5000),
+    "commands:\n  cmd_\u0663\u0664:\n    id: cmd_\u0663\u0664\n  big:\n    id: cmd_%s\n"
+    "  cmd_7:\n    x: 1\n" % ("9" * 5000),
+])
+def test_down_counts_ascii_ids_of_at_most_18_digits(tmp_path, text):
+    """An id is numbered as `grep -oE 'id: cmd_[0-9]+'` reads it: Arabic-Indic digits (34
+    to Python's int) are no number, and a hand-written id too long for any counter is
+    skipped as a non-numeric one is (it was an internal error: int() of 5,000 digits)."""
+    root, queue = make_root(tmp_path, text=text, config={"relay": {"nudge": False}})
+    result = down(root, "miho", "main", "m", "p")
+    assert (result.returncode, result.stdout) == (0, "cmd_008\n"), result.stderr
+
+
 @pytest.mark.parametrize("fixture,line", [
     ("flow_list.yaml", 1), ("tab_indent.yaml", 3), ("scalar.yaml", 1), ("anchor.yaml", 1),
     ("two_documents.yaml", 3), ("latin1.yaml", 3), ("block_scalar.yaml", 1),
