@@ -11539,10 +11539,9 @@ class McpClient:
 
     def __init__(self, command, cwd, framing="content-length", timeout=30.0, env=None,
                  log=None, redactor=None):
-        command = split_command(command, "changes.mcp.command")
-        if not command:
+        self.command = split_command(command, "changes.mcp.command")
+        if not self.command:
             raise BridgeError("changes.mcp.command is empty", EXIT_USAGE)
-        self.command = command
         self.cwd = str(cwd)
         self.framing = framing
         self.timeout = float(timeout)
