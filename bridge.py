@@ -5759,8 +5759,7 @@ def waiting_tasks(handoff):
 
 def unlock_worker(root, force=False):
     """Clear the worker lock when provably stale (or forced). Returns a message."""
-    handoff = Handoff(root)
-    path = handoff.path("locks", WORKER_LOCK)
+    path = Handoff(root).path("locks", WORKER_LOCK)
     state, meta = FileLock.probe(path)
     if state == "free" and (not meta or meta.get("released_at")):
         return "no worker lock is held%s" % (
